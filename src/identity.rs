@@ -1,0 +1,416 @@
+//! Who is asking: the client address behind trusted proxies, and the identity a limit counts.
+//!
+//! An identity is never kept raw: the values of its sources are fed into BLAKE3 and the first
+//! 128 bits of the digest are the bucket key, locally and in Redis alike. So API keys and tokens
+//! never sit in memory maps, Redis keys or logs, and a client cannot choose what its key looks
+//! like (no key injection, no chosen Redis Cluster hash tag).
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use http::header::{AUTHORIZATION, COOKIE, HOST};
+use http::{HeaderMap, HeaderName, Method, Uri};
+use ipnet::IpNet;
+use percent_encoding::percent_decode_str;
+
+/// A 128-bit digest of a client identity: the key of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientId(pub u128);
+
+impl ClientId {
+    /// The one shared bucket of requests for which no alternative of a key is present.
+    pub fn anonymous() -> Self {
+        Self::digest_of(b"\xffanonymous")
+    }
+
+    fn digest_of(bytes: &[u8]) -> Self {
+        Self::from_hasher(blake3::Hasher::new().update(bytes))
+    }
+
+    fn from_hasher(h: &blake3::Hasher) -> Self {
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        Self(u128::from_be_bytes(first))
+    }
+
+    /// Lower-case hex, for Redis keys and logs.
+    pub fn hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+}
+
+/// One place an identity can be read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Ip,
+    Header(HeaderName),
+    Query(String),
+    Cookie(String),
+    Bearer,
+    Global,
+    Host,
+    Method,
+    Path,
+}
+
+impl Source {
+    /// Parse `ip`, `header:NAME`, `query:NAME`, `cookie:NAME`, `bearer`, `global`, `host`,
+    /// `method`, `path`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let named = |kind: &str, name: &str| {
+            if name.is_empty() {
+                Err(format!("`{kind}:` needs a name, as in `{kind}:X-API-Key`"))
+            } else {
+                Ok(name.to_owned())
+            }
+        };
+        match s.split_once(':') {
+            Some(("header", name)) => HeaderName::from_bytes(named("header", name)?.as_bytes())
+                .map(Source::Header)
+                .map_err(|_| format!("`{name}` is not a valid header name")),
+            Some(("query", name)) => named("query", name).map(Source::Query),
+            Some(("cookie", name)) => named("cookie", name).map(Source::Cookie),
+            Some((other, _)) => Err(format!(
+                "unknown key source `{other}:` (expected header:, query: or cookie:)"
+            )),
+            None => match s {
+                "ip" => Ok(Source::Ip),
+                "bearer" => Ok(Source::Bearer),
+                "global" => Ok(Source::Global),
+                "host" => Ok(Source::Host),
+                "method" => Ok(Source::Method),
+                "path" => Ok(Source::Path),
+                _ => Err(format!(
+                    "unknown key source `{s}` (expected ip, header:NAME, query:NAME, \
+                     cookie:NAME, bearer, global, host, method or path)"
+                )),
+            },
+        }
+    }
+
+    fn tag(&self) -> u8 {
+        match self {
+            Source::Ip => 1,
+            Source::Header(_) => 2,
+            Source::Query(_) => 3,
+            Source::Cookie(_) => 4,
+            Source::Bearer => 5,
+            Source::Global => 6,
+            Source::Host => 7,
+            Source::Method => 8,
+            Source::Path => 9,
+        }
+    }
+}
+
+/// Sources joined with `+`: present only when every part is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alternative(pub Vec<Source>);
+
+impl Alternative {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        s.split('+')
+            .map(|p| Source::parse(p.trim()))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Alternative)
+    }
+}
+
+/// A limit's `key`: alternatives in order, the first present one is the identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec(pub Vec<Alternative>);
+
+/// An `exempt` entry: a network, or a source with an exact value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exemption {
+    Net(IpNet),
+    Equals(Source, String),
+}
+
+impl Exemption {
+    /// Parse `10.0.0.0/8`, `192.0.2.7`, or `SOURCE=VALUE` such as `header:X-API-Key=batch`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if let Ok(net) = s.parse::<IpNet>() {
+            return Ok(Exemption::Net(net));
+        }
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Exemption::Net(IpNet::from(ip)));
+        }
+        match s.split_once('=') {
+            Some((source, value)) => {
+                Ok(Exemption::Equals(Source::parse(source)?, value.to_owned()))
+            }
+            None => Err(format!(
+                "`{s}` is neither a CIDR, an IP address nor SOURCE=VALUE \
+                 (as in `header:X-API-Key=internal-batch`)"
+            )),
+        }
+    }
+}
+
+/// The parts of a request identities are read from.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    pub method: &'a Method,
+    pub uri: &'a Uri,
+    pub headers: &'a HeaderMap,
+    /// The client address, already resolved through trusted proxies.
+    pub client_ip: IpAddr,
+}
+
+impl<'a> RequestView<'a> {
+    /// The value of one source, or `None` when the request does not carry it (empty values
+    /// count as absent: an empty API key identifies nobody).
+    fn value(&self, source: &Source) -> Option<Cow<'a, [u8]>> {
+        let v: Cow<'a, [u8]> = match source {
+            Source::Ip => Cow::Owned(ip_octets(self.client_ip)),
+            Source::Header(name) => Cow::Borrowed(self.headers.get(name)?.as_bytes()),
+            Source::Query(name) => query_param(self.uri.query()?, name)?,
+            Source::Cookie(name) => Cow::Borrowed(cookie(self.headers, name)?.as_bytes()),
+            Source::Bearer => Cow::Borrowed(bearer(self.headers)?.as_bytes()),
+            Source::Global => Cow::Borrowed(b"global"),
+            Source::Host => Cow::Owned(
+                host(self.uri, self.headers)?
+                    .to_ascii_lowercase()
+                    .into_bytes(),
+            ),
+            Source::Method => Cow::Borrowed(self.method.as_str().as_bytes()),
+            Source::Path => Cow::Borrowed(self.uri.path().as_bytes()),
+        };
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// The identity `spec` gives this request: the digest of its first present alternative,
+    /// or the `anonymous` bucket.
+    pub fn resolve(&self, spec: &KeySpec) -> ClientId {
+        'alternatives: for (i, alt) in spec.0.iter().enumerate() {
+            let mut h = blake3::Hasher::new();
+            h.update(&[i as u8]);
+            for source in &alt.0 {
+                let Some(v) = self.value(source) else {
+                    continue 'alternatives;
+                };
+                h.update(&[source.tag()]);
+                h.update(&(v.len() as u64).to_le_bytes());
+                h.update(&v);
+            }
+            return ClientId::from_hasher(&h);
+        }
+        ClientId::anonymous()
+    }
+
+    /// Whether any entry of `exempt` matches this request.
+    pub fn is_exempt(&self, exempt: &[Exemption]) -> bool {
+        exempt.iter().any(|e| match e {
+            Exemption::Net(net) => net.contains(&self.client_ip),
+            Exemption::Equals(source, value) => self
+                .value(source)
+                .is_some_and(|v| v.as_ref() == value.as_bytes()),
+        })
+    }
+}
+
+fn ip_octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// The percent-decoded value of query parameter `name` (decoded, so `%61` and `a` are one key).
+fn query_param<'a>(query: &'a str, name: &str) -> Option<Cow<'a, [u8]>> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k: Cow<'_, [u8]> = percent_decode_str(k).into();
+        (k.as_ref() == name.as_bytes()).then(|| {
+            if v.contains('+') {
+                Cow::Owned(percent_decode_str(&v.replace('+', " ")).collect())
+            } else {
+                percent_decode_str(v).into()
+            }
+        })
+    })
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|line| line.split(';'))
+        .find_map(|pair| {
+            let (k, v) = pair.trim().split_once('=')?;
+            (k.trim() == name).then(|| v.trim().trim_matches('"'))
+        })
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The request's host without port: the `Host` header, or the authority of an absolute URI
+/// (HTTP/2's `:authority`).
+pub fn host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    let raw = match uri.host() {
+        Some(h) => return Some(h),
+        None => headers.get(HOST)?.to_str().ok()?,
+    };
+    Some(strip_port(raw))
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split_once(']').map_or(host, |(h, _)| &h[1..]);
+    }
+    match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// The client address: the TCP peer, unless the peer is a trusted proxy; then the right-most
+/// X-Forwarded-For entry (across all its lines) that is not itself a trusted proxy. The
+/// left-most entries are whatever the client wrote, so they are never believed.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = peer.to_canonical();
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let lines: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    for entry in lines.iter().rev().flat_map(|l| l.rsplit(',')) {
+        let Some(ip) = parse_forwarded_ip(entry.trim()) else {
+            // Not an address: what is left of it is client-written and cannot be believed.
+            break;
+        };
+        client = ip;
+        if !is_trusted(&ip) {
+            break;
+        }
+    }
+    client
+}
+
+fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    // `192.0.2.1:4711` or `[2001:db8::1]:4711`
+    s.parse::<std::net::SocketAddr>()
+        .ok()
+        .map(|a| a.ip().to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn nets(s: &[&str]) -> Vec<IpNet> {
+        s.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_it_claims() {
+        let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
+        let ip = client_ip("203.0.113.9".parse().unwrap(), &h, &nets(&["10.0.0.0/8"]));
+        assert_eq!(ip, "203.0.113.9".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn trusted_chain_takes_the_right_most_untrusted_entry() {
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6, 198.51.100.7"),
+            ("x-forwarded-for", "10.1.1.1"),
+        ]);
+        let ip = client_ip("10.0.0.1".parse().unwrap(), &h, &nets(&["10.0.0.0/8"]));
+        assert_eq!(ip, "198.51.100.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn garbage_stops_the_walk() {
+        let h = headers(&[("x-forwarded-for", "198.51.100.7, junk, 10.2.2.2")]);
+        let ip = client_ip("10.0.0.1".parse().unwrap(), &h, &nets(&["10.0.0.0/8"]));
+        assert_eq!(ip, "10.2.2.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn mapped_ipv6_counts_as_ipv4() {
+        let ip = client_ip("::ffff:192.0.2.1".parse().unwrap(), &HeaderMap::new(), &[]);
+        assert_eq!(ip, "192.0.2.1".parse::<IpAddr>().unwrap());
+    }
+
+    fn view<'a>(m: &'a Method, u: &'a Uri, h: &'a HeaderMap) -> RequestView<'a> {
+        RequestView {
+            method: m,
+            uri: u,
+            headers: h,
+            client_ip: "192.0.2.1".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn alternatives_and_joins() {
+        let spec = KeySpec(vec![
+            Alternative::parse("header:X-API-Key").unwrap(),
+            Alternative::parse("ip").unwrap(),
+        ]);
+        let (m, u) = (Method::GET, Uri::from_static("/x"));
+        let with_key = headers(&[("x-api-key", "k1")]);
+        let none = HeaderMap::new();
+        let a = view(&m, &u, &with_key).resolve(&spec);
+        let b = view(&m, &u, &none).resolve(&spec);
+        assert_ne!(a, b);
+        assert_ne!(a, ClientId::anonymous());
+        let joined = KeySpec(vec![Alternative::parse("header:X-Tenant+ip").unwrap()]);
+        assert_eq!(view(&m, &u, &none).resolve(&joined), ClientId::anonymous());
+    }
+
+    #[test]
+    fn query_cookie_bearer_are_read_and_decoded() {
+        let m = Method::GET;
+        let u: Uri = "/x?a=1&key=%61b".parse().unwrap();
+        let h = headers(&[
+            ("cookie", "x=1; session=abc"),
+            ("authorization", "Bearer tok"),
+        ]);
+        let v = view(&m, &u, &h);
+        assert_eq!(
+            v.value(&Source::Query("key".into())).unwrap().as_ref(),
+            b"ab"
+        );
+        assert_eq!(
+            v.value(&Source::Cookie("session".into())).unwrap().as_ref(),
+            b"abc"
+        );
+        assert_eq!(v.value(&Source::Bearer).unwrap().as_ref(), b"tok");
+        assert!(v.value(&Source::Query("nope".into())).is_none());
+    }
+
+    #[test]
+    fn exemptions() {
+        let (m, u) = (Method::GET, Uri::from_static("/"));
+        let h = headers(&[("x-api-key", "internal-batch")]);
+        let v = view(&m, &u, &h);
+        assert!(v.is_exempt(&[Exemption::parse("192.0.2.0/24").unwrap()]));
+        assert!(v.is_exempt(&[Exemption::parse("header:X-API-Key=internal-batch").unwrap()]));
+        assert!(!v.is_exempt(&[Exemption::parse("header:X-API-Key=other").unwrap()]));
+    }
+}

@@ -1,0 +1,265 @@
+//! Limit checks: the token-bucket arithmetic, the per-request `Decision`, and the backends.
+//!
+//! Both backends run the same arithmetic, written as GCRA on a single number per bucket: the
+//! *theoretical arrival time* (`tat`, microseconds as `f64`), the instant at which the bucket
+//! would be full again. With `tok` = microseconds per token and `tau` = `burst * tok`:
+//!
+//! ```text
+//! base    = max(tat, now)                  (a bucket never holds more than `burst`)
+//! new_tat = base + cost * tok
+//! admit   = new_tat - now <= tau           (enough tokens for `cost`)
+//! tokens left after the request = (tau - (tat' - now)) / tok
+//! ```
+//!
+//! This is exactly a token bucket with continuous refill (rate = 1/tok, capacity = burst), but
+//! its state is one number, so Redis stores one string per bucket and can expire the key at
+//! `tat`, the moment the bucket is full again and forgetting it grants nothing.
+
+pub mod local;
+// pub mod redis;
+
+use std::sync::Arc;
+
+use crate::identity::{ClientId, KeySpec};
+
+/// What to do with a limit when the shared store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admit the request (and say so loudly in logs and metrics).
+    Open,
+    /// Reject with 503: for logins, SMS and anything where over-admitting costs money.
+    Closed,
+    /// Enforce the limit in process, divided by `limiter.local_fallback.divide_by`.
+    Local,
+}
+
+/// The numbers of one limit, fixed when the config is compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rate {
+    /// Tokens added per second.
+    pub per_sec: f64,
+    /// Bucket capacity in whole tokens.
+    pub burst: u32,
+}
+
+impl Rate {
+    /// Microseconds for one token to come back.
+    pub fn token_us(&self) -> f64 {
+        1e6 / self.per_sec
+    }
+
+    /// Microseconds an empty bucket takes to fill: the `w` of `RateLimit-Policy`.
+    pub fn window_us(&self) -> f64 {
+        f64::from(self.burst) * self.token_us()
+    }
+}
+
+/// A compiled limit of a route.
+#[derive(Debug)]
+pub struct Limit {
+    pub name: Arc<str>,
+    pub rate: Rate,
+    pub cost: u32,
+    pub shadow: bool,
+    pub key: KeySpec,
+    pub exempt: Vec<crate::identity::Exemption>,
+    pub on_failure: FailurePolicy,
+    /// In-process buckets of this limit (the store for `backend: local`, the fallback for Redis).
+    pub local: Arc<local::Buckets>,
+}
+
+/// One bucket to check for one request: a limit and the identity it is counted under.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    pub limit: &'a Limit,
+    pub client: ClientId,
+}
+
+/// What one bucket says about one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// The bucket holds at least `cost` tokens.
+    pub admitted: bool,
+    /// Whole tokens left once this request is counted (if it is admitted and everything else
+    /// admits it too), or left now if it is not.
+    pub remaining: u64,
+    /// Microseconds until the bucket is full again.
+    pub reset_us: f64,
+    /// Microseconds until `cost` tokens are available; 0 when admitted.
+    pub retry_after_us: f64,
+}
+
+/// Apply the GCRA step to one bucket. Returns the verdict and the new `tat` to store when the
+/// request is admitted (the caller commits it only if every limit admits).
+pub fn step(tat: Option<f64>, now: f64, rate: &Rate, cost: u32) -> (Verdict, f64) {
+    let tok = rate.token_us();
+    let tau = rate.window_us();
+    let base = tat.map_or(now, |t| t.max(now));
+    let new_tat = base + f64::from(cost) * tok;
+    if new_tat - now <= tau + 1e-6 {
+        let remaining = whole_tokens(tau - (new_tat - now), tok);
+        let verdict = Verdict {
+            admitted: true,
+            remaining,
+            reset_us: new_tat - now,
+            retry_after_us: 0.0,
+        };
+        (verdict, new_tat)
+    } else {
+        let verdict = Verdict {
+            admitted: false,
+            remaining: whole_tokens(tau - (base - now), tok),
+            reset_us: base - now,
+            retry_after_us: new_tat - now - tau,
+        };
+        (verdict, base)
+    }
+}
+
+/// `floor(us / tok)`, tolerant of the float error of a value that is a whole number of tokens.
+fn whole_tokens(us: f64, tok: f64) -> u64 {
+    let n = (us / tok + 1e-9).floor();
+    if n > 0.0 {
+        n as u64
+    } else {
+        0
+    }
+}
+
+/// How one limit came out for one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    /// Counted and within the limit.
+    Admitted,
+    /// Over the limit: the request is rejected.
+    Limited,
+    /// Over a `shadow: true` limit: reported, not enforced.
+    ShadowLimited,
+    /// The client is on the limit's `exempt` list: not counted.
+    Exempt,
+    /// The shared store failed and the `open` policy admitted without counting.
+    FailedOpen,
+    /// The shared store failed and the `closed` policy rejected.
+    FailedClosed,
+}
+
+/// One limit's line in a decision.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitResult {
+    /// Index of the limit in the route's `limits`.
+    pub index: usize,
+    pub outcome: Outcome,
+    /// The bucket's numbers, when a bucket was consulted.
+    pub verdict: Option<Verdict>,
+    /// Decided in process because the shared store was unavailable.
+    pub fallback: bool,
+}
+
+/// The whole answer for one request, carrying the numbers headers, logs and metrics use.
+#[derive(Debug, Clone, Default)]
+pub struct Decision {
+    pub results: Vec<LimitResult>,
+}
+
+impl Decision {
+    /// The request may go on: no limit rejected it.
+    pub fn admitted(&self) -> bool {
+        !self
+            .results
+            .iter()
+            .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
+    }
+
+    /// The limit that rejected the request, if any (the first one in route order).
+    pub fn rejected_by(&self) -> Option<&LimitResult> {
+        self.results
+            .iter()
+            .find(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
+    }
+
+    /// The limit whose numbers go into the response headers: the one that rejected the request,
+    /// else the enforced limit with the fewest tokens left (first one on a tie). Shadow limits
+    /// are never shown to clients: a dry run must not change what they see.
+    pub fn reported(&self) -> Option<(&LimitResult, Verdict)> {
+        if let Some(r) = self.rejected_by() {
+            return r.verdict.map(|v| (r, v));
+        }
+        let mut best: Option<(&LimitResult, Verdict)> = None;
+        for r in &self.results {
+            if r.outcome != Outcome::Admitted {
+                continue;
+            }
+            if let Some(v) = r.verdict {
+                if best.is_none_or(|(_, b)| v.remaining < b.remaining) {
+                    best = Some((r, v));
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(per_sec: f64, burst: u32) -> Rate {
+        Rate { per_sec, burst }
+    }
+
+    #[test]
+    fn burst_then_reject_then_refill() {
+        let r = rate(1.0, 3);
+        let mut tat = None;
+        for left in [2, 1, 0] {
+            let (v, t) = step(tat, 0.0, &r, 1);
+            assert!(v.admitted);
+            assert_eq!(v.remaining, left);
+            tat = Some(t);
+        }
+        let (v, _) = step(tat, 0.0, &r, 1);
+        assert!(!v.admitted);
+        assert!((v.retry_after_us - 1e6).abs() < 1e-3);
+        assert!((v.reset_us - 3e6).abs() < 1e-3);
+        // Half a second later still nothing; one second later exactly one token.
+        assert!(!step(tat, 0.5e6, &r, 1).0.admitted);
+        let (v, _) = step(tat, 1e6, &r, 1);
+        assert!(v.admitted);
+        assert_eq!(v.remaining, 0);
+    }
+
+    #[test]
+    fn a_long_idle_bucket_holds_no_more_than_burst() {
+        let r = rate(10.0, 5);
+        let (_, t) = step(None, 0.0, &r, 1);
+        let (v, _) = step(Some(t), 3_600e6, &r, 1);
+        assert_eq!(v.remaining, 4);
+    }
+
+    #[test]
+    fn cost_takes_several_tokens() {
+        let r = rate(1.0, 10);
+        let (v, t) = step(None, 0.0, &r, 4);
+        assert_eq!(v.remaining, 6);
+        let (v, t) = step(Some(t), 0.0, &r, 4);
+        assert_eq!(v.remaining, 2);
+        let (v, _) = step(Some(t), 0.0, &r, 4);
+        assert!(!v.admitted);
+        assert_eq!(v.remaining, 2);
+        assert!((v.retry_after_us - 2e6).abs() < 1e-3);
+    }
+
+    #[test]
+    fn fractional_rates() {
+        // 5/min: one token every 12 s.
+        let r = rate(5.0 / 60.0, 5);
+        let mut tat = None;
+        for _ in 0..5 {
+            let (v, t) = step(tat, 0.0, &r, 1);
+            assert!(v.admitted);
+            tat = Some(t);
+        }
+        let (v, _) = step(tat, 0.0, &r, 1);
+        assert!((v.retry_after_us - 12e6).abs() < 1.0);
+    }
+}
