@@ -1,3 +1,29 @@
 //! tollgate: a reverse proxy that enforces rate limits at the edge.
+//!
+//! # Layout
+//! The request's path is the architecture: `server` accepts, `proxy::handle` loads the config
+//! snapshot once and runs `route::find`, `identity`, `limiter`, then `forward::send` or a
+//! response of its own.
+//!
+//! - `cli`: the command line (`run`, `check`).
+//! - `app`: wiring: load the config, bind listeners, serve, drain on shutdown.
+//! - `server`: accept loop; HTTP/1.1 and HTTP/2 on every listener.
+//! - `proxy`: one request through the stages, errors turned into responses in one place.
+//! - `route`: the compiled route table and first-match lookup.
+//! - `identity`: client address behind trusted proxies; the digest a limit counts under.
+//! - `limiter`: token-bucket arithmetic, decisions, the in-process (and Redis) backends.
+//! - `forward`: the upstream rewrite and pooled, streaming client.
+//! - `response`: 429 and the error responses, with the rate-limit headers.
+//! - `error`: request-path errors and their statuses.
+//! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod forward;
 pub mod identity;
 pub mod limiter;
+pub mod proxy;
+pub mod response;
+pub mod route;
+pub mod server;

@@ -1,1 +1,47 @@
-fn main() {}
+//! The `tollgate` binary: parse the command line, start logging, hand over to the library.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tollgate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => match tollgate::config::load(&cli.config, None) {
+            Ok(snapshot) => {
+                print!("{}", tollgate::cli::summary(&snapshot));
+                println!("{}: ok", cli.config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("tollgate: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(tollgate::app::run(&cli.config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tollgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

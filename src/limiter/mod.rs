@@ -66,6 +66,8 @@ pub struct Limit {
     pub on_failure: FailurePolicy,
     /// In-process buckets of this limit (the store for `backend: local`, the fallback for Redis).
     pub local: Arc<local::Buckets>,
+    /// The stricter per-replica rate the `local` failure policy enforces without Redis.
+    pub fallback: Rate,
 }
 
 /// One bucket to check for one request: a limit and the identity it is counted under.
@@ -262,4 +264,53 @@ mod tests {
         let (v, _) = step(tat, 0.0, &r, 1);
         assert!((v.retry_after_us - 12e6).abs() < 1.0);
     }
+}
+
+/// Decide a request against the in-process buckets of `limits` (a route's limits, in order).
+pub fn decide(
+    limits: &[Arc<Limit>],
+    view: &crate::identity::RequestView<'_>,
+    now: f64,
+) -> Decision {
+    let mut results = Vec::with_capacity(limits.len());
+    let mut items = Vec::with_capacity(limits.len());
+    let mut enforced = Vec::with_capacity(limits.len());
+    for (index, limit) in limits.iter().enumerate() {
+        if view.is_exempt(&limit.exempt) {
+            results.push(LimitResult {
+                index,
+                outcome: Outcome::Exempt,
+                verdict: None,
+                fallback: false,
+            });
+            continue;
+        }
+        items.push(local::Item {
+            buckets: &limit.local,
+            client: view.resolve(&limit.key),
+            rate: &limit.rate,
+            cost: limit.cost,
+        });
+        enforced.push(!limit.shadow);
+        results.push(LimitResult {
+            index,
+            outcome: Outcome::Admitted,
+            verdict: None,
+            fallback: false,
+        });
+    }
+    if items.is_empty() {
+        return Decision { results };
+    }
+    let verdicts = local::check(&items, &enforced, now);
+    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+    for (r, v) in checked.zip(verdicts) {
+        r.verdict = Some(v);
+        r.outcome = match (v.admitted, limits[r.index].shadow) {
+            (true, _) => Outcome::Admitted,
+            (false, true) => Outcome::ShadowLimited,
+            (false, false) => Outcome::Limited,
+        };
+    }
+    Decision { results }
 }

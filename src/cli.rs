@@ -1,0 +1,118 @@
+//! The command line: `run` (the default) and `check`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Snapshot;
+use crate::route::{Action, HostPattern, PathPattern, Route};
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = "A rate-limiting reverse proxy")]
+pub struct Cli {
+    /// Config file.
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "TOLLGATE_CONFIG",
+        default_value = "config/tollgate.yaml"
+    )]
+    pub config: PathBuf,
+    /// Log level or filter (error, warn, info, debug, trace, or a tracing filter).
+    #[arg(long, global = true, env = "TOLLGATE_LOG", default_value = "info")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (the default).
+    Run,
+    /// Validate the config, print a summary, and exit non-zero on any error.
+    Check,
+}
+
+/// A one-line summary of every route and limit, as `tollgate check` prints it.
+pub fn summary(s: &Snapshot) -> String {
+    let mut out = String::new();
+    let listeners: Vec<String> = s.listeners.iter().map(|l| l.address.to_string()).collect();
+    let _ = writeln!(out, "listeners: {}", listeners.join(", "));
+    for r in &s.routes {
+        let _ = writeln!(out, "route {}: {}", r.name, describe_route(r));
+        for l in &r.limits {
+            let mut flags = String::new();
+            if l.cost != 1 {
+                let _ = write!(flags, ", cost {}", l.cost);
+            }
+            if l.shadow {
+                flags.push_str(", shadow");
+            }
+            if !l.exempt.is_empty() {
+                let _ = write!(flags, ", {} exemptions", l.exempt.len());
+            }
+            let _ = writeln!(
+                out,
+                "  limit {}: {}/s, burst {}, key {}{flags}, on_failure {}",
+                l.name,
+                trim_float(l.rate.per_sec),
+                l.rate.burst,
+                describe_key(l),
+                format!("{:?}", l.on_failure).to_lowercase()
+            );
+        }
+    }
+    out
+}
+
+fn trim_float(x: f64) -> String {
+    let s = format!("{x:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+fn describe_key(l: &crate::limiter::Limit) -> String {
+    let alts: Vec<String> = l
+        .key
+        .0
+        .iter()
+        .map(|a| {
+            a.0.iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join("+")
+        })
+        .collect();
+    format!("[{}]", alts.join(" | ")).to_lowercase()
+}
+
+fn describe_route(r: &Route) -> String {
+    let m = &r.matcher;
+    let methods = m.methods.as_ref().map_or("*".to_owned(), |ms| {
+        ms.iter()
+            .map(http::Method::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    let host = match &m.host {
+        None => String::new(),
+        Some(HostPattern::Exact(h)) => h.clone(),
+        Some(HostPattern::Suffix(s)) => format!("*{s}"),
+    };
+    let path = match &m.path {
+        PathPattern::Any => "/*".to_owned(),
+        PathPattern::Exact(p) => p.clone(),
+        PathPattern::Prefix(p) => format!("{p}*"),
+    };
+    let action = match &r.action {
+        Action::Forward(u) => format!("upstream {}", u.name),
+        Action::Respond(resp) => format!("respond {}", resp.status.as_u16()),
+    };
+    let headers = if m.headers.is_empty() {
+        String::new()
+    } else {
+        format!(" (+{} header conditions)", m.headers.len())
+    };
+    format!("{methods} {host}{path}{headers} -> {action}")
+}

@@ -1,0 +1,490 @@
+//! Validation is the conversion: raw `file::File` -> `Snapshot`, collecting every problem.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use ipnet::IpNet;
+
+use super::file;
+use super::values;
+use super::{Backend, LimiterSettings, Listener, Problem, Snapshot};
+use crate::forward::Upstream;
+use crate::identity::{Alternative, Exemption, KeySpec};
+use crate::limiter::{local::Buckets, FailurePolicy, Limit, Rate};
+use crate::response::HeaderPolicy;
+use crate::route::{Action, HostPattern, Matcher, PathPattern, Respond, Route};
+
+/// Collects problems with the field path each belongs to.
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+            at: None,
+        });
+    }
+
+    /// Keep the value, or record the error and return `None`.
+    fn take<T>(&mut self, path: impl Into<String>, r: Result<T, String>) -> Option<T> {
+        r.map_err(|e| self.add(path, e)).ok()
+    }
+}
+
+/// Compile a parsed file. `previous` lends its limiter state to limits that did not change.
+pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
+    let mut p = Problems::default();
+    let listeners = listeners(&raw.listeners, &mut p);
+    let admin = raw.admin.as_ref().and_then(|a| {
+        p.add(
+            "admin",
+            "the admin listener is not supported yet (planned: /metrics, /healthz, /readyz)",
+        );
+        p.take("admin.address", parse_addr(&a.address))
+    });
+    let trusted_proxies = raw
+        .trusted_proxies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
+        .collect();
+    let limiter = limiter(&raw.limiter, &mut p);
+    let upstreams = upstreams(&raw.upstreams, &mut p);
+    let old_limits: HashMap<&str, &Arc<Limit>> = previous
+        .map(|s| s.limits().map(|l| (&*l.name, l)).collect())
+        .unwrap_or_default();
+    let mut ctx = RouteCtx {
+        upstreams: &upstreams,
+        limiter: &limiter,
+        old_limits,
+        limit_names: HashSet::new(),
+    };
+    let mut route_names = HashSet::new();
+    let mut routes = Vec::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        let path = format!("routes[{i}]");
+        if !route_names.insert(r.name.as_str()) {
+            p.add(
+                format!("{path}.name"),
+                format!("duplicate route name `{}`", r.name),
+            );
+        }
+        if let Some(route) = route(r, &path, &mut ctx, &mut p) {
+            routes.push(route);
+        }
+    }
+    if listeners.is_empty() && p.0.is_empty() {
+        p.add(
+            "listeners",
+            "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
+        );
+    }
+    if !p.0.is_empty() {
+        return Err(p.0);
+    }
+    Ok(Snapshot {
+        routes,
+        listeners,
+        admin,
+        trusted_proxies,
+        headers: HeaderPolicy {
+            ietf: raw.rate_limit_headers.ietf,
+            x_ratelimit: raw.rate_limit_headers.x_ratelimit,
+        },
+        limiter,
+    })
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("`{s}` is not an address like `0.0.0.0:8000` or `[::]:8000`"))
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{s}` is not a CIDR like `10.0.0.0/8` or an IP address"))
+}
+
+fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<Listener> {
+    let mut seen = HashSet::new();
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let address = p.take(format!("listeners[{i}].address"), parse_addr(&l.address))?;
+            if !seen.insert(address) {
+                p.add(
+                    format!("listeners[{i}].address"),
+                    format!("`{address}` is listed twice"),
+                );
+            }
+            if l.tls.is_some() {
+                p.add(
+                    format!("listeners[{i}].tls"),
+                    "TLS listeners are not supported yet",
+                );
+            }
+            Some(Listener { address })
+        })
+        .collect()
+}
+
+fn policy(s: &str) -> Result<FailurePolicy, String> {
+    match s {
+        "open" => Ok(FailurePolicy::Open),
+        "closed" => Ok(FailurePolicy::Closed),
+        "local" => Ok(FailurePolicy::Local),
+        _ => Err(format!(
+            "`{s}` is not a failure policy (open, closed or local)"
+        )),
+    }
+}
+
+fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings {
+    let on_failure = raw
+        .on_failure
+        .as_deref()
+        .and_then(|s| p.take("limiter.on_failure", policy(s)))
+        .unwrap_or(FailurePolicy::Open);
+    let backend = match raw.backend.as_deref() {
+        None | Some("local") => Backend::Local,
+        Some("redis") => {
+            p.add("limiter.backend", "the redis backend is not supported yet");
+            Backend::Local
+        }
+        Some(other) => {
+            p.add(
+                "limiter.backend",
+                format!("`{other}` is not a backend (local or redis)"),
+            );
+            Backend::Local
+        }
+    };
+    let divide_by = raw
+        .local_fallback
+        .as_ref()
+        .and_then(|f| f.divide_by)
+        .unwrap_or(1);
+    if divide_by == 0 {
+        p.add("limiter.local_fallback.divide_by", "must be at least 1");
+    }
+    let max_buckets = raw
+        .local
+        .as_ref()
+        .and_then(|l| l.max_buckets)
+        .unwrap_or(1_000_000);
+    if max_buckets == 0 {
+        p.add("limiter.local.max_buckets", "must be at least 1");
+    }
+    LimiterSettings {
+        backend,
+        on_failure,
+        divide_by: divide_by.max(1),
+        max_buckets: max_buckets.max(1),
+    }
+}
+
+fn duration_or(
+    p: &mut Problems,
+    path: String,
+    raw: Option<&String>,
+    default: Duration,
+) -> Duration {
+    raw.and_then(|s| p.take(path, values::duration(s)))
+        .unwrap_or(default)
+}
+
+fn upstreams(
+    raw: &std::collections::BTreeMap<String, file::Upstream>,
+    p: &mut Problems,
+) -> HashMap<String, Arc<Upstream>> {
+    let mut out = HashMap::new();
+    for (name, u) in raw {
+        let path = format!("upstreams.{name}");
+        if u.targets.is_empty() {
+            p.add(
+                format!("{path}.targets"),
+                "needs at least one target, as in `[127.0.0.1:8080]`",
+            );
+        }
+        let targets: Vec<Authority> = u
+            .targets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| p.take(format!("{path}.targets[{i}]"), target(t)))
+            .collect();
+        let connect = duration_or(
+            p,
+            format!("{path}.connect_timeout"),
+            u.connect_timeout.as_ref(),
+            Duration::from_secs(5),
+        );
+        let timeout = duration_or(
+            p,
+            format!("{path}.timeout"),
+            u.timeout.as_ref(),
+            Duration::from_secs(30),
+        );
+        if !targets.is_empty() {
+            out.insert(
+                name.clone(),
+                Arc::new(Upstream::new(name, targets, connect, timeout)),
+            );
+        }
+    }
+    out
+}
+
+fn target(s: &str) -> Result<Authority, String> {
+    let bare = s.strip_prefix("http://").unwrap_or(s);
+    if bare.starts_with("https://") {
+        return Err(format!("`{s}`: https upstreams are not supported yet"));
+    }
+    match bare.parse::<Authority>() {
+        Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(a),
+        _ => Err(format!(
+            "`{s}` is not a target like `127.0.0.1:8080` or `backend.internal:80`"
+        )),
+    }
+}
+
+struct RouteCtx<'a> {
+    upstreams: &'a HashMap<String, Arc<Upstream>>,
+    limiter: &'a LimiterSettings,
+    old_limits: HashMap<&'a str, &'a Arc<Limit>>,
+    limit_names: HashSet<String>,
+}
+
+fn valid_name(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name `{s}` may only use letters, digits, `_`, `.` and `-`"
+        ))
+    }
+}
+
+fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) -> Option<Route> {
+    p.take(format!("{path}.name"), valid_name(&r.name));
+    let matcher = matcher(&r.matcher, &format!("{path}.match"), p);
+    let action = match (&r.upstream, &r.respond) {
+        (Some(name), None) => match ctx.upstreams.get(name) {
+            Some(u) => Some(Action::Forward(u.clone())),
+            None => {
+                p.add(
+                    format!("{path}.upstream"),
+                    format!("unknown upstream `{name}`"),
+                );
+                None
+            }
+        },
+        (None, Some(respond)) => respond_action(respond, &format!("{path}.respond"), p),
+        (Some(_), Some(_)) => {
+            p.add(path, "a route has either `upstream` or `respond`, not both");
+            None
+        }
+        (None, None) => {
+            p.add(path, "a route needs `upstream: NAME` or `respond: {...}`");
+            None
+        }
+    };
+    let limits: Vec<Arc<Limit>> = r
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| limit(l, &format!("{path}.limits[{i}]"), ctx, p))
+        .collect();
+    Some(Route {
+        name: r.name.as_str().into(),
+        matcher: matcher?,
+        action: action?,
+        limits,
+    })
+}
+
+fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
+    let host = m
+        .host
+        .as_ref()
+        .and_then(|h| p.take(format!("{path}.host"), HostPattern::parse(h)));
+    let must_start_with_slash = |s: &String| {
+        if s.starts_with('/') {
+            Ok(s.clone())
+        } else {
+            Err(format!("`{s}` must start with `/`"))
+        }
+    };
+    let path_pattern = match (&m.path, &m.path_prefix) {
+        (None, None) => PathPattern::Any,
+        (Some(x), None) => {
+            PathPattern::Exact(p.take(format!("{path}.path"), must_start_with_slash(x))?)
+        }
+        (None, Some(x)) => {
+            PathPattern::Prefix(p.take(format!("{path}.path_prefix"), must_start_with_slash(x))?)
+        }
+        (Some(_), Some(_)) => {
+            p.add(path, "use `path` (exact) or `path_prefix`, not both");
+            return None;
+        }
+    };
+    let methods = m.methods.as_ref().map(|ms| {
+        ms.iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let r = Method::from_bytes(s.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| format!("`{s}` is not an HTTP method"));
+                p.take(format!("{path}.methods[{i}]"), r)
+            })
+            .collect()
+    });
+    let headers = m
+        .headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("`{k}` is not a valid header name")),
+            );
+            let value = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderValue::from_str(v).map_err(|_| format!("`{v}` is not a valid header value")),
+            );
+            Some((name?, value?))
+        })
+        .collect();
+    Some(Matcher {
+        host,
+        path: path_pattern,
+        methods,
+        headers,
+    })
+}
+
+fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<Action> {
+    let status = p.take(
+        format!("{path}.status"),
+        StatusCode::from_u16(r.status)
+            .ok()
+            .filter(|s| !s.is_informational())
+            .ok_or_else(|| format!("`{}` is not a final HTTP status (200-599)", r.status)),
+    );
+    let mut headers = HeaderMap::new();
+    for (k, v) in &r.headers {
+        let kv = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("`{k}` is not a valid header name"))
+            .and_then(|n| {
+                Ok((
+                    n,
+                    HeaderValue::from_str(v)
+                        .map_err(|_| format!("`{v}` is not a valid header value"))?,
+                ))
+            });
+        if let Some((n, v)) = p.take(format!("{path}.headers.{k}"), kv) {
+            headers.insert(n, v);
+        }
+    }
+    Some(Action::Respond(Respond {
+        status: status?,
+        body: Bytes::from(r.body.clone()),
+        headers,
+    }))
+}
+
+fn limit(
+    l: &file::Limit,
+    path: &str,
+    ctx: &mut RouteCtx<'_>,
+    p: &mut Problems,
+) -> Option<Arc<Limit>> {
+    p.take(format!("{path}.name"), valid_name(&l.name));
+    if !ctx.limit_names.insert(l.name.clone()) {
+        p.add(
+            format!("{path}.name"),
+            format!(
+                "duplicate limit name `{}` (limit names are global: they name buckets)",
+                l.name
+            ),
+        );
+    }
+    let rate = p.take(format!("{path}.rate"), values::rate(&l.rate));
+    let burst = match (l.burst, rate) {
+        (Some(0), _) => {
+            p.add(format!("{path}.burst"), "must be at least 1");
+            None
+        }
+        (Some(b), _) => Some(b),
+        (None, Some(r)) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        (None, None) => None,
+    };
+    let cost = l.cost.unwrap_or(1);
+    if cost == 0 {
+        p.add(format!("{path}.cost"), "must be at least 1");
+    }
+    if let Some(b) = burst {
+        if cost > b {
+            p.add(
+                format!("{path}.cost"),
+                format!("cost {cost} is larger than burst {b}: no request could ever pass"),
+            );
+        }
+    }
+    if l.key.is_empty() {
+        p.add(
+            format!("{path}.key"),
+            "needs at least one source, as in `[ip]`",
+        );
+    }
+    let key = KeySpec(
+        l.key
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| p.take(format!("{path}.key[{i}]"), Alternative::parse(k)))
+            .collect(),
+    );
+    let exempt = l
+        .exempt
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| p.take(format!("{path}.exempt[{i}]"), Exemption::parse(e)))
+        .collect();
+    let on_failure = match &l.on_failure {
+        Some(s) => p.take(format!("{path}.on_failure"), policy(s))?,
+        None => ctx.limiter.on_failure,
+    };
+    let rate = Rate {
+        per_sec: rate?.per_sec(),
+        burst: burst?,
+    };
+    let local = match ctx.old_limits.get(l.name.as_str()) {
+        Some(old) if old.rate == rate => old.local.clone(),
+        _ => Arc::new(Buckets::new(ctx.limiter.max_buckets)),
+    };
+    let fallback = Rate {
+        per_sec: rate.per_sec / f64::from(ctx.limiter.divide_by),
+        burst: (rate.burst / ctx.limiter.divide_by).max(1),
+    };
+    Some(Arc::new(Limit {
+        name: l.name.as_str().into(),
+        rate,
+        cost,
+        shadow: l.shadow,
+        key,
+        exempt,
+        on_failure,
+        local,
+        fallback,
+    }))
+}

@@ -1,0 +1,158 @@
+//! The YAML file as written: serde structs mirroring it 1:1, unknown keys refused, no logic.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    pub admin: Option<Admin>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    #[serde(default)]
+    pub limiter: Limiter,
+    #[serde(default)]
+    pub rate_limit_headers: RateLimitHeaders,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, Upstream>,
+    #[serde(default)]
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    pub address: String,
+    pub tls: Option<Tls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    pub address: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limiter {
+    pub backend: Option<String>,
+    pub redis: Option<Redis>,
+    pub on_failure: Option<String>,
+    pub local_fallback: Option<LocalFallback>,
+    pub local: Option<Local>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redis {
+    pub url: Option<String>,
+    pub cluster: Option<Vec<String>>,
+    pub timeout: Option<String>,
+    pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalFallback {
+    pub divide_by: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Local {
+    pub max_buckets: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(clippy::struct_field_names)]
+pub struct RateLimitHeaders {
+    #[serde(default = "yes")]
+    pub ietf: bool,
+    #[serde(default = "yes")]
+    pub x_ratelimit: bool,
+}
+
+impl Default for RateLimitHeaders {
+    fn default() -> Self {
+        Self {
+            ietf: true,
+            x_ratelimit: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub targets: Vec<String>,
+    pub connect_timeout: Option<String>,
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: String,
+    #[serde(rename = "match", default)]
+    pub matcher: Match,
+    pub upstream: Option<String>,
+    pub respond: Option<Respond>,
+    #[serde(default)]
+    pub limits: Vec<Limit>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    pub host: Option<String>,
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Respond {
+    #[serde(default = "ok")]
+    pub status: u16,
+    #[serde(default)]
+    pub body: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn ok() -> u16 {
+    200
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub name: String,
+    pub rate: String,
+    pub burst: Option<u32>,
+    pub key: Vec<String>,
+    pub cost: Option<u32>,
+    #[serde(default)]
+    pub shadow: bool,
+    #[serde(default)]
+    pub exempt: Vec<String>,
+    pub on_failure: Option<String>,
+}

@@ -1,0 +1,143 @@
+//! The configuration: load a YAML file, validate it completely, and compile it to a `Snapshot`.
+//!
+//! `file` mirrors the YAML, `compile` turns it into the types the request path uses, `locate`
+//! maps field paths back to lines so every error points into the file.
+
+pub mod compile;
+pub mod file;
+pub mod locate;
+pub mod values;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use crate::limiter::{FailurePolicy, Limit};
+use crate::response::HeaderPolicy;
+use crate::route::Route;
+
+/// The compiled, validated configuration the request path reads. Immutable once built; a
+/// reload builds a new one.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub routes: Vec<Route>,
+    pub listeners: Vec<Listener>,
+    pub admin: Option<SocketAddr>,
+    pub trusted_proxies: Vec<IpNet>,
+    pub headers: HeaderPolicy,
+    pub limiter: LimiterSettings,
+}
+
+impl Snapshot {
+    /// Every limit of every route, in file order.
+    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
+        self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub address: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterSettings {
+    pub backend: Backend,
+    pub on_failure: FailurePolicy,
+    pub divide_by: u32,
+    pub max_buckets: usize,
+}
+
+/// One thing wrong with a config, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Field path such as `routes[1].limits[0].rate`; empty for syntax errors.
+    pub path: String,
+    pub message: String,
+    /// 1-based line and column, when known.
+    pub at: Option<(usize, usize)>,
+}
+
+/// Everything wrong with one config file.
+#[derive(Debug, Clone)]
+pub struct ConfigError {
+    pub file: String,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "{}: {n} problem{}",
+            self.file,
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  {}", self.file)?;
+            if let Some((line, col)) = p.at {
+                write!(f, ":{line}:{col}")?;
+            }
+            if p.path.is_empty() {
+                write!(f, ": {}", p.message)?;
+            } else {
+                write!(f, ": {}: {}", p.path, p.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Read, parse and compile the file at `path`.
+pub fn load(path: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, ConfigError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: name.clone(),
+        problems: vec![Problem {
+            path: String::new(),
+            message: format!("cannot read the file: {e}"),
+            at: None,
+        }],
+    })?;
+    parse(&text, previous).map_err(|problems| ConfigError {
+        file: name,
+        problems,
+    })
+}
+
+/// Parse and compile config text.
+pub fn parse(text: &str, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
+    let raw: file::File = serde_yaml::from_str(text).map_err(|e| {
+        vec![Problem {
+            path: String::new(),
+            message: strip_location(&e.to_string()),
+            at: e.location().map(|l| (l.line(), l.column())),
+        }]
+    })?;
+    compile::compile(raw, previous).map_err(|mut problems| {
+        let locations = locate::Locations::index(text);
+        for p in &mut problems {
+            p.at = locations.find(&p.path);
+        }
+        problems
+    })
+}
+
+/// serde_yaml appends " at line L column C"; the location is printed in front instead.
+fn strip_location(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}

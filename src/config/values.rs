@@ -1,0 +1,102 @@
+//! Parsers for the scalar values of the config: durations and rates.
+
+use std::time::Duration;
+
+/// Parse `250ms`, `2s`, `1.5s`, `5m`, `1h`, `1d`.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("duration `{s}` needs a unit: ms, s, m, h or d (as in `2s`)"))?;
+    let (number, unit) = s.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("duration `{s}` does not start with a number"))?;
+    let seconds = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => {
+            return Err(format!(
+                "duration `{s}` has unknown unit `{unit}` (ms, s, m, h or d)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("duration `{s}` is out of range"))
+}
+
+/// A parsed `rate`: `count` tokens per `per`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateValue {
+    pub count: f64,
+    pub per: Duration,
+}
+
+impl RateValue {
+    pub fn per_sec(self) -> f64 {
+        self.count / self.per.as_secs_f64()
+    }
+}
+
+/// Parse `N/s`, `N/min`, `N/h`, `N/day` or `N/<duration>` such as `100/10s`; N may be
+/// fractional.
+pub fn rate(s: &str) -> Result<RateValue, String> {
+    let (count, per) = s.trim().split_once('/').ok_or_else(|| {
+        format!("rate `{s}` must look like `10/s`, `5/min`, `100/h`, `1000/day` or `100/10s`")
+    })?;
+    let count: f64 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n > 0.0)
+        .ok_or_else(|| format!("rate `{s}`: `{count}` is not a positive number"))?;
+    let per = match per.trim() {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3600),
+        "d" | "day" => Duration::from_secs(86400),
+        other => duration(other).map_err(|e| format!("rate `{s}`: {e}"))?,
+    };
+    if per.is_zero() {
+        return Err(format!("rate `{s}`: the period must be longer than zero"));
+    }
+    let value = RateValue { count, per };
+    if value.per_sec() > 1e6 {
+        return Err(format!(
+            "rate `{s}` is above 1000000/s, the finest a bucket can count"
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(duration("5").unwrap_err().contains("needs a unit"));
+        assert!(duration("5y").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn rates() {
+        assert!((rate("10/s").unwrap().per_sec() - 10.0).abs() < 1e-9);
+        assert!((rate("5/min").unwrap().per_sec() - 5.0 / 60.0).abs() < 1e-12);
+        assert!((rate("100/10s").unwrap().per_sec() - 10.0).abs() < 1e-9);
+        assert!((rate("0.5/s").unwrap().per_sec() - 0.5).abs() < 1e-12);
+        assert!((rate("24/day").unwrap().per_sec() - 24.0 / 86400.0).abs() < 1e-12);
+        assert_eq!(rate("100/10s").unwrap().count, 100.0);
+        assert!(rate("10").is_err());
+        assert!(rate("-1/s").is_err());
+        assert!(rate("10/fortnight").is_err());
+        assert!(rate("10/0s").is_err());
+    }
+}

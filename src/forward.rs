@@ -1,0 +1,244 @@
+//! Forwarding upstream: target choice, the request rewrite, a pooled keep-alive client, streaming.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{CONNECTION, HOST};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::error::ProxyError;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Headers that describe one hop, never the message (RFC 9110 7.6.1), plus the framing headers
+/// hyper sets itself on the next hop.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// A named group of targets with its own connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: Arc<str>,
+    pub targets: Vec<Authority>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    next: AtomicUsize,
+    client: Client<HttpConnector, Incoming>,
+}
+
+impl Upstream {
+    pub fn new(
+        name: &str,
+        targets: Vec<Authority>,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Self {
+            name: name.into(),
+            targets,
+            connect_timeout,
+            timeout,
+            next: AtomicUsize::new(0),
+            client,
+        }
+    }
+
+    fn pick(&self) -> &Authority {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.targets[i % self.targets.len()]
+    }
+}
+
+/// What the rewrite needs to know about the downstream connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Downstream {
+    pub peer: IpAddr,
+    pub peer_trusted: bool,
+    pub tls: bool,
+}
+
+/// Send `req` to one of the upstream's targets and return its response head, the body still
+/// streaming. Connection refused is `UpstreamUnreachable` (502); no response head within the
+/// upstream's `timeout`, or no connection within `connect_timeout`, is `UpstreamTimeout` (504).
+pub async fn send(
+    upstream: &Upstream,
+    mut req: Request<Incoming>,
+    down: Downstream,
+) -> Result<Response<Incoming>, ProxyError> {
+    let target = upstream.pick().clone();
+    rewrite(&mut req, target, down)?;
+    let res = tokio::time::timeout(upstream.timeout, upstream.client.request(req)).await;
+    match res {
+        Err(_) => Err(ProxyError::UpstreamTimeout),
+        Ok(Err(e)) => Err(classify(&e)),
+        Ok(Ok(mut res)) => {
+            strip_hop_by_hop(res.headers_mut());
+            Ok(res)
+        }
+    }
+}
+
+fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return ProxyError::UpstreamTimeout;
+            }
+        }
+        source = s.source();
+    }
+    tracing::debug!(error = %e, "upstream request failed");
+    ProxyError::UpstreamUnreachable
+}
+
+fn rewrite(
+    req: &mut Request<Incoming>,
+    target: Authority,
+    down: Downstream,
+) -> Result<(), ProxyError> {
+    // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
+    if !req.headers().contains_key(HOST) {
+        if let Some(authority) = req.uri().authority() {
+            let value =
+                HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::BadRequest)?;
+            req.headers_mut().insert(HOST, value);
+        }
+    }
+    let original_host = req.headers().get(HOST).cloned();
+    let path = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(target);
+    parts.path_and_query = Some(path);
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)?;
+    *req.version_mut() = Version::HTTP_11;
+
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers);
+    forwarded_for(headers, down);
+    if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if down.tls { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match original_host {
+            Some(host) => headers.insert(X_FORWARDED_HOST, host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+    }
+    Ok(())
+}
+
+/// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
+/// believed as far as `identity::client_ip` believes it); from anyone else, replace the header
+/// so a client cannot plant addresses the backend might trust.
+fn forwarded_for(headers: &mut HeaderMap, down: Downstream) {
+    let peer = down.peer.to_canonical().to_string();
+    let value = if down.peer_trusted {
+        let chain: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if chain.is_empty() {
+            peer
+        } else {
+            format!("{}, {peer}", chain.join(", "))
+        }
+    } else {
+        peer
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+}
+
+/// Remove hop-by-hop headers, including every header a `Connection` line names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, X-Secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-authorization", "Basic x".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarded_for_appends_only_for_trusted_peers() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
+        let peer = "10.0.0.1".parse().unwrap();
+        forwarded_for(
+            &mut h,
+            Downstream {
+                peer,
+                peer_trusted: true,
+                tls: false,
+            },
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
+        forwarded_for(
+            &mut h,
+            Downstream {
+                peer,
+                peer_trusted: false,
+                tls: false,
+            },
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    }
+}

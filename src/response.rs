@@ -1,0 +1,141 @@
+//! Responses the proxy writes itself: 429 with its headers, and one response per error.
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+use crate::error::ProxyError;
+use crate::limiter::{Decision, Limit, Verdict};
+use crate::route::Route;
+
+/// Every response body: an upstream's stream, or bytes the proxy made.
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Which rate-limit header families to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderPolicy {
+    pub ietf: bool,
+    pub x_ratelimit: bool,
+}
+
+/// A response with a fixed body.
+pub fn fixed(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Body> {
+    let mut res = Response::new(Either::Right(Full::new(body.into())));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    res
+}
+
+/// The response for a request-path error. Bodies are short and generic: details go to logs.
+pub fn from_error(err: &ProxyError) -> Response<Body> {
+    let status = err.status();
+    let reason = status.canonical_reason().unwrap_or("Error");
+    let mut res = fixed(status, "text/plain; charset=utf-8", format!("{reason}\n"));
+    if let ProxyError::LimiterUnavailable { .. } = err {
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    res
+}
+
+/// Whole seconds, rounded up.
+fn secs_up(us: f64) -> u64 {
+    (us / 1e6 - 1e-9).ceil().max(0.0) as u64
+}
+
+/// `429 Too Many Requests` for a request that `decision` rejected.
+pub fn too_many_requests(
+    route: &Route,
+    decision: &Decision,
+    policy: HeaderPolicy,
+) -> Response<Body> {
+    let (name, retry) = match decision.reported() {
+        Some((r, v)) => (
+            &*route.limits[r.index].name,
+            secs_up(v.retry_after_us).max(1),
+        ),
+        None => ("", 1),
+    };
+    let body = format!(
+        "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
+         \"detail\":\"Rate limit '{name}' exceeded; retry in {retry} s.\",\
+         \"limit\":\"{name}\",\"retry_after\":{retry}}}\n"
+    );
+    let mut res = fixed(
+        StatusCode::TOO_MANY_REQUESTS,
+        "application/problem+json",
+        body,
+    );
+    res.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry));
+    add_headers(res.headers_mut(), route, decision, policy);
+    res
+}
+
+/// Add the rate-limit headers of the limit closest to rejecting the request.
+pub fn add_headers(
+    headers: &mut HeaderMap,
+    route: &Route,
+    decision: &Decision,
+    policy: HeaderPolicy,
+) {
+    let Some((result, v)) = decision.reported() else {
+        return;
+    };
+    let limit = &route.limits[result.index];
+    if policy.ietf {
+        headers.insert(RATELIMIT_POLICY, policy_value(limit));
+        headers.insert(RATELIMIT, ratelimit_value(limit, &v));
+    }
+    if policy.x_ratelimit {
+        headers.insert(X_LIMIT, HeaderValue::from(limit.rate.burst));
+        headers.insert(X_REMAINING, HeaderValue::from(v.remaining));
+        headers.insert(X_RESET, HeaderValue::from(secs_up(v.reset_us)));
+    }
+}
+
+fn policy_value(limit: &Limit) -> HeaderValue {
+    let w = secs_up(limit.rate.window_us()).max(1);
+    header(&format!("\"{}\";q={};w={w}", limit.name, limit.rate.burst))
+}
+
+fn ratelimit_value(limit: &Limit, v: &Verdict) -> HeaderValue {
+    header(&format!(
+        "\"{}\";r={};t={}",
+        limit.name,
+        v.remaining,
+        secs_up(v.reset_us)
+    ))
+}
+
+fn header(s: &str) -> HeaderValue {
+    // Limit names are validated to a header-safe alphabet when the config is compiled.
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secs_up;
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(secs_up(0.0), 0);
+        assert_eq!(secs_up(1.0), 1);
+        assert_eq!(secs_up(1e6), 1);
+        assert_eq!(secs_up(1e6 + 1.0), 2);
+        assert_eq!(secs_up(12e6), 12);
+    }
+}
