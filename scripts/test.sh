@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run every test of tollgate on a fresh Debian machine: install what is missing, then the suite.
+#
+#   scripts/test.sh            # fmt check, clippy, all tests
+#   SKIP_LINT=1 scripts/test.sh
+#
+# Integration tests start their own redis-server processes on free loopback ports; nothing
+# here depends on a Redis already running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v redis-cli >/dev/null || need_apt+=(redis-tools)
+command -v curl >/dev/null || need_apt+=(curl)
+if ((${#need_apt[@]})); then
+  echo "installing: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+# The distribution's redis-server package starts a system instance on 6379; the tests never
+# use it, but stop it so a stray dependency on it cannot hide.
+if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
+  systemctl stop redis-server || true
+fi
+
+if [ -z "${SKIP_LINT:-}" ]; then
+  cargo fmt --all -- --check
+  cargo clippy --all-targets --locked -- -D warnings
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --locked --no-fail-fast
+  cargo test --locked --doc
+else
+  cargo test --locked --no-fail-fast
+fi
