@@ -16,7 +16,7 @@
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
 pub mod local;
-// pub mod redis;
+pub mod redis;
 
 use std::sync::Arc;
 

@@ -1,0 +1,324 @@
+//! Token buckets in Redis: the same GCRA as `local`, shared by every proxy of a fleet.
+//!
+//! One check is one round trip: a Lua script (`bucket.lua`) reads all the request's buckets,
+//! decides on Redis's own clock (so proxies with skewed clocks agree), and charges them only
+//! if every enforced bucket admits, exactly like `local::check`. A bucket is one string key,
+//! `<key_prefix><limit name>:{<client digest hex>}`, that expires when the bucket is full again;
+//! the digest keeps raw identities (API keys, tokens) out of Redis, and the braces make it the
+//! Redis Cluster hash tag, so a client's buckets spread over the cluster by client.
+//!
+//! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
+//! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
+//! once, and probes Redis once per cooldown. What to do when unavailable (admit, reject, count
+//! locally) is the caller's failure policy. And a client hammering a limit it has exhausted is
+//! answered from a negative cache until a token can exist again (see `negative`), so a flood
+//! costs Redis nothing.
+//!
+//! A timed-out call may still run on Redis later and take its tokens: the request is then
+//! counted twice (by Redis and by whatever the failure policy did), which errs toward limiting.
+
+mod breaker;
+mod cluster;
+mod conn;
+mod negative;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use ::redis::Script;
+use tokio::time::Instant;
+
+use self::breaker::{Breaker, LogGate};
+use self::conn::{parse_reply, Conn, Mode, Reply, BUCKET_LUA};
+use self::negative::NegativeCache;
+use super::local::Clock;
+use super::{Check, Limit, Rate, Verdict};
+use crate::identity::ClientId;
+
+/// Hashing the script once per process, not per call.
+static BUCKET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_LUA));
+
+/// The `limiter.redis` block, compiled. Exactly one of `url` and `cluster` is set (checked
+/// when the config is compiled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster, as URLs.
+    pub cluster: Vec<String>,
+    /// Deadline of one check; past it the failure policy applies.
+    pub timeout: Duration,
+    /// Prepended to every key, so several deployments can share a Redis.
+    pub key_prefix: String,
+}
+
+/// Why Redis could not decide: the caller applies the limit's failure policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    #[error("the Redis circuit breaker is open")]
+    BreakerOpen,
+    #[error("Redis did not answer within the timeout")]
+    Timeout,
+    #[error("Redis answered with an error or could not be reached")]
+    Error,
+}
+
+/// Counters since start, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Calls to `check`.
+    pub checks: u64,
+    /// Script calls sent to Redis (checks, cluster peeks and refunds).
+    pub redis_calls: u64,
+    /// Checks answered `Unavailable`, whatever the reason.
+    pub errors: u64,
+    /// ... of which because the deadline passed.
+    pub timeouts: u64,
+    /// ... of which because the breaker was open (Redis was not asked).
+    pub breaker_rejections: u64,
+    /// Checks answered from the negative cache (Redis was not asked).
+    pub negative_hits: u64,
+    /// Cluster refunds sent (a later slot rejected what an earlier slot charged).
+    pub refunds: u64,
+    /// Refunds that did not make it: those tokens come back only by refill.
+    pub refund_failures: u64,
+    /// Buckets the negative cache holds now (a gauge).
+    pub negative_cache_entries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    checks: AtomicU64,
+    redis_calls: AtomicU64,
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+    breaker_rejections: AtomicU64,
+    negative_hits: AtomicU64,
+    refunds: AtomicU64,
+    refund_failures: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One bucket of one check, as sent to Redis.
+#[derive(Debug, Clone)]
+struct Bucket<'a> {
+    key: String,
+    rate: &'a Rate,
+    cost: u32,
+    enforced: bool,
+}
+
+/// A failed call, with what the log should say about it.
+#[derive(Debug)]
+struct Failure {
+    kind: Unavailable,
+    detail: String,
+}
+
+/// The Redis backend. Share it (`Arc`) between all requests: it holds one multiplexed
+/// connection, and its breaker and cache only work if everyone uses the same one.
+#[derive(Debug)]
+pub struct RedisLimiter {
+    conn: Conn,
+    timeout: Duration,
+    key_prefix: String,
+    clock: Clock,
+    breaker: Breaker,
+    negative: NegativeCache,
+    log_gate: LogGate,
+    counters: Arc<Counters>,
+}
+
+impl RedisLimiter {
+    /// Consecutive failures that open the breaker.
+    pub const BREAKER_FAILURES: u32 = 3;
+    /// How long an open breaker waits before letting one probe through.
+    pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+    /// Buckets the negative cache may remember.
+    pub const NEGATIVE_CACHE_CAPACITY: usize = 65_536;
+
+    /// Set up the connection and return at once: it is established in the background, and
+    /// until Redis answers, checks return `Unavailable`. Fails only on a malformed config, or
+    /// when called outside a tokio runtime.
+    pub fn new(cfg: &RedisConfig) -> Result<Self, String> {
+        Ok(Self {
+            conn: Conn::open(cfg)?,
+            timeout: cfg.timeout,
+            key_prefix: cfg.key_prefix.clone(),
+            clock: Clock::new(),
+            breaker: Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN),
+            negative: NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY),
+            log_gate: LogGate::new(Duration::from_secs(1)),
+            counters: Arc::default(),
+        })
+    }
+
+    /// Open the breaker after `failures` consecutive failures, for `cooldown`.
+    #[must_use]
+    pub fn with_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker = Breaker::new(failures, cooldown);
+        self
+    }
+
+    /// Remember at most `capacity` buckets in the negative cache (0 turns it off).
+    #[must_use]
+    pub fn with_negative_cache(mut self, capacity: usize) -> Self {
+        self.negative = NegativeCache::new(capacity);
+        self
+    }
+
+    /// The Redis key of `client`'s bucket of `limit`.
+    pub fn key(&self, limit: &Limit, client: ClientId) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + limit.name.len() + 35);
+        // `{:032x}` is `ClientId::hex`, written in place.
+        let _ = write!(
+            key,
+            "{}{}:{{{:032x}}}",
+            self.key_prefix, limit.name, client.0
+        );
+        key
+    }
+
+    /// Check several buckets as one, with the semantics of `local::check`: every verdict is
+    /// returned, and tokens are taken only if every enforced bucket admits (`enforced[i] ==
+    /// false` marks a shadow bucket; a missing entry counts as enforced).
+    pub async fn check(
+        &self,
+        checks: &[Check<'_>],
+        enforced: &[bool],
+    ) -> Result<Vec<Verdict>, Unavailable> {
+        bump(&self.counters.checks);
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let buckets: Vec<Bucket<'_>> = checks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Bucket {
+                key: self.key(c.limit, c.client),
+                rate: &c.limit.rate,
+                cost: c.limit.cost,
+                enforced: enforced.get(i).copied().unwrap_or(true),
+            })
+            .collect();
+        let sent_us = self.clock.now_us();
+        if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
+            bump(&self.counters.negative_hits);
+            tracing::trace!("rejected from the negative cache, without asking Redis");
+            return Ok(verdicts);
+        }
+        if !self.breaker.allow(sent_us as u64) {
+            bump(&self.counters.breaker_rejections);
+            return Err(self.failed(&Failure {
+                kind: Unavailable::BreakerOpen,
+                detail: "not asking Redis during the breaker's cooldown".into(),
+            }));
+        }
+        match self.ask(&buckets).await {
+            Ok(reply) => {
+                self.breaker.success();
+                if !reply.all_admitted {
+                    self.negative.remember(&buckets, &reply.verdicts, sent_us);
+                }
+                Ok(reply.verdicts)
+            }
+            Err(failure) => {
+                self.breaker.failure(self.clock.now_us() as u64);
+                Err(self.failed(&failure))
+            }
+        }
+    }
+
+    /// Redis is failing fast: checks return `Unavailable` without trying.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
+    pub fn stats(&self) -> RedisStats {
+        let c = &*self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RedisStats {
+            checks: get(&c.checks),
+            redis_calls: get(&c.redis_calls),
+            errors: get(&c.errors),
+            timeouts: get(&c.timeouts),
+            breaker_rejections: get(&c.breaker_rejections),
+            negative_hits: get(&c.negative_hits),
+            refunds: get(&c.refunds),
+            refund_failures: get(&c.refund_failures),
+            negative_cache_entries: self.negative.len() as u64,
+        }
+    }
+
+    /// Count and log (at most once a second) a check Redis did not decide.
+    fn failed(&self, failure: &Failure) -> Unavailable {
+        bump(&self.counters.errors);
+        if failure.kind == Unavailable::Timeout {
+            bump(&self.counters.timeouts);
+        }
+        if let Some(held_back) = self.log_gate.open(self.clock.now_us() as u64) {
+            tracing::warn!(
+                reason = %failure.kind,
+                detail = %failure.detail,
+                similar_since_last = held_back,
+                "rate limit not decided by Redis; the failure policy applies"
+            );
+        }
+        failure.kind
+    }
+
+    /// One script call per slot the buckets live in: one call in total on a single server.
+    async fn ask(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
+        let deadline = Instant::now() + self.timeout;
+        let groups = match self.conn {
+            Conn::Cluster(_) => cluster::slot_groups(buckets),
+            Conn::Single(_) => Vec::new(),
+        };
+        if groups.len() <= 1 {
+            let all: Vec<&Bucket<'_>> = buckets.iter().collect();
+            return self.call(Mode::Check, &all, deadline).await;
+        }
+        self.ask_slots(buckets, &groups, deadline).await
+    }
+
+    /// Run the script on `group` before `deadline`, and parse a "check" or "peek" reply.
+    async fn call(
+        &self,
+        mode: Mode,
+        group: &[&Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<Reply, Failure> {
+        let value = self.send(mode, group, deadline).await?;
+        parse_reply(&value, group.len()).ok_or_else(|| Failure {
+            kind: Unavailable::Error,
+            detail: "unexpected reply from the bucket script".into(),
+        })
+    }
+
+    /// Run the script on `group` before `deadline`.
+    async fn send(
+        &self,
+        mode: Mode,
+        group: &[&Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<::redis::Value, Failure> {
+        bump(&self.counters.redis_calls);
+        let run = self.conn.run(&BUCKET_SCRIPT, mode, group.iter().copied());
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(Failure {
+                kind: Unavailable::Error,
+                detail: e.to_string(),
+            }),
+            Err(_) => Err(Failure {
+                kind: Unavailable::Timeout,
+                detail: format!("no answer within {:?}", self.timeout),
+            }),
+        }
+    }
+}

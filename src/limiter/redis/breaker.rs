@@ -1,0 +1,157 @@
+//! The circuit breaker in front of Redis, and a gate that keeps failure logs to one a second.
+//!
+//! When Redis is down or stalled, every check would otherwise wait out its whole timeout
+//! before the failure policy applies, adding `timeout` to every request. After `threshold`
+//! consecutive failures the breaker opens: checks fail in microseconds without touching the
+//! network, and once per `cooldown` one probe is let through to see whether Redis is back.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Closed, open or half-open, kept in atomics so a check never takes a lock to ask.
+#[derive(Debug)]
+pub(super) struct Breaker {
+    threshold: u32,
+    cooldown_us: u64,
+    /// Consecutive failures; `>= threshold` means open (or half-open once the cooldown is over).
+    failures: AtomicU32,
+    /// When the breaker may let a probe through, on the limiter's clock (µs).
+    retry_at_us: AtomicU64,
+    /// A probe is out: everyone else keeps failing fast until it comes back.
+    probing: AtomicBool,
+}
+
+impl Breaker {
+    pub(super) fn new(threshold: u32, cooldown: Duration) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            cooldown_us: u64::try_from(cooldown.as_micros()).unwrap_or(u64::MAX),
+            failures: AtomicU32::new(0),
+            retry_at_us: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a call to Redis may go out at `now_us`.
+    pub(super) fn allow(&self, now_us: u64) -> bool {
+        if self.failures.load(Ordering::Acquire) < self.threshold {
+            return true;
+        }
+        if now_us < self.retry_at_us.load(Ordering::Acquire) {
+            return false;
+        }
+        // Cooldown over: exactly one caller wins the probe.
+        self.probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub(super) fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        self.probing.store(false, Ordering::Release);
+    }
+
+    pub(super) fn failure(&self, now_us: u64) {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        if failures >= self.threshold {
+            // Also re-arms the cooldown after a failed probe.
+            self.retry_at_us
+                .store(now_us.saturating_add(self.cooldown_us), Ordering::Release);
+            self.probing.store(false, Ordering::Release);
+        }
+        // Saturate instead of wrapping back to "closed" after four billion failures.
+        if failures == u32::MAX {
+            self.failures.store(self.threshold, Ordering::Release);
+        }
+    }
+
+    /// Open or half-open: checks are failing fast.
+    pub(super) fn is_open(&self) -> bool {
+        self.failures.load(Ordering::Acquire) >= self.threshold
+    }
+}
+
+/// Lets one log line through per `every_us`, and counts what it held back.
+#[derive(Debug)]
+pub(super) struct LogGate {
+    every_us: u64,
+    next_us: AtomicU64,
+    held_back: AtomicU64,
+}
+
+impl LogGate {
+    pub(super) fn new(every: Duration) -> Self {
+        Self {
+            every_us: u64::try_from(every.as_micros()).unwrap_or(u64::MAX),
+            next_us: AtomicU64::new(0),
+            held_back: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may be logged now.
+    pub(super) fn open(&self, now_us: u64) -> Option<u64> {
+        let next = self.next_us.load(Ordering::Acquire);
+        if now_us >= next
+            && self
+                .next_us
+                .compare_exchange(
+                    next,
+                    now_us.saturating_add(self.every_us),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        {
+            return Some(self.held_back.swap(0, Ordering::AcqRel));
+        }
+        self.held_back.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_threshold_then_lets_one_probe_through_per_cooldown() {
+        let b = Breaker::new(3, Duration::from_secs(1));
+        for now in [0, 1, 2] {
+            assert!(b.allow(now));
+            b.failure(now);
+        }
+        assert!(b.is_open());
+        assert!(!b.allow(500_000));
+        assert!(b.allow(1_000_002), "cooldown over: one probe");
+        assert!(!b.allow(1_000_003), "only one probe at a time");
+        b.failure(1_000_010);
+        assert!(!b.allow(1_500_000), "a failed probe re-arms the cooldown");
+        assert!(b.allow(2_000_010));
+        b.success();
+        assert!(!b.is_open());
+        assert!(b.allow(2_000_011));
+    }
+
+    #[test]
+    fn a_success_resets_the_count() {
+        let b = Breaker::new(3, Duration::from_secs(1));
+        b.failure(0);
+        b.failure(0);
+        b.success();
+        b.failure(0);
+        b.failure(0);
+        assert!(!b.is_open());
+    }
+
+    #[test]
+    fn log_gate_lets_one_line_a_second() {
+        let g = LogGate::new(Duration::from_secs(1));
+        assert_eq!(g.open(0), Some(0));
+        assert_eq!(g.open(10), None);
+        assert_eq!(g.open(999_999), None);
+        assert_eq!(g.open(1_000_000), Some(2));
+    }
+}

@@ -1,0 +1,216 @@
+//! The wire to Redis: one shared connection (a server or a cluster), the bucket script's
+//! arguments, and the parsing of its reply.
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, RedisError, Script, Value};
+
+use super::{Bucket, RedisConfig};
+use crate::limiter::Verdict;
+
+/// The atomic N-bucket check; its header documents KEYS, ARGV and the reply.
+pub(super) const BUCKET_LUA: &str = include_str!("../bucket.lua");
+
+/// How long one TCP (and TLS) connection attempt may take. Independent of the per-check
+/// timeout: a reconnect runs in the background, and checks waiting on it are cut by theirs.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the script is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Charge every admitting bucket if every enforced one admits.
+    Check,
+    /// Verdicts only, no write.
+    Peek,
+    /// Give back what a `Check` took.
+    Refund,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Peek => "peek",
+            Mode::Refund => "refund",
+        }
+    }
+}
+
+/// One multiplexed connection shared by every request; cloning it is cheap (an `Arc`).
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    /// Set up the connection without waiting for it: Redis may well be down at startup, and
+    /// the proxy must start anyway and apply its failure policy until Redis answers.
+    pub(super) fn open(cfg: &RedisConfig) -> Result<Self, String> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err("the Redis limiter must be created inside the tokio runtime".into());
+        }
+        match (&cfg.url, cfg.cluster.as_slice()) {
+            (Some(url), []) => Self::single(url),
+            (None, nodes) if !nodes.is_empty() => Self::cluster(nodes),
+            _ => Err("limiter.redis needs exactly one of `url` and `cluster`".into()),
+        }
+    }
+
+    fn single(url: &str) -> Result<Self, String> {
+        // Never echo the URL: it may carry a password.
+        let client = Client::open(url).map_err(|e| format!("limiter.redis.url: {e}"))?;
+        // Few, short reconnect retries: while Redis is down the breaker paces the attempts, and
+        // a long backoff inside the manager would only delay noticing that it is back.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None)
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200));
+        let manager = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("limiter.redis: {e}"))?;
+        // Connect in the background now, so the first request does not pay for it.
+        let mut warm = manager.clone();
+        tokio::spawn(async move {
+            let _: Result<Value, _> = ::redis::cmd("PING").query_async(&mut warm).await;
+        });
+        Ok(Conn::Single(manager))
+    }
+
+    fn cluster(nodes: &[String]) -> Result<Self, String> {
+        let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            // Retries also carry MOVED/ASK redirections, so keep a few, but short.
+            .retries(3)
+            .min_retry_wait(5)
+            .max_retry_wait(100)
+            .build()
+            .map_err(|e| format!("limiter.redis.cluster: {e}"))?;
+        let config = ClusterConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(CONNECT_TIMEOUT);
+        // Connects to the nodes in the background; commands wait for it (and our timeout).
+        Ok(Conn::Cluster(
+            client.get_pending_async_connection_with_config(config),
+        ))
+    }
+
+    /// Run the bucket script on `buckets` (which, on a cluster, must share a slot). The
+    /// invocation is EVALSHA, falling back to SCRIPT LOAD + EVALSHA on NOSCRIPT (after a
+    /// restart, a failover or a SCRIPT FLUSH); on a cluster SCRIPT LOAD goes to every master.
+    pub(super) async fn run<'b, 'a: 'b>(
+        &self,
+        script: &Script,
+        mode: Mode,
+        buckets: impl Iterator<Item = &'b Bucket<'a>>,
+    ) -> Result<Value, RedisError> {
+        let mut call = script.prepare_invoke();
+        call.arg(mode.as_str());
+        for b in buckets {
+            // f64 arguments are written with ryu: the shortest string that parses back to the
+            // same double, so Lua computes with exactly the numbers `limiter::step` uses.
+            call.key(b.key.as_str())
+                .arg(b.rate.token_us())
+                .arg(b.rate.window_us())
+                .arg(b.cost)
+                .arg(u8::from(b.enforced));
+        }
+        match self {
+            Conn::Single(m) => call.invoke_async(&mut m.clone()).await,
+            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+        }
+    }
+}
+
+/// What the script answered for a "check" or a "peek".
+#[derive(Debug)]
+pub(super) struct Reply {
+    pub(super) all_admitted: bool,
+    pub(super) verdicts: Vec<Verdict>,
+}
+
+/// Parse the script's reply for `n` buckets; `None` if it is not what the script returns.
+pub(super) fn parse_reply(value: &Value, n: usize) -> Option<Reply> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    if items.len() != 1 + 4 * n {
+        return None;
+    }
+    let verdicts = items[1..]
+        .chunks_exact(4)
+        .map(|v| {
+            Some(Verdict {
+                admitted: int(&v[0])? == 1,
+                remaining: u64::try_from(int(&v[1])?).ok()?,
+                reset_us: float(&v[2])?,
+                retry_after_us: float(&v[3])?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Reply {
+        all_admitted: int(&items[0])? == 1,
+        verdicts,
+    })
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn float(v: &Value) -> Option<f64> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Int(i) => Some(*i as f64),
+        Value::Double(d) => Some(*d),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_the_scripts_reply() {
+        let reply = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(4),
+            bulk("333333.33333333331"),
+            bulk("0"),
+            Value::Int(0),
+            Value::Int(0),
+            bulk("1000000"),
+            bulk("250000.5"),
+        ]);
+        let r = parse_reply(&reply, 2).unwrap();
+        assert!(!r.all_admitted);
+        assert!(r.verdicts[0].admitted && r.verdicts[0].remaining == 4);
+        assert!((r.verdicts[0].reset_us - 1e6 / 3.0).abs() < 1e-9);
+        assert!(!r.verdicts[1].admitted);
+        assert!((r.verdicts[1].retry_after_us - 250_000.5).abs() < 1e-9);
+        assert!(parse_reply(&reply, 3).is_none());
+        assert!(parse_reply(&Value::Okay, 0).is_none());
+    }
+}

@@ -1,0 +1,209 @@
+//! The negative cache: rejections Redis has already decided, answered again without asking it.
+//!
+//! A client flooding a limit it has exhausted would otherwise cost one Redis round trip per
+//! rejected request. But once Redis says a bucket's `tat` is T, no request anywhere can take a
+//! token from it before `T + cost*tok - tau` (that is what "rejected" means), so until then the
+//! answer is known: this cache keeps the last `tat` seen for each bucket of a rejected request
+//! and replays `limiter::step` on it locally.
+//!
+//! Why this is exact in the safe direction: the `tat` kept is a lower bound of the real one.
+//! It is placed on the local clock at the instant the request was *sent* (Redis read its clock
+//! later), and a bucket's effective `tat` (`max(tat, now)`) only grows: admissions push it
+//! forward, time never pulls it back. So a cached rejection is always a real rejection, and a
+//! cached entry stops blocking no later than Redis would start admitting. (Two exceptions, both
+//! toward admitting earlier, never later: a cluster refund, and Redis's wall clock jumping.)
+//!
+//! Verdicts of the *other* buckets of a short-circuited request come from the same lower bound
+//! (or a full bucket if nothing is known), so their `remaining` may be optimistic; the decision
+//! and the numbers of the rejecting bucket are exact.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use super::Bucket;
+use crate::limiter::{step, Verdict};
+
+/// How often a full map may be swept (µs): a sweep walks the whole map under the lock.
+const SWEEP_EVERY_US: f64 = 100_000.0;
+
+/// What the cache knows about one bucket, and under which numbers it was learnt.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    tat: f64,
+    per_sec_bits: u64,
+    burst: u32,
+    cost: u32,
+}
+
+impl Known {
+    /// The entry was learnt under this bucket's rate and cost (a reload may change them).
+    fn fits(&self, b: &Bucket<'_>) -> bool {
+        self.per_sec_bits == b.rate.per_sec.to_bits()
+            && self.burst == b.rate.burst
+            && self.cost == b.cost
+    }
+}
+
+#[derive(Debug, Default)]
+struct Map {
+    entries: HashMap<String, Known>,
+    next_sweep_us: f64,
+}
+
+/// Known bucket states, keyed by Redis key, at most `cap` of them.
+#[derive(Debug)]
+pub(super) struct NegativeCache {
+    cap: usize,
+    map: Mutex<Map>,
+}
+
+impl NegativeCache {
+    pub(super) fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            map: Mutex::new(Map::default()),
+        }
+    }
+
+    /// The verdicts for `buckets` at `now_us` when an enforced one of them is known to reject;
+    /// `None` when Redis has to be asked.
+    pub(super) fn answer(&self, buckets: &[Bucket<'_>], now_us: f64) -> Option<Vec<Verdict>> {
+        let map = self.map.lock();
+        if map.entries.is_empty() {
+            return None;
+        }
+        let known = |b: &Bucket<'_>| map.entries.get(&b.key).filter(|k| k.fits(b)).map(|k| k.tat);
+        let blocked = buckets.iter().any(|b| {
+            b.enforced
+                && known(b).is_some_and(|tat| !step(Some(tat), now_us, b.rate, b.cost).0.admitted)
+        });
+        if !blocked {
+            return None;
+        }
+        let verdicts = buckets
+            .iter()
+            .map(|b| step(known(b), now_us, b.rate, b.cost).0)
+            .collect();
+        Some(verdicts)
+    }
+
+    /// Learn the buckets of a request Redis rejected. `sent_us` is when it was sent (local
+    /// clock); `verdicts` are what Redis answered, one per bucket.
+    pub(super) fn remember(&self, buckets: &[Bucket<'_>], verdicts: &[Verdict], sent_us: f64) {
+        let mut map = self.map.lock();
+        for (b, v) in buckets.iter().zip(verdicts) {
+            // Nothing was written: an admitting bucket still holds the `tat` its verdict was
+            // computed from, one `cost` before the `reset` it reports.
+            let charged = if v.admitted {
+                f64::from(b.cost) * b.rate.token_us()
+            } else {
+                0.0
+            };
+            let tat = sent_us + v.reset_us - charged;
+            if tat <= sent_us {
+                // A full bucket: knowing it is worth nothing.
+                map.entries.remove(&b.key);
+                continue;
+            }
+            if map.entries.len() >= self.cap && !map.entries.contains_key(&b.key) {
+                Self::sweep(&mut map, sent_us);
+                if map.entries.len() >= self.cap {
+                    // Still full of live entries: those requests simply ask Redis.
+                    continue;
+                }
+            }
+            let known = Known {
+                tat,
+                per_sec_bits: b.rate.per_sec.to_bits(),
+                burst: b.rate.burst,
+                cost: b.cost,
+            };
+            map.entries.insert(b.key.clone(), known);
+        }
+    }
+
+    /// Drop the buckets that are full again (at most once per `SWEEP_EVERY_US`).
+    fn sweep(map: &mut Map, now_us: f64) {
+        if now_us < map.next_sweep_us {
+            return;
+        }
+        map.next_sweep_us = now_us + SWEEP_EVERY_US;
+        map.entries.retain(|_, k| k.tat > now_us);
+    }
+
+    /// Entries held, for tests and metrics.
+    pub(super) fn len(&self) -> usize {
+        self.map.lock().entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Rate;
+
+    fn bucket<'a>(key: &str, rate: &'a Rate, enforced: bool) -> Bucket<'a> {
+        Bucket {
+            key: key.to_owned(),
+            rate,
+            cost: 1,
+            enforced,
+        }
+    }
+
+    #[test]
+    fn a_known_rejection_is_replayed_until_a_token_is_back() {
+        let cache = NegativeCache::new(100);
+        let rate = Rate {
+            per_sec: 1.0,
+            burst: 2,
+        };
+        let b = [bucket("k", &rate, true)];
+        assert!(cache.answer(&b, 0.0).is_none());
+        // Redis said: empty, full again in 2 s, a token in 1 s.
+        let v = step(Some(2e6), 0.0, &rate, 1).0;
+        cache.remember(&b, &[v], 0.0);
+        let again = cache.answer(&b, 0.4e6).expect("still rejected");
+        assert_eq!(again[0], step(Some(2e6), 0.4e6, &rate, 1).0);
+        assert!((again[0].retry_after_us - 0.6e6).abs() < 1e-3);
+        assert!(
+            cache.answer(&b, 1e6).is_none(),
+            "a token is back: ask Redis"
+        );
+    }
+
+    #[test]
+    fn only_an_enforced_bucket_with_the_same_numbers_blocks() {
+        let cache = NegativeCache::new(100);
+        let rate = Rate {
+            per_sec: 1.0,
+            burst: 1,
+        };
+        let v = step(Some(1e6), 0.0, &rate, 1).0;
+        cache.remember(&[bucket("k", &rate, true)], &[v], 0.0);
+        assert!(cache.answer(&[bucket("k", &rate, false)], 0.0).is_none());
+        let other = Rate {
+            per_sec: 2.0,
+            burst: 1,
+        };
+        assert!(cache.answer(&[bucket("k", &other, true)], 0.0).is_none());
+    }
+
+    #[test]
+    fn memory_is_capped() {
+        let cache = NegativeCache::new(10);
+        let rate = Rate {
+            per_sec: 1.0,
+            burst: 1,
+        };
+        let v = step(Some(1e6), 0.0, &rate, 1).0;
+        for i in 0..100 {
+            cache.remember(&[bucket(&i.to_string(), &rate, true)], &[v], 0.0);
+        }
+        assert_eq!(cache.len(), 10);
+        // Once those are full again a sweep makes room.
+        cache.remember(&[bucket("late", &rate, true)], &[v], 5e6);
+        assert_eq!(cache.len(), 1);
+    }
+}
