@@ -16,6 +16,8 @@ use crate::server;
 pub enum StartError {
     #[error("{0}")]
     Config(#[from] ConfigError),
+    #[error("cannot set up the Redis client: {0}")]
+    Redis(String),
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: std::net::SocketAddr,
@@ -31,7 +33,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Run the proxy with the config at `path` until SIGTERM or SIGINT.
 pub async fn run(path: &Path) -> Result<(), StartError> {
-    let snapshot = config::load(path, None)?;
+    let mut snapshot = config::load(path, None)?;
+    snapshot.attach_redis(None).map_err(StartError::Redis)?;
     let mut listeners = Vec::new();
     for l in &snapshot.listeners {
         let tcp = TcpListener::bind(l.address)

@@ -11,7 +11,7 @@ use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream};
 use crate::identity::{self, RequestView};
-use crate::limiter::{self, local::Clock};
+use crate::limiter::{self, local::Clock, Outcome};
 use crate::response::{self, Body};
 use crate::route::{self, Action, Respond};
 
@@ -66,8 +66,13 @@ async fn pipeline(
         headers: req.headers(),
         client_ip,
     };
-    let decision = limiter::decide(&route.limits, &view, state.clock.now_us());
-    if !decision.admitted() {
+    let redis = snap.redis.as_deref();
+    let decision = limiter::decide(redis, &route.limits, &view, state.clock.now_us()).await;
+    if let Some(rejected) = decision.rejected_by() {
+        if rejected.outcome == Outcome::FailedClosed {
+            let limit = route.limits[rejected.index].name.clone();
+            return Err(ProxyError::LimiterUnavailable { limit });
+        }
         return Ok(response::too_many_requests(route, &decision, snap.headers));
     }
     let mut res = match &route.action {

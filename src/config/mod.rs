@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+use crate::limiter::redis::{RedisConfig, RedisLimiter};
 use crate::limiter::{FailurePolicy, Limit};
 use crate::response::HeaderPolicy;
 use crate::route::Route;
@@ -29,9 +30,27 @@ pub struct Snapshot {
     pub trusted_proxies: Vec<IpNet>,
     pub headers: HeaderPolicy,
     pub limiter: LimiterSettings,
+    /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
+    /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
+    pub redis: Option<Arc<RedisLimiter>>,
 }
 
 impl Snapshot {
+    /// Give a `backend: redis` snapshot its client: `previous`'s when the Redis settings did
+    /// not change (keeping its connection, breaker and cache), else a new one. Needs a tokio
+    /// runtime.
+    pub fn attach_redis(&mut self, previous: Option<&Snapshot>) -> Result<(), String> {
+        let Backend::Redis(cfg) = &self.limiter.backend else {
+            return Ok(());
+        };
+        let reusable = previous.filter(|p| p.limiter.backend == self.limiter.backend);
+        self.redis = match reusable.and_then(|p| p.redis.clone()) {
+            Some(client) => Some(client),
+            None => Some(Arc::new(RedisLimiter::new(cfg)?)),
+        };
+        Ok(())
+    }
+
     /// Every limit of every route, in file order.
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         self.routes.iter().flat_map(|r| r.limits.iter())
@@ -46,6 +65,7 @@ pub struct Listener {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     Local,
+    Redis(RedisConfig),
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -15,8 +15,11 @@
 //! its state is one number, so Redis stores one string per bucket and can expire the key at
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
+mod decide;
 pub mod local;
 pub mod redis;
+
+pub use decide::decide;
 
 use std::sync::Arc;
 
@@ -155,6 +158,8 @@ pub struct LimitResult {
     pub verdict: Option<Verdict>,
     /// Decided in process because the shared store was unavailable.
     pub fallback: bool,
+    /// The limit is a dry run (`shadow: true`): reported in logs and metrics, never to clients.
+    pub shadow: bool,
 }
 
 /// The whole answer for one request, carrying the numbers headers, logs and metrics use.
@@ -188,7 +193,7 @@ impl Decision {
         }
         let mut best: Option<(&LimitResult, Verdict)> = None;
         for r in &self.results {
-            if r.outcome != Outcome::Admitted {
+            if r.outcome != Outcome::Admitted || r.shadow {
                 continue;
             }
             if let Some(v) = r.verdict {
@@ -264,53 +269,4 @@ mod tests {
         let (v, _) = step(tat, 0.0, &r, 1);
         assert!((v.retry_after_us - 12e6).abs() < 1.0);
     }
-}
-
-/// Decide a request against the in-process buckets of `limits` (a route's limits, in order).
-pub fn decide(
-    limits: &[Arc<Limit>],
-    view: &crate::identity::RequestView<'_>,
-    now: f64,
-) -> Decision {
-    let mut results = Vec::with_capacity(limits.len());
-    let mut items = Vec::with_capacity(limits.len());
-    let mut enforced = Vec::with_capacity(limits.len());
-    for (index, limit) in limits.iter().enumerate() {
-        if view.is_exempt(&limit.exempt) {
-            results.push(LimitResult {
-                index,
-                outcome: Outcome::Exempt,
-                verdict: None,
-                fallback: false,
-            });
-            continue;
-        }
-        items.push(local::Item {
-            buckets: &limit.local,
-            client: view.resolve(&limit.key),
-            rate: &limit.rate,
-            cost: limit.cost,
-        });
-        enforced.push(!limit.shadow);
-        results.push(LimitResult {
-            index,
-            outcome: Outcome::Admitted,
-            verdict: None,
-            fallback: false,
-        });
-    }
-    if items.is_empty() {
-        return Decision { results };
-    }
-    let verdicts = local::check(&items, &enforced, now);
-    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for (r, v) in checked.zip(verdicts) {
-        r.verdict = Some(v);
-        r.outcome = match (v.admitted, limits[r.index].shadow) {
-            (true, _) => Outcome::Admitted,
-            (false, true) => Outcome::ShadowLimited,
-            (false, false) => Outcome::Limited,
-        };
-    }
-    Decision { results }
 }

@@ -1,0 +1,125 @@
+//! One request against all limits of its route: exemptions, identities, the backend, and the
+//! failure policy when the shared store cannot answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::redis::RedisLimiter;
+use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Verdict};
+use crate::identity::RequestView;
+
+/// Limit decisions taken without the shared store (open, closed or local fallback), since start.
+pub static DECIDED_WITHOUT_BACKEND: AtomicU64 = AtomicU64::new(0);
+
+/// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
+/// is given, else in process. `now` is the in-process clock, in microseconds.
+pub async fn decide(
+    redis: Option<&RedisLimiter>,
+    limits: &[Arc<Limit>],
+    view: &RequestView<'_>,
+    now: f64,
+) -> Decision {
+    let mut results = Vec::with_capacity(limits.len());
+    let mut checks = Vec::with_capacity(limits.len());
+    for (index, limit) in limits.iter().enumerate() {
+        let exempt = view.is_exempt(&limit.exempt);
+        results.push(LimitResult {
+            index,
+            outcome: if exempt {
+                Outcome::Exempt
+            } else {
+                Outcome::Admitted
+            },
+            verdict: None,
+            fallback: false,
+            shadow: limit.shadow,
+        });
+        if !exempt {
+            checks.push(Check {
+                limit,
+                client: view.resolve(&limit.key),
+            });
+        }
+    }
+    if checks.is_empty() {
+        return Decision { results };
+    }
+    let enforced: Vec<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+    let verdicts = match redis {
+        None => Ok(in_process(&checks, &enforced, now, false)),
+        Some(r) => r.check(&checks, &enforced).await,
+    };
+    match verdicts {
+        Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
+        Err(_) => without_backend(&mut results, &checks, now),
+    }
+    Decision { results }
+}
+
+/// The in-process check, at each limit's own rate or at its stricter fallback rate.
+fn in_process(checks: &[Check<'_>], enforced: &[bool], now: f64, fallback: bool) -> Vec<Verdict> {
+    let items: Vec<local::Item<'_>> = checks
+        .iter()
+        .map(|c| local::Item {
+            buckets: &c.limit.local,
+            client: c.client,
+            rate: if fallback {
+                &c.limit.fallback
+            } else {
+                &c.limit.rate
+            },
+            cost: c.limit.cost,
+        })
+        .collect();
+    local::check(&items, enforced, now)
+}
+
+/// Fill in the results of the checked (non-exempt) limits from their verdicts.
+fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict], fallback: bool) {
+    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+    for ((r, c), v) in checked.zip(checks).zip(verdicts) {
+        r.verdict = Some(*v);
+        r.fallback = fallback;
+        r.outcome = match (v.admitted, c.limit.shadow) {
+            (true, _) => Outcome::Admitted,
+            (false, true) => Outcome::ShadowLimited,
+            (false, false) => Outcome::Limited,
+        };
+    }
+}
+
+/// The shared store did not answer: each limit follows its `on_failure` policy. `local` limits
+/// are checked together in process (still all-or-nothing among themselves).
+fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
+    DECIDED_WITHOUT_BACKEND.fetch_add(1, Ordering::Relaxed);
+    let local: Vec<Check<'_>> = checks
+        .iter()
+        .filter(|c| c.limit.on_failure == FailurePolicy::Local)
+        .copied()
+        .collect();
+    let enforced: Vec<bool> = local.iter().map(|c| !c.limit.shadow).collect();
+    let mut local_verdicts = in_process(&local, &enforced, now, true).into_iter();
+    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+    for (r, c) in checked.zip(checks) {
+        r.fallback = true;
+        r.outcome = match c.limit.on_failure {
+            FailurePolicy::Open => Outcome::FailedOpen,
+            FailurePolicy::Closed if c.limit.shadow => Outcome::FailedOpen,
+            FailurePolicy::Closed => Outcome::FailedClosed,
+            FailurePolicy::Local => {
+                let v = local_verdicts.next().unwrap_or(Verdict {
+                    admitted: true,
+                    remaining: 0,
+                    reset_us: 0.0,
+                    retry_after_us: 0.0,
+                });
+                r.verdict = Some(v);
+                match (v.admitted, c.limit.shadow) {
+                    (true, _) => Outcome::Admitted,
+                    (false, true) => Outcome::ShadowLimited,
+                    (false, false) => Outcome::Limited,
+                }
+            }
+        };
+    }
+}
