@@ -7,11 +7,19 @@ use tollgate::limiter::local::{check, Buckets, Item};
 use tollgate::limiter::Rate;
 
 fn limit_checks(c: &mut Criterion) {
-    let rate = Rate { per_sec: 1e6, burst: 1_000_000 };
+    let rate = Rate {
+        per_sec: 1e6,
+        burst: 1_000_000,
+    };
     let hot = Buckets::new(1_000_000);
     c.bench_function("local check, one hot key", |b| {
         b.iter(|| {
-            let item = Item { buckets: &hot, client: ClientId(42), rate: &rate, cost: 1 };
+            let item = Item {
+                buckets: &hot,
+                client: ClientId(42),
+                rate: &rate,
+                cost: 1,
+            };
             black_box(check(&[item], &[true], 0.0))
         });
     });
@@ -21,7 +29,12 @@ fn limit_checks(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835) % (1 << 127);
             let client = ClientId(i % 1_000_000 * 0x0100_0000_0000_0000_0000_0000_0000_0001);
-            let item = Item { buckets: &many, client, rate: &rate, cost: 1 };
+            let item = Item {
+                buckets: &many,
+                client,
+                rate: &rate,
+                cost: 1,
+            };
             black_box(check(&[item], &[true], 0.0))
         });
     });
@@ -39,7 +52,14 @@ fn routing(c: &mut Criterion) {
         let uri: Uri = format!("/svc{}/x", n - 1).parse().unwrap();
         let headers = HeaderMap::new();
         c.bench_function(&format!("route find, last of {n}"), |b| {
-            b.iter(|| black_box(tollgate::route::find(&snap.routes, &Method::GET, &uri, &headers)));
+            b.iter(|| {
+                black_box(tollgate::route::find(
+                    &snap.routes,
+                    &Method::GET,
+                    &uri,
+                    &headers,
+                ))
+            });
         });
     }
 }
@@ -47,7 +67,10 @@ fn routing(c: &mut Criterion) {
 fn identity(c: &mut Criterion) {
     let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
     let mut headers = HeaderMap::new();
-    headers.insert("x-forwarded-for", "203.0.113.9, 10.1.2.3, 10.4.5.6".parse().unwrap());
+    headers.insert(
+        "x-forwarded-for",
+        "203.0.113.9, 10.1.2.3, 10.4.5.6".parse().unwrap(),
+    );
     headers.insert("x-api-key", "k-0123456789abcdef".parse().unwrap());
     let peer = "10.0.0.1".parse().unwrap();
     c.bench_function("client ip through a trusted XFF chain", |b| {
@@ -58,7 +81,12 @@ fn identity(c: &mut Criterion) {
         tollgate::identity::Alternative::parse("ip").unwrap(),
     ]);
     let (method, uri) = (Method::GET, Uri::from_static("/v1/x"));
-    let view = RequestView { method: &method, uri: &uri, headers: &headers, client_ip: peer };
+    let view = RequestView {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        client_ip: peer,
+    };
     c.bench_function("identity digest of header:X-API-Key", |b| {
         b.iter(|| black_box(view.resolve(&spec)));
     });

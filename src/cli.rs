@@ -55,9 +55,9 @@ pub fn summary(s: &Snapshot) -> String {
             }
             let _ = writeln!(
                 out,
-                "  limit {}: {}/s, burst {}, key {}{flags}, on_failure {}",
+                "  limit {}: {}, burst {}, key {}{flags}, on_failure {}",
                 l.name,
-                trim_float(l.rate.per_sec),
+                describe_rate(l.rate.per_sec),
                 l.rate.burst,
                 describe_key(l),
                 format!("{:?}", l.on_failure).to_lowercase()
@@ -65,6 +65,16 @@ pub fn summary(s: &Snapshot) -> String {
         }
     }
     out
+}
+
+/// A rate in the largest-count unit that shows it without a leading `0.`.
+fn describe_rate(per_sec: f64) -> String {
+    for (unit, secs) in [("s", 1.0), ("min", 60.0), ("h", 3600.0)] {
+        if per_sec * secs >= 1.0 {
+            return format!("{}/{unit}", trim_float(per_sec * secs));
+        }
+    }
+    format!("{}/day", trim_float(per_sec * 86400.0))
 }
 
 fn trim_float(x: f64) -> String {
@@ -79,12 +89,12 @@ fn describe_key(l: &crate::limiter::Limit) -> String {
         .iter()
         .map(|a| {
             a.0.iter()
-                .map(|s| format!("{s:?}"))
+                .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("+")
         })
         .collect();
-    format!("[{}]", alts.join(" | ")).to_lowercase()
+    format!("[{}]", alts.join(", "))
 }
 
 fn describe_route(r: &Route) -> String {

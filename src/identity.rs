@@ -103,6 +103,22 @@ impl Source {
     }
 }
 
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Ip => f.write_str("ip"),
+            Source::Header(n) => write!(f, "header:{n}"),
+            Source::Query(n) => write!(f, "query:{n}"),
+            Source::Cookie(n) => write!(f, "cookie:{n}"),
+            Source::Bearer => f.write_str("bearer"),
+            Source::Global => f.write_str("global"),
+            Source::Host => f.write_str("host"),
+            Source::Method => f.write_str("method"),
+            Source::Path => f.write_str("path"),
+        }
+    }
+}
+
 /// Sources joined with `+`: present only when every part is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Alternative(pub Vec<Source>);
@@ -137,8 +153,21 @@ impl Exemption {
             return Ok(Exemption::Net(IpNet::from(ip)));
         }
         match s.split_once('=') {
+            Some((source, _)) if source.contains('+') => Err(format!(
+                "`{s}`: an exemption names one source, not a `+` join"
+            )),
+            Some(("ip", _)) => Err(format!(
+                "`{s}`: exempt addresses are written as an IP or CIDR, as in `192.0.2.7` or `10.0.0.0/8`"
+            )),
             Some((source, value)) => {
-                Ok(Exemption::Equals(Source::parse(source)?, value.to_owned()))
+                let source = Source::parse(source)?;
+                // Compare the way the request's value is read: hosts lower-case, methods upper.
+                let value = match source {
+                    Source::Host => value.to_ascii_lowercase(),
+                    Source::Method => value.to_ascii_uppercase(),
+                    _ => value.to_owned(),
+                };
+                Ok(Exemption::Equals(source, value))
             }
             None => Err(format!(
                 "`{s}` is neither a CIDR, an IP address nor SOURCE=VALUE \

@@ -53,10 +53,15 @@ impl HostPattern {
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim().to_ascii_lowercase();
         if let Some(rest) = s.strip_prefix("*.") {
-            if rest.is_empty() || rest.contains('*') {
+            if rest.is_empty() || rest.contains(['*', ':', '/', ' ']) {
                 return Err(format!("host pattern `{s}` must look like `*.example.com`"));
             }
             return Ok(HostPattern::Suffix(format!(".{rest}")));
+        }
+        if s.contains(':') {
+            return Err(format!(
+                "host `{s}` must not carry a port: hosts are matched without their port"
+            ));
         }
         if s.is_empty() || s.contains(['*', '/', ' ']) {
             return Err(format!(

@@ -81,7 +81,7 @@ pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot,
             routes.push(route);
         }
     }
-    if listeners.is_empty() && p.0.is_empty() {
+    if listeners.is_empty() && raw.listeners.is_empty() {
         p.add(
             "listeners",
             "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
@@ -272,7 +272,7 @@ fn duration_or(
 fn upstreams(
     raw: &std::collections::BTreeMap<String, file::Upstream>,
     p: &mut Problems,
-) -> HashMap<String, Arc<Upstream>> {
+) -> HashMap<String, Option<Arc<Upstream>>> {
     let mut out = HashMap::new();
     for (name, u) in raw {
         let path = format!("upstreams.{name}");
@@ -300,12 +300,15 @@ fn upstreams(
             u.timeout.as_ref(),
             Duration::from_secs(30),
         );
-        if !targets.is_empty() {
-            out.insert(
-                name.clone(),
-                Arc::new(Upstream::new(name, targets, connect, timeout)),
-            );
+        for (field, d) in [("connect_timeout", connect), ("timeout", timeout)] {
+            if d.is_zero() {
+                p.add(format!("{path}.{field}"), "must be longer than zero");
+            }
         }
+        // A broken upstream is still known by name, so routes using it get no second error.
+        let upstream = (!targets.is_empty() && targets.len() == u.targets.len())
+            .then(|| Arc::new(Upstream::new(name, targets, connect, timeout)));
+        out.insert(name.clone(), upstream);
     }
     out
 }
@@ -324,15 +327,17 @@ fn target(s: &str) -> Result<Authority, String> {
 }
 
 struct RouteCtx<'a> {
-    upstreams: &'a HashMap<String, Arc<Upstream>>,
+    upstreams: &'a HashMap<String, Option<Arc<Upstream>>>,
     limiter: &'a LimiterSettings,
     old_limits: HashMap<&'a str, &'a Arc<Limit>>,
     limit_names: HashSet<String>,
 }
 
 fn valid_name(s: &str) -> Result<(), String> {
+    if s.len() > 128 {
+        return Err(format!("name `{s}` is longer than 128 characters"));
+    }
     let ok = !s.is_empty()
-        && s.len() <= 128
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
     if ok {
@@ -349,7 +354,7 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
     let matcher = matcher(&r.matcher, &format!("{path}.match"), p);
     let action = match (&r.upstream, &r.respond) {
         (Some(name), None) => match ctx.upstreams.get(name) {
-            Some(u) => Some(Action::Forward(u.clone())),
+            Some(u) => u.clone().map(Action::Forward),
             None => {
                 p.add(
                     format!("{path}.upstream"),
@@ -407,6 +412,12 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
             return None;
         }
     };
+    if m.methods.as_ref().is_some_and(Vec::is_empty) {
+        p.add(
+            format!("{path}.methods"),
+            "is empty, so the route could never match: list methods or remove the key",
+        );
+    }
     let methods = m.methods.as_ref().map(|ms| {
         ms.iter()
             .enumerate()
@@ -446,7 +457,7 @@ fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<Act
         format!("{path}.status"),
         StatusCode::from_u16(r.status)
             .ok()
-            .filter(|s| !s.is_informational())
+            .filter(|s| (200..=599).contains(&s.as_u16()))
             .ok_or_else(|| format!("`{}` is not a final HTTP status (200-599)", r.status)),
     );
     let mut headers = HeaderMap::new();
