@@ -68,6 +68,7 @@ async fn pipeline(
     };
     let redis = snap.redis.as_deref();
     let decision = limiter::decide(redis, &route.limits, &view, state.clock.now_us()).await;
+    report_shadow(route, &decision);
     if let Some(rejected) = decision.rejected_by() {
         if rejected.outcome == Outcome::FailedClosed {
             let limit = route.limits[rejected.index].name.clone();
@@ -102,4 +103,18 @@ fn respond(r: &Respond) -> Response<Body> {
         );
     }
     res
+}
+
+/// A dry-run limit that would have rejected: say so, since that is what `shadow` is for.
+fn report_shadow(route: &route::Route, decision: &limiter::Decision) {
+    for r in &decision.results {
+        if r.outcome == Outcome::ShadowLimited {
+            let limit = &route.limits[r.index];
+            tracing::info!(
+                route = %route.name,
+                limit = %limit.name,
+                "shadow limit exceeded; request admitted (dry run)"
+            );
+        }
+    }
 }
