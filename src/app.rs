@@ -43,21 +43,22 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
                 address: l.address,
                 source,
             })?;
-        let bound = tcp.local_addr().unwrap_or(l.address);
-        tracing::info!(address = %bound, "listening");
         listeners.push(tcp);
     }
-    tracing::info!(
-        config = %path.display(),
-        routes = snapshot.routes.len(),
-        limits = snapshot.limits().count(),
-        "tollgate started"
-    );
+    let (routes, limits) = (snapshot.routes.len(), snapshot.limits().count());
     let state = Arc::new(State::new(snapshot));
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Signal handlers go in before the first "listening" line, so that nobody who saw it can
+    // kill the process with a SIGHUP or SIGTERM meant for it.
+    let shutdown = shutdown_signal();
+    config::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
+    tokio::spawn(sweep(state.clone(), stop_rx.clone()));
     let builder = Arc::new(server::builder());
     let mut accept_loops = Vec::new();
     for tcp in listeners {
+        if let Ok(bound) = tcp.local_addr() {
+            tracing::info!(address = %bound, "listening");
+        }
         accept_loops.push(tokio::spawn(server::serve(
             tcp,
             state.clone(),
@@ -66,9 +67,9 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
             DRAIN,
         )));
     }
-    tokio::spawn(sweep(state.clone(), stop_rx.clone()));
+    tracing::info!(config = %path.display(), routes, limits, "tollgate started");
 
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down: no new connections, draining in-flight requests");
     let _ = stop_tx.send(true);
     for l in accept_loops {
@@ -94,23 +95,27 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
+/// the future is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    #[cfg(unix)]
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    async move {
+        #[cfg(unix)]
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
-                    _ = ctrl_c => {}
                     _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
             }
-            Err(_) => {
-                let _ = ctrl_c.await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

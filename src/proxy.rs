@@ -7,6 +7,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
+use crate::config::reload::ReloadStats;
 use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream};
@@ -20,6 +21,7 @@ use crate::route::{self, Action, Respond};
 pub struct State {
     pub config: ArcSwap<Snapshot>,
     pub clock: Clock,
+    pub reloads: ReloadStats,
 }
 
 impl State {
@@ -27,6 +29,10 @@ impl State {
         Self {
             config: ArcSwap::from_pointee(snapshot),
             clock: Clock::new(),
+            reloads: ReloadStats {
+                generation: 1.into(),
+                ..ReloadStats::default()
+            },
         }
     }
 }

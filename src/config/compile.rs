@@ -101,7 +101,26 @@ pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot,
         },
         limiter,
         redis: None,
+        fingerprints: fingerprints(&raw),
     })
+}
+
+fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let hash = |s: String| {
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    let routes = raw
+        .routes
+        .iter()
+        .map(|r| (format!("route {}", r.name), hash(format!("{r:?}"))));
+    let upstreams = raw
+        .upstreams
+        .iter()
+        .map(|(n, u)| (format!("upstream {n}"), hash(format!("{u:?}"))));
+    routes.chain(upstreams).collect()
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {

@@ -6,6 +6,7 @@
 pub mod compile;
 pub mod file;
 pub mod locate;
+pub mod reload;
 pub mod values;
 
 use std::fmt;
@@ -33,6 +34,8 @@ pub struct Snapshot {
     /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
     /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
     pub redis: Option<Arc<RedisLimiter>>,
+    /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
+    pub fingerprints: Vec<(String, u64)>,
 }
 
 impl Snapshot {

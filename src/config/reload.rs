@@ -1,0 +1,195 @@
+//! Hot reload: on a file change or SIGHUP, build a whole new snapshot and swap it in, or keep
+//! the old one.
+//!
+//! The directory holding the file is watched rather than the file itself, so a reload happens
+//! whether an editor rewrites the file in place, replaces it by rename, or Kubernetes swaps the
+//! `..data` symlink of a ConfigMap volume. Events are debounced, and a file whose bytes did not
+//! change is not reloaded.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{EventKind, RecursiveMode, Watcher as _};
+use tokio::sync::{mpsc, watch};
+
+use super::{load, ConfigError, Snapshot};
+use crate::proxy::State;
+
+/// Events closer together than this are one edit.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// What asked for a reload. A signal reloads even an unchanged file (certificates it names may
+/// have changed); a file event only when the bytes changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Trigger {
+    FileEvent,
+    Signal,
+}
+
+/// Reload counters, for logs and `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReloadStats {
+    /// Increments with every snapshot that goes live; the first one is generation 1.
+    pub generation: AtomicU64,
+    pub succeeded: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Why a reload did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Invalid(#[from] ConfigError),
+    #[error("cannot set up the Redis client: {0}")]
+    Redis(String),
+}
+
+/// Load `path` and, if it is valid, make it the live config in one swap. In-flight requests
+/// keep the snapshot they started with; limits whose name and rate did not change keep their
+/// buckets.
+pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
+    let current = state.config.load_full();
+    let result = load(path, Some(&current))
+        .map_err(ReloadError::from)
+        .and_then(|mut next| {
+            next.attach_redis(Some(&current))
+                .map_err(ReloadError::Redis)?;
+            Ok(next)
+        });
+    match result {
+        Ok(next) => {
+            log_changes(&current, &next);
+            state.config.store(Arc::new(next));
+            state.reloads.succeeded.fetch_add(1, Ordering::Relaxed);
+            let generation = state.reloads.generation.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::info!(generation, "config reloaded");
+            Ok(())
+        }
+        Err(e) => {
+            state.reloads.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("config reload failed; still serving the previous config\n{e}");
+            Err(e)
+        }
+    }
+}
+
+fn log_changes(old: &Snapshot, new: &Snapshot) {
+    let names = |s: &Snapshot| -> Vec<(String, u64)> { s.fingerprints.clone() };
+    let (before, after) = (names(old), names(new));
+    let find = |list: &[(String, u64)], n: &str| list.iter().find(|(m, _)| m == n).map(|(_, f)| *f);
+    let added: Vec<&str> = after
+        .iter()
+        .filter(|(n, _)| find(&before, n).is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let removed: Vec<&str> = before
+        .iter()
+        .filter(|(n, _)| find(&after, n).is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let changed: Vec<&str> = after
+        .iter()
+        .filter(|(n, f)| find(&before, n).is_some_and(|g| g != *f))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    tracing::info!(
+        added = ?added,
+        removed = ?removed,
+        changed = ?changed,
+        "routes and upstreams changed by the reload"
+    );
+    if old.listeners != new.listeners || old.admin != new.admin {
+        tracing::warn!("listener or admin addresses changed: they apply after a restart");
+    }
+}
+
+/// Start watching `path` and SIGHUP until `stop`, reloading on each change. The signal handler
+/// and the file watch are in place when this returns. Must be called within a tokio runtime.
+pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) {
+    let (tx, rx) = mpsc::unbounded_channel::<Trigger>();
+    let watcher = watch_dir(&path, tx.clone());
+    spawn_sighup(tx);
+    tokio::spawn(async move {
+        let _watcher = watcher;
+        run(&path, &state, rx, stop).await;
+    });
+}
+
+async fn run(
+    path: &Path,
+    state: &State,
+    mut rx: mpsc::UnboundedReceiver<Trigger>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last = std::fs::read(path).ok();
+    loop {
+        let mut trigger = tokio::select! {
+            _ = stop.changed() => return,
+            got = rx.recv() => match got { Some(t) => t, None => return },
+        };
+        // Let the burst of events of one save settle.
+        tokio::time::sleep(DEBOUNCE).await;
+        while let Ok(t) = rx.try_recv() {
+            trigger = trigger.max(t);
+        }
+        let now = std::fs::read(path).ok();
+        if trigger == Trigger::FileEvent && now.is_some() && now == last {
+            continue;
+        }
+        if reload(path, state).is_ok() {
+            last = now;
+        }
+    }
+}
+
+/// Watch the directory of `path`; `None` (logged) when the platform refuses, SIGHUP still works.
+fn watch_dir(
+    path: &Path,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> Option<notify::RecommendedWatcher> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| Path::new("."))
+        .to_path_buf();
+    let handler = move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !matches!(e.kind, EventKind::Access(_))) {
+            let _ = tx.send(Trigger::FileEvent);
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+        tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the config directory; reload with SIGHUP");
+        return None;
+    }
+    Some(watcher)
+}
+
+#[cfg(unix)]
+fn spawn_sighup(tx: mpsc::UnboundedSender<Trigger>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading the config");
+                    if tx.send(Trigger::Signal).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot handle SIGHUP"),
+    }
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_tx: mpsc::UnboundedSender<Trigger>) {}
