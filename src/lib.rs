@@ -15,6 +15,7 @@
 //! - `forward`: the upstream rewrite and pooled, streaming client.
 //! - `response`: 429 and the error responses, with the rate-limit headers.
 //! - `error`: request-path errors and their statuses.
+//! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it.
 //! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
 pub mod app;
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod error;
 pub mod forward;
 pub mod identity;
 pub mod limiter;
+pub mod metrics;
 pub mod proxy;
 pub mod response;
 pub mod route;

@@ -53,19 +53,22 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let conn = Conn { peer, tls: false };
-        let state = state.clone();
+        let service_state = state.clone();
         let service = service_fn(move |req| {
-            let state = state.clone();
+            let state = service_state.clone();
             async move { Ok::<_, Infallible>(proxy::handle(&state, conn, req).await) }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
+        let open = state.metrics.open_connections.clone();
+        open.inc();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
+            open.dec();
         });
     }
     drop(listener);

@@ -1,0 +1,314 @@
+//! Prometheus metrics: what the request path counts, and what is read off the state at scrape.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::limiter::{decide::DECIDED_WITHOUT_BACKEND, Outcome};
+use crate::proxy::State;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: String,
+    pub class: StatusClass,
+}
+
+/// The status class label: `2xx`, `4xx`, ...
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub struct StatusClass(pub &'static str);
+
+impl prometheus_client::encoding::EncodeLabelValue for StatusClass {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
+impl StatusClass {
+    pub fn of(status: http::StatusCode) -> Self {
+        Self(match status.as_u16() {
+            0..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub route: String,
+    pub limit: String,
+    pub outcome: OutcomeLabel,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum OutcomeLabel {
+    admitted,
+    limited,
+    shadow_limited,
+    exempt,
+    /// Decided without the shared store (open, closed or local fallback).
+    without_backend,
+}
+
+impl OutcomeLabel {
+    pub fn of(outcome: Outcome, fallback: bool) -> Self {
+        if fallback {
+            return Self::without_backend;
+        }
+        match outcome {
+            Outcome::Admitted => Self::admitted,
+            Outcome::Limited => Self::limited,
+            Outcome::ShadowLimited => Self::shadow_limited,
+            Outcome::Exempt => Self::exempt,
+            Outcome::FailedOpen | Outcome::FailedClosed => Self::without_backend,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    pub upstream: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamErrorLabels {
+    pub upstream: String,
+    pub kind: UpstreamErrorKind,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum UpstreamErrorKind {
+    unreachable,
+    timeout,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub result: ReloadResult,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReloadResult {
+    ok,
+    failed,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: String,
+}
+
+/// Every metric tollgate exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub backend_seconds: Histogram,
+    pub upstream_seconds: Family<UpstreamLabels, Histogram>,
+    pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub open_connections: Gauge,
+    // Read off the state at scrape time.
+    reloads: Family<ReloadLabels, Counter>,
+    generation: Gauge,
+    buckets: Family<LimitLabels, Gauge>,
+    overflowed: Family<LimitLabels, Gauge>,
+    without_backend: Counter,
+    redis_errors: Counter,
+    redis_timeouts: Counter,
+    redis_calls: Counter,
+    negative_hits: Counter,
+    breaker_open: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~26 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("tollgate"),
+            requests: Family::default(),
+            decisions: Family::default(),
+            backend_seconds: latency_histogram(),
+            upstream_seconds: Family::new_with_constructor(latency_histogram),
+            upstream_errors: Family::default(),
+            open_connections: Gauge::default(),
+            reloads: Family::default(),
+            generation: Gauge::default(),
+            buckets: Family::default(),
+            overflowed: Family::default(),
+            without_backend: Counter::default(),
+            redis_errors: Counter::default(),
+            redis_timeouts: Counter::default(),
+            redis_calls: Counter::default(),
+            negative_hits: Counter::default(),
+            breaker_open: Gauge::default(),
+        };
+        m.register();
+        m
+    }
+
+    fn register(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "requests",
+            "Requests by route and status class",
+            self.requests.clone(),
+        );
+        r.register(
+            "limit_decisions",
+            "Limit decisions by route, limit and outcome",
+            self.decisions.clone(),
+        );
+        r.register(
+            "limiter_backend_seconds",
+            "Latency of shared-store (Redis) checks",
+            self.backend_seconds.clone(),
+        );
+        r.register(
+            "upstream_seconds",
+            "Time to the upstream's response head",
+            self.upstream_seconds.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Upstream failures by kind",
+            self.upstream_errors.clone(),
+        );
+        r.register(
+            "open_connections",
+            "Open downstream connections",
+            self.open_connections.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config reloads by result",
+            self.reloads.clone(),
+        );
+        r.register(
+            "config_generation",
+            "Generation of the live config (1 = as started)",
+            self.generation.clone(),
+        );
+        r.register(
+            "local_buckets",
+            "In-process buckets held, by limit",
+            self.buckets.clone(),
+        );
+        r.register(
+            "local_bucket_overflows",
+            "Checks counted in a limit's overflow bucket because its map was full",
+            self.overflowed.clone(),
+        );
+        r.register(
+            "decided_without_backend",
+            "Requests whose limits were decided without the shared store",
+            self.without_backend.clone(),
+        );
+        r.register(
+            "redis_errors",
+            "Redis checks that failed (errors, timeouts, breaker open)",
+            self.redis_errors.clone(),
+        );
+        r.register(
+            "redis_timeouts",
+            "Redis checks that hit the timeout",
+            self.redis_timeouts.clone(),
+        );
+        r.register(
+            "redis_calls",
+            "Script calls sent to Redis",
+            self.redis_calls.clone(),
+        );
+        r.register(
+            "redis_negative_cache_hits",
+            "Rejections answered from the negative cache without Redis",
+            self.negative_hits.clone(),
+        );
+        r.register(
+            "redis_breaker_open",
+            "1 while the Redis circuit breaker is open",
+            self.breaker_open.clone(),
+        );
+    }
+
+    /// The Prometheus text exposition, with the scrape-time values refreshed from `state`.
+    pub fn render(&self, state: &State) -> String {
+        let snapshot = state.config.load_full();
+        let reloads = &state.reloads;
+        set_counter(
+            &self.reloads.get_or_create(&ReloadLabels {
+                result: ReloadResult::ok,
+            }),
+            reloads.succeeded.load(Ordering::Relaxed),
+        );
+        set_counter(
+            &self.reloads.get_or_create(&ReloadLabels {
+                result: ReloadResult::failed,
+            }),
+            reloads.failed.load(Ordering::Relaxed),
+        );
+        self.generation
+            .set(reloads.generation.load(Ordering::Relaxed) as i64);
+        self.buckets.clear();
+        self.overflowed.clear();
+        for limit in snapshot.limits() {
+            let labels = LimitLabels {
+                limit: limit.name.to_string(),
+            };
+            self.buckets
+                .get_or_create(&labels)
+                .set(limit.local.len() as i64);
+            self.overflowed
+                .get_or_create(&labels)
+                .set(limit.local.overflowed() as i64);
+        }
+        set_counter(
+            &self.without_backend,
+            DECIDED_WITHOUT_BACKEND.load(Ordering::Relaxed),
+        );
+        if let Some(redis) = &snapshot.redis {
+            let s = redis.stats();
+            set_counter(&self.redis_errors, s.errors);
+            set_counter(&self.redis_timeouts, s.timeouts);
+            set_counter(&self.redis_calls, s.redis_calls);
+            set_counter(&self.negative_hits, s.negative_hits);
+            self.breaker_open.set(i64::from(redis.breaker_open()));
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            return String::new();
+        }
+        out
+    }
+}
+
+/// Counters only go up; bring one up to a total kept elsewhere.
+fn set_counter(c: &Counter, total: u64) {
+    let now = c.get();
+    if total > now {
+        c.inc_by(total - now);
+    }
+}
