@@ -274,7 +274,11 @@ impl RedisLimiter {
 
     /// One script call per slot the buckets live in: one call in total on a single server.
     async fn ask(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
-        let deadline = Instant::now() + self.timeout;
+        let now = Instant::now();
+        // A nonsensical timeout (Duration::MAX) must not panic on the request path.
+        let deadline = now
+            .checked_add(self.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
         let groups = match self.conn {
             Conn::Cluster(_) => cluster::slot_groups(buckets),
             Conn::Single(_) => Vec::new(),

@@ -11,8 +11,9 @@
 //! between a charge and its refund (one round trip) the earlier buckets hold one request's
 //! cost too many, so a concurrent request may be rejected that would have passed: a hair of
 //! under-admission, at most one cost per bucket for about a millisecond. A refund that fails
-//! leaves its cost taken until refill. A refund is never retried: one that timed out may still
-//! have run, and a second one would give back tokens that were never taken.
+//! leaves its cost taken until refill, and so does a check whose future is dropped between two
+//! slots (its client went away). A refund is never retried: one that timed out may still have
+//! run, and a second one would give back tokens that were never taken.
 
 use ::redis::cluster_routing::Slot;
 use tokio::time::Instant;
