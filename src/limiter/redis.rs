@@ -196,16 +196,7 @@ impl RedisLimiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let buckets: Vec<Bucket<'_>> = checks
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Bucket {
-                key: self.key(c.limit, c.client),
-                rate: &c.limit.rate,
-                cost: c.limit.cost,
-                enforced: enforced.get(i).copied().unwrap_or(true),
-            })
-            .collect();
+        let buckets = self.buckets(checks, enforced);
         let sent_us = self.clock.now_us();
         if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
@@ -232,6 +223,19 @@ impl RedisLimiter {
                 Err(self.failed(&failure))
             }
         }
+    }
+
+    fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Vec<Bucket<'a>> {
+        checks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Bucket {
+                key: self.key(c.limit, c.client),
+                rate: &c.limit.rate,
+                cost: c.limit.cost,
+                enforced: enforced.get(i).copied().unwrap_or(true),
+            })
+            .collect()
     }
 
     /// Redis is failing fast: checks return `Unavailable` without trying.

@@ -49,10 +49,15 @@ impl RedisServer {
 
     /// Start a server on `port`, which nothing should be listening on.
     pub fn start_on(port: u16) -> Self {
+        Self::start_on_with(port, &[])
+    }
+
+    /// Start a server with extra arguments on `port`, which nothing should be listening on.
+    pub fn start_on_with(port: u16, extra: &[&str]) -> Self {
         let mut server = Self {
             port,
             dir: tempfile::tempdir().expect("temp dir"),
-            extra: Vec::new(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             child: None,
         };
         assert!(server.spawn(), "redis-server did not start on port {port}");
@@ -182,8 +187,24 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"];
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&args)).collect();
+        let nodes = (0..3)
+            .map(|_| RedisServer::start_with(&Self::ARGS))
+            .collect();
+        Self::create(nodes)
+    }
+
+    /// A cluster on these three ports, which nothing should be listening on.
+    pub fn start_on(ports: [u16; 3]) -> Self {
+        let nodes = ports
+            .iter()
+            .map(|&p| RedisServer::start_on_with(p, &Self::ARGS))
+            .collect();
+        Self::create(nodes)
+    }
+
+    const ARGS: [&'static str; 4] = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"];
+
+    fn create(nodes: Vec<RedisServer>) -> Self {
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
