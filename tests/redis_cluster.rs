@@ -109,6 +109,33 @@ async fn cluster_limits_are_exact_spread_and_refunded() {
         n.cli(&["script", "flush"]);
     }
     assert_eq!(one(&l, &per_client, third.0).await.unwrap().remaining, 0);
+    report_latency(&l).await;
+}
+
+/// Print what one check costs on a loopback cluster, on one slot and on two.
+async fn report_latency(l: &RedisLimiter) {
+    let (wide, wide_global) = (
+        limit("wide", 1.0, 1_000_000, 1),
+        limit("wide-g", 1.0, 1_000_000, 1),
+    );
+    let mut checks = vec![Check {
+        limit: &wide,
+        client: ClientId(5),
+    }];
+    for slots in [1, 2] {
+        let t = Instant::now();
+        for _ in 0..500 {
+            assert!(l.check(&checks, &[true, true]).await.unwrap()[0].admitted);
+        }
+        eprintln!(
+            "figure: cluster check over {slots} slot(s), mean {:?}",
+            t.elapsed() / 500
+        );
+        checks.push(Check {
+            limit: &wide_global,
+            client: ClientId(0),
+        });
+    }
 }
 
 #[tokio::test]

@@ -130,7 +130,7 @@ pub struct RedisLimiter {
     clock: Clock,
     breaker: Breaker,
     negative: NegativeCache,
-    log_gate: LogGate,
+    log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
 }
 
@@ -153,7 +153,7 @@ impl RedisLimiter {
             clock: Clock::new(),
             breaker: Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN),
             negative: NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY),
-            log_gate: LogGate::new(Duration::from_secs(1)),
+            log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
         })
     }

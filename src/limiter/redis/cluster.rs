@@ -97,7 +97,13 @@ impl RedisLimiter {
                 self.refund_later(&group);
             } else if let Err(failure) = self.send(Mode::Refund, &group, deadline).await {
                 bump(&self.counters.refund_failures);
-                tracing::warn!(detail = %failure.detail, "cluster refund failed");
+                if let Some(held_back) = self.log_gate.open(self.clock.now_us() as u64) {
+                    tracing::warn!(
+                        detail = %failure.detail,
+                        similar_since_last = held_back,
+                        "cluster refund failed: its tokens come back by refill only"
+                    );
+                }
             }
         }
     }
@@ -109,6 +115,7 @@ impl RedisLimiter {
             .map(|b| (b.key.clone(), b.rate.clone(), b.cost))
             .collect();
         let (conn, counters, timeout) = (self.conn.clone(), self.counters.clone(), self.timeout);
+        let (log_gate, clock) = (self.log_gate.clone(), self.clock);
         bump(&counters.redis_calls);
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
@@ -123,7 +130,12 @@ impl RedisLimiter {
             let run = conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
             if !matches!(tokio::time::timeout(timeout, run).await, Ok(Ok(_))) {
                 bump(&counters.refund_failures);
-                tracing::warn!("cluster refund failed in the background");
+                if let Some(held_back) = log_gate.open(clock.now_us() as u64) {
+                    tracing::warn!(
+                        similar_since_last = held_back,
+                        "cluster refund failed: its tokens come back by refill only"
+                    );
+                }
             }
         });
     }
