@@ -1,18 +1,20 @@
 //! Token buckets in Redis: the same GCRA as `local`, shared by every proxy of a fleet.
 //!
-//! One check is one round trip: a Lua script (`bucket.lua`) reads all the request's buckets,
-//! decides on Redis's own clock (so proxies with skewed clocks agree), and charges them only
-//! if every enforced bucket admits, exactly like `local::check`. A bucket is one string key,
+//! One check is one round trip (on a cluster, one per slot its buckets live in: see `cluster`):
+//! a Lua script (`bucket.lua`) reads all the request's buckets, decides on Redis's own clock
+//! (so proxies with skewed clocks agree), and charges them only if every enforced bucket
+//! admits, exactly like `local::check`. A bucket is one string key,
 //! `<key_prefix><limit name>:{<client digest hex>}`, that expires when the bucket is full again;
 //! the digest keeps raw identities (API keys, tokens) out of Redis, and the braces make it the
 //! Redis Cluster hash tag, so a client's buckets spread over the cluster by client.
 //!
 //! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
 //! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
-//! once, and probes Redis once per cooldown. What to do when unavailable (admit, reject, count
-//! locally) is the caller's failure policy. And a client hammering a limit it has exhausted is
-//! answered from a negative cache until a token can exist again (see `negative`), so a flood
-//! costs Redis nothing.
+//! once, and probes Redis once per cooldown (one breaker for the whole store: a dead cluster
+//! master soon fails every check, not only its slots'). What to do when unavailable (admit,
+//! reject, count locally) is the caller's failure policy. And a client hammering a limit it
+//! has exhausted is answered from a negative cache until a token can exist again (see
+//! `negative`), so a flood costs Redis nothing.
 //!
 //! A timed-out call may still run on Redis later and take its tokens: the request is then
 //! counted twice (by Redis and by whatever the failure policy did), which errs toward limiting.
@@ -41,8 +43,8 @@ use crate::identity::ClientId;
 static BUCKET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_LUA));
 
 /// The `limiter.redis` block, compiled. Exactly one of `url` and `cluster` is set (checked
-/// when the config is compiled).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// when the config is compiled). Its `Debug` hides the passwords of the URLs.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
     pub url: Option<String>,
@@ -52,6 +54,35 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Prepended to every key, so several deployments can share a Redis.
     pub key_prefix: String,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact))
+            .field(
+                "cluster",
+                &self.cluster.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host` -> `redis://user:***@host`, for logs.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
+        }
+        None => url.to_owned(),
+    }
 }
 
 /// Why Redis could not decide: the caller applies the limit's failure policy.
@@ -130,7 +161,7 @@ pub struct RedisLimiter {
     clock: Clock,
     breaker: Breaker,
     negative: NegativeCache,
-    log_gate: LogGate,
+    log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
 }
 
@@ -153,7 +184,7 @@ impl RedisLimiter {
             clock: Clock::new(),
             breaker: Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN),
             negative: NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY),
-            log_gate: LogGate::new(Duration::from_secs(1)),
+            log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
         })
     }
@@ -196,16 +227,7 @@ impl RedisLimiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let buckets: Vec<Bucket<'_>> = checks
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Bucket {
-                key: self.key(c.limit, c.client),
-                rate: &c.limit.rate,
-                cost: c.limit.cost,
-                enforced: enforced.get(i).copied().unwrap_or(true),
-            })
-            .collect();
+        let buckets = self.buckets(checks, enforced);
         let sent_us = self.clock.now_us();
         if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
@@ -232,6 +254,19 @@ impl RedisLimiter {
                 Err(self.failed(&failure))
             }
         }
+    }
+
+    fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Vec<Bucket<'a>> {
+        checks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Bucket {
+                key: self.key(c.limit, c.client),
+                rate: &c.limit.rate,
+                cost: c.limit.cost,
+                enforced: enforced.get(i).copied().unwrap_or(true),
+            })
+            .collect()
     }
 
     /// Redis is failing fast: checks return `Unavailable` without trying.
@@ -274,7 +309,11 @@ impl RedisLimiter {
 
     /// One script call per slot the buckets live in: one call in total on a single server.
     async fn ask(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
-        let deadline = Instant::now() + self.timeout;
+        let now = Instant::now();
+        // A nonsensical timeout (Duration::MAX) must not panic on the request path.
+        let deadline = now
+            .checked_add(self.timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400));
         let groups = match self.conn {
             Conn::Cluster(_) => cluster::slot_groups(buckets),
             Conn::Single(_) => Vec::new(),
@@ -320,5 +359,20 @@ impl RedisLimiter {
                 detail: format!("no answer within {:?}", self.timeout),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn debug_output_hides_passwords() {
+        assert_eq!(
+            redact("rediss://u:p@w:d@h:6380/0"),
+            "rediss://u:***@h:6380/0"
+        );
+        assert_eq!(redact("redis://:secret@h"), "redis://:***@h");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
     }
 }

@@ -5,7 +5,7 @@
 //! consecutive failures the breaker opens: checks fail in microseconds without touching the
 //! network, and once per `cooldown` one probe is let through to see whether Redis is back.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Closed, open or half-open, kept in atomics so a check never takes a lock to ask.
@@ -15,10 +15,8 @@ pub(super) struct Breaker {
     cooldown_us: u64,
     /// Consecutive failures; `>= threshold` means open (or half-open once the cooldown is over).
     failures: AtomicU32,
-    /// When the breaker may let a probe through, on the limiter's clock (µs).
+    /// When the breaker may let the next probe through, on the limiter's clock (µs).
     retry_at_us: AtomicU64,
-    /// A probe is out: everyone else keeps failing fast until it comes back.
-    probing: AtomicBool,
 }
 
 impl Breaker {
@@ -28,7 +26,6 @@ impl Breaker {
             cooldown_us: u64::try_from(cooldown.as_micros()).unwrap_or(u64::MAX),
             failures: AtomicU32::new(0),
             retry_at_us: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
         }
     }
 
@@ -37,18 +34,25 @@ impl Breaker {
         if self.failures.load(Ordering::Acquire) < self.threshold {
             return true;
         }
-        if now_us < self.retry_at_us.load(Ordering::Acquire) {
+        let retry_at = self.retry_at_us.load(Ordering::Acquire);
+        if now_us < retry_at {
             return false;
         }
-        // Cooldown over: exactly one caller wins the probe.
-        self.probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        // Cooldown over: exactly one caller wins the probe, and winning re-arms the cooldown.
+        // (Not a "probe in flight" flag: a probe whose request is dropped, its client gone,
+        // would never report back and would keep the breaker open for good.)
+        self.retry_at_us
+            .compare_exchange(
+                retry_at,
+                now_us.saturating_add(self.cooldown_us),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 
     pub(super) fn success(&self) {
         self.failures.store(0, Ordering::Release);
-        self.probing.store(false, Ordering::Release);
     }
 
     pub(super) fn failure(&self, now_us: u64) {
@@ -60,7 +64,6 @@ impl Breaker {
             // Also re-arms the cooldown after a failed probe.
             self.retry_at_us
                 .store(now_us.saturating_add(self.cooldown_us), Ordering::Release);
-            self.probing.store(false, Ordering::Release);
         }
         // Saturate instead of wrapping back to "closed" after four billion failures.
         if failures == u32::MAX {
@@ -127,6 +130,10 @@ mod tests {
         assert!(!b.allow(500_000));
         assert!(b.allow(1_000_002), "cooldown over: one probe");
         assert!(!b.allow(1_000_003), "only one probe at a time");
+        assert!(
+            b.allow(2_000_002),
+            "a probe that never reports back is not waited for"
+        );
         b.failure(1_000_010);
         assert!(!b.allow(1_500_000), "a failed probe re-arms the cooldown");
         assert!(b.allow(2_000_010));

@@ -11,8 +11,9 @@
 //! between a charge and its refund (one round trip) the earlier buckets hold one request's
 //! cost too many, so a concurrent request may be rejected that would have passed: a hair of
 //! under-admission, at most one cost per bucket for about a millisecond. A refund that fails
-//! leaves its cost taken until refill. A refund is never retried: one that timed out may still
-//! have run, and a second one would give back tokens that were never taken.
+//! leaves its cost taken until refill, and so does a check whose future is dropped between two
+//! slots (its client went away). A refund is never retried: one that timed out may still have
+//! run, and a second one would give back tokens that were never taken.
 
 use ::redis::cluster_routing::Slot;
 use tokio::time::Instant;
@@ -96,7 +97,13 @@ impl RedisLimiter {
                 self.refund_later(&group);
             } else if let Err(failure) = self.send(Mode::Refund, &group, deadline).await {
                 bump(&self.counters.refund_failures);
-                tracing::warn!(detail = %failure.detail, "cluster refund failed");
+                if let Some(held_back) = self.log_gate.open(self.clock.now_us() as u64) {
+                    tracing::warn!(
+                        detail = %failure.detail,
+                        similar_since_last = held_back,
+                        "cluster refund failed: its tokens come back by refill only"
+                    );
+                }
             }
         }
     }
@@ -108,6 +115,7 @@ impl RedisLimiter {
             .map(|b| (b.key.clone(), b.rate.clone(), b.cost))
             .collect();
         let (conn, counters, timeout) = (self.conn.clone(), self.counters.clone(), self.timeout);
+        let (log_gate, clock) = (self.log_gate.clone(), self.clock);
         bump(&counters.redis_calls);
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
@@ -122,7 +130,12 @@ impl RedisLimiter {
             let run = conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
             if !matches!(tokio::time::timeout(timeout, run).await, Ok(Ok(_))) {
                 bump(&counters.refund_failures);
-                tracing::warn!("cluster refund failed in the background");
+                if let Some(held_back) = log_gate.open(clock.now_us() as u64) {
+                    tracing::warn!(
+                        similar_since_last = held_back,
+                        "cluster refund failed: its tokens come back by refill only"
+                    );
+                }
             }
         });
     }

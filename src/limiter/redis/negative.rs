@@ -10,8 +10,11 @@
 //! It is placed on the local clock at the instant the request was *sent* (Redis read its clock
 //! later), and a bucket's effective `tat` (`max(tat, now)`) only grows: admissions push it
 //! forward, time never pulls it back. So a cached rejection is always a real rejection, and a
-//! cached entry stops blocking no later than Redis would start admitting. (Two exceptions, both
-//! toward admitting earlier, never later: a cluster refund, and Redis's wall clock jumping.)
+//! cached entry stops blocking no later than Redis would start admitting. Exceptions: a cluster
+//! refund lowers a `tat` (by one cost, for a millisecond); Redis's wall clock may jump; and
+//! Redis may lose keys (a restart without persistence, a failover, a FLUSHALL), after which
+//! the cache goes on rejecting a client Redis has forgotten, for at most that rejection's
+//! retry-after.
 //!
 //! Verdicts of the *other* buckets of a short-circuited request come from the same lower bound
 //! (or a full bucket if nothing is known), so their `remaining` may be optimistic; the decision

@@ -1,0 +1,275 @@
+//! Real `redis-server` processes for tests: one server (`RedisServer`) or a three-master
+//! cluster (`RedisCluster`), each on free loopback ports in a temporary directory, never 6379.
+//!
+//! `redis-server --port 0` would disable TCP altogether, so a free port is found by binding
+//! 127.0.0.1:0 and letting it go; if another process grabs it first, the server fails to bind
+//! and is started again on another port.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long a server may take to answer PING after it is started.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One redis-server, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A plain server: no persistence, loopback only.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        for _ in 0..5 {
+            let mut server = Self {
+                port: free_port(),
+                dir: tempfile::tempdir().expect("temp dir"),
+                extra: extra.clone(),
+                child: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    /// Start a server on `port`, which nothing should be listening on.
+    pub fn start_on(port: u16) -> Self {
+        Self::start_on_with(port, &[])
+    }
+
+    /// Start a server with extra arguments on `port`, which nothing should be listening on.
+    pub fn start_on_with(port: u16, extra: &[&str]) -> Self {
+        let mut server = Self {
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            child: None,
+        };
+        assert!(server.spawn(), "redis-server did not start on port {port}");
+        server
+    }
+
+    /// Spawn and wait for PING; false if the process died (the port was taken).
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        self.child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < START_TIMEOUT {
+            if ping(self.port) {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().ok().flatten().is_some() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, as a crash would: connections are reset, nothing is saved.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start again on the same port, empty (nothing is persisted).
+    pub fn restart(&mut self) {
+        self.kill();
+        assert!(
+            self.spawn(),
+            "redis-server did not restart on {}",
+            self.port
+        );
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing, like a stalled host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    /// Run `redis-cli -p PORT args...` and return its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Every key on this server.
+    pub fn keys(&self) -> Vec<String> {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `calls` of one command in `INFO commandstats` (`evalsha`, `eval`, `script|load`...).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["info", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server would not die of SIGTERM; SIGKILL needs no cooperation.
+            self.kill();
+        }
+    }
+}
+
+/// Three masters, no replicas, slots spread by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes = (0..3)
+            .map(|_| RedisServer::start_with(&Self::ARGS))
+            .collect();
+        Self::create(nodes)
+    }
+
+    /// A cluster on these three ports, which nothing should be listening on.
+    pub fn start_on(ports: [u16; 3]) -> Self {
+        let nodes = ports
+            .iter()
+            .map(|&p| RedisServer::start_on_with(p, &Self::ARGS))
+            .collect();
+        Self::create(nodes)
+    }
+
+    const ARGS: [&'static str; 4] = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"];
+
+    fn create(nodes: Vec<RedisServer>) -> Self {
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn wait_ok(&self) {
+        let started = Instant::now();
+        while started.elapsed() < START_TIMEOUT {
+            if self
+                .nodes
+                .iter()
+                .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+            {
+                return;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        panic!("cluster_state never became ok");
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The slot Redis computes for `key`.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.nodes[0]
+            .cli(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number")
+    }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf)
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+}
