@@ -8,6 +8,7 @@
 //! - `cli`: the command line (`run`, `check`).
 //! - `app`: wiring: load the config, bind listeners, serve, drain on shutdown.
 //! - `server`: accept loop; HTTP/1.1 and HTTP/2 on every listener.
+//! - `tls`: rustls server config from PEM files; certificates chosen by SNI.
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
 //! - `route`: the compiled route table and first-match lookup.
 //! - `identity`: client address behind trusted proxies; the digest a limit counts under.
@@ -29,3 +30,4 @@ pub mod proxy;
 pub mod response;
 pub mod route;
 pub mod server;
+pub mod tls;
