@@ -45,6 +45,14 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
             })?;
         listeners.push(tcp);
     }
+    let admin = match snapshot.admin {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .map_err(|source| StartError::Bind { address, source })?,
+        ),
+        None => None,
+    };
     let (routes, limits) = (snapshot.routes.len(), snapshot.limits().count());
     let state = Arc::new(State::new(snapshot));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -66,6 +74,12 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
             stop_rx.clone(),
             DRAIN,
         )));
+    }
+    if let Some(admin) = admin {
+        if let Ok(bound) = admin.local_addr() {
+            tracing::info!(address = %bound, "admin endpoints");
+        }
+        tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
     }
     tracing::info!(config = %path.display(), routes, limits, "tollgate started");
 

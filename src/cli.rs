@@ -23,8 +23,25 @@ pub struct Cli {
     /// Log level or filter (error, warn, info, debug, trace, or a tracing filter).
     #[arg(long, global = true, env = "TOLLGATE_LOG", default_value = "info")]
     pub log_level: String,
+    /// Log format: text or json (one JSON object per line).
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Write one access-log line per request (target `tollgate::access`).
+    #[arg(long, global = true, env = "TOLLGATE_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub access_log: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -18,6 +18,7 @@
 //! - `error`: request-path errors and their statuses.
 //! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it.
 //! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
+pub mod admin;
 pub mod app;
 pub mod cli;
 pub mod config;

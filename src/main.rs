@@ -4,17 +4,11 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command};
+use tollgate::cli::{Cli, Command, LogFormat};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging(&cli);
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => match tollgate::config::load(&cli.config, None) {
             Ok(snapshot) => {
@@ -43,5 +37,21 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    let mut directives = cli.log_level.clone();
+    if !cli.access_log {
+        directives.push_str(",tollgate::access=off");
+    }
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().init(),
     }
 }

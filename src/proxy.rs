@@ -229,7 +229,7 @@ fn record(
         status = status.as_u16(),
         limit = limit_name,
         outcome,
-        client_ip = ?trace.client_ip,
+        client_ip = %trace.client_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
         ms = started.elapsed().as_secs_f64() * 1e3,
     );
 }

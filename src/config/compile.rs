@@ -43,13 +43,10 @@ impl Problems {
 pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
     let mut p = Problems::default();
     let listeners = listeners(&raw.listeners, &mut p);
-    let admin = raw.admin.as_ref().and_then(|a| {
-        p.add(
-            "admin",
-            "the admin listener is not supported yet (planned: /metrics, /healthz, /readyz)",
-        );
-        p.take("admin.address", parse_addr(&a.address))
-    });
+    let admin = raw
+        .admin
+        .as_ref()
+        .and_then(|a| p.take("admin.address", parse_addr(&a.address)));
     let trusted_proxies = raw
         .trusted_proxies
         .iter()
@@ -102,6 +99,7 @@ pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot,
         limiter,
         redis: None,
         fingerprints: fingerprints(&raw),
+        source: String::new(),
     })
 }
 

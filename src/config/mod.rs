@@ -36,6 +36,8 @@ pub struct Snapshot {
     pub redis: Option<Arc<RedisLimiter>>,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
     pub fingerprints: Vec<(String, u64)>,
+    /// The YAML this snapshot was compiled from (served redacted on the admin `/config`).
+    pub source: String,
 }
 
 impl Snapshot {
@@ -148,13 +150,15 @@ pub fn parse(text: &str, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Pr
             at: e.location().map(|l| (l.line(), l.column())),
         }]
     })?;
-    compile::compile(raw, previous).map_err(|mut problems| {
+    let mut snapshot = compile::compile(raw, previous).map_err(|mut problems| {
         let locations = locate::Locations::index(text);
         for p in &mut problems {
             p.at = locations.find(&p.path);
         }
         problems
-    })
+    })?;
+    snapshot.source = text.to_owned();
+    Ok(snapshot)
 }
 
 /// serde_yaml appends " at line L column C"; the location is printed in front instead.

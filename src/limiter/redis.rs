@@ -269,6 +269,14 @@ impl RedisLimiter {
             .collect()
     }
 
+    /// Whether Redis answers a PING within the check timeout (for `/readyz`).
+    pub async fn ping(&self) -> bool {
+        matches!(
+            tokio::time::timeout(self.timeout, self.conn.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+
     /// Redis is failing fast: checks return `Unavailable` without trying.
     pub fn breaker_open(&self) -> bool {
         self.breaker.is_open()

@@ -107,6 +107,17 @@ impl Conn {
         ))
     }
 
+    /// PING, for readiness: on a cluster it goes to one node, which shows the cluster client
+    /// is connected.
+    pub(super) async fn ping(&self) -> Result<(), RedisError> {
+        let ping = ::redis::cmd("PING");
+        let _: Value = match self {
+            Conn::Single(m) => ping.query_async(&mut m.clone()).await?,
+            Conn::Cluster(c) => ping.query_async(&mut c.clone()).await?,
+        };
+        Ok(())
+    }
+
     /// Run the bucket script on `buckets` (which, on a cluster, must share a slot). The
     /// invocation is EVALSHA, falling back to SCRIPT LOAD + EVALSHA on NOSCRIPT (after a
     /// restart, a failover or a SCRIPT FLUSH); on a cluster SCRIPT LOAD goes to every master.

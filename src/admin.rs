@@ -1,0 +1,139 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`. Never on the proxy ports.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Snapshot;
+use crate::limiter::FailurePolicy;
+use crate::proxy::State;
+use crate::response::{fixed, Body};
+
+/// Serve the admin endpoints on `listener` until `stop`.
+pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let stream = tokio::select! {
+            _ = stop.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let state = state.clone();
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(&state, &req).await) }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        tokio::spawn(conn);
+    }
+}
+
+async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return fixed(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n");
+    }
+    match req.uri().path() {
+        "/healthz" => fixed(StatusCode::OK, TEXT, "ok\n"),
+        "/readyz" => {
+            let snapshot = state.config.load_full();
+            match not_ready(&snapshot).await {
+                None => fixed(StatusCode::OK, TEXT, "ready\n"),
+                Some(why) => fixed(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    format!("not ready: {why}\n"),
+                ),
+            }
+        }
+        "/metrics" => fixed(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics.render(state),
+        ),
+        "/config" => {
+            let snapshot = state.config.load_full();
+            fixed(StatusCode::OK, "application/yaml", redact(&snapshot.source))
+        }
+        _ => fixed(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "not found: try /healthz, /readyz, /metrics or /config\n",
+        ),
+    }
+}
+
+/// Ready means: a config is live (always true once serving) and, with Redis, either Redis
+/// answers or no limit would reject for want of it (every limit fails open or local).
+async fn not_ready(snapshot: &Snapshot) -> Option<&'static str> {
+    let redis = snapshot.redis.as_ref()?;
+    if redis.ping().await {
+        return None;
+    }
+    let any_closed = snapshot
+        .limits()
+        .any(|l| l.on_failure == FailurePolicy::Closed && !l.shadow);
+    any_closed.then_some("Redis is unreachable and some limits fail closed")
+}
+
+/// The config text with the passwords of URLs (`scheme://user:password@host`) masked.
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| {
+                c == '/' || c == '"' || c == '\'' || c == ',' || c == ']' || c.is_whitespace()
+            })
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                match userinfo.find(':') {
+                    Some(colon) => {
+                        out.push_str(&userinfo[..=colon]);
+                        out.push_str("***");
+                    }
+                    None => out.push_str("***"),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_in_urls_are_masked() {
+        assert_eq!(
+            redact("url: rediss://app:s3cret@redis:6380/0\nx: http://h:1/"),
+            "url: rediss://app:***@redis:6380/0\nx: http://h:1/"
+        );
+        assert_eq!(
+            redact("[redis://:pw@a:1, redis://b:2]"),
+            "[redis://:***@a:1, redis://b:2]"
+        );
+        assert_eq!(redact("redis://token@a:1"), "redis://***@a:1");
+    }
+}
