@@ -27,7 +27,10 @@ fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> Limit {
         exempt: Vec::new(),
         on_failure: FailurePolicy::Open,
         local: Arc::new(Buckets::new(1000)),
-        fallback: Rate { per_sec: 1.0, burst: 1 },
+        fallback: Rate {
+            per_sec: 1.0,
+            burst: 1,
+        },
     }
 }
 

@@ -125,7 +125,10 @@ async fn rediss_with_an_acl_user() {
         exempt: Vec::new(),
         on_failure: FailurePolicy::Open,
         local: Arc::new(Buckets::new(10)),
-        fallback: Rate { per_sec: 1.0, burst: 1 },
+        fallback: Rate {
+            per_sec: 1.0,
+            burst: 1,
+        },
     };
     let checks = [Check {
         limit: &lim,
