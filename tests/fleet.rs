@@ -1,0 +1,216 @@
+//! The Redis backend through the real proxy: replicas sharing buckets, the failure policies
+//! with Redis killed, frozen or flushed, and a Redis Cluster. Every Redis here is a real
+//! `redis-server` this file starts on a free port.
+
+mod common;
+#[path = "common/redis.rs"]
+mod redis_helpers;
+
+use std::time::{Duration, Instant};
+
+use common::{config, upstream_app, Http, MockUpstream, TestProxy};
+use redis_helpers::{RedisCluster, RedisServer};
+
+fn redis_block(url: &str, extra: &str) -> String {
+    format!(
+        "limiter:\n  backend: redis\n  redis:\n    url: \"{url}\"\n    timeout: 100ms\n{extra}"
+    )
+}
+
+/// Send `n` requests and count the 200s.
+async fn admitted(http: &Http, url: &str, n: usize, headers: &[(&str, &str)]) -> usize {
+    http.statuses(n, url, headers)
+        .await
+        .iter()
+        .filter(|s| **s == 200)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_local_give_the_same_answers() {
+    let redis = RedisServer::start();
+    let routes = "routes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: l, rate: 2/s, burst: 4, key: [ip] }\n";
+    let local = TestProxy::start(&config(routes));
+    let shared = TestProxy::start(&config(&format!("{}{routes}", redis_block(&redis.url(), ""))));
+    let http = Http::new();
+    let mut seen = Vec::new();
+    for proxy in [&local, &shared] {
+        let mut answers = Vec::new();
+        for _ in 0..6 {
+            let r = http.get(&proxy.url("/")).await;
+            answers.push((r.code(), r.header("ratelimit").to_owned()));
+        }
+        seen.push(answers);
+    }
+    assert_eq!(seen[0], seen[1], "local and Redis disagree");
+    assert_eq!(
+        seen[0].iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+        [200, 200, 200, 200, 429, 429]
+    );
+    // Refill: 2/s gives one token back after 0.5 s on both.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for proxy in [&local, &shared] {
+        assert_eq!(admitted(&http, &proxy.url("/"), 3, &[]).await, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_hand_out_one_burst_not_three() {
+    let redis = RedisServer::start();
+    let backend = MockUpstream::start();
+    let yaml = config(&format!(
+        "{}{}routes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 10, key: [header:X-API-Key] }}\n",
+        redis_block(&redis.url(), ""),
+        upstream_app(backend.addr(), "5s")
+    ));
+    let replicas = [
+        TestProxy::start(&yaml),
+        TestProxy::start(&yaml),
+        TestProxy::start(&yaml),
+    ];
+    let http = Http::new();
+    let mut total = 0;
+    for i in 0..30 {
+        let r = http
+            .get_with(&replicas[i % 3].url("/x"), &[("x-api-key", "k1")])
+            .await;
+        total += usize::from(r.code() == 200);
+    }
+    assert_eq!(total, 10, "the fleet admitted {total} of a burst of 10");
+    assert_eq!(backend.count(), 10, "the backend saw only admitted requests");
+    // Another key has its own bucket across the fleet.
+    let other = admitted(&http, &replicas[1].url("/x"), 12, &[("x-api-key", "k2")]).await;
+    assert_eq!(other, 10);
+    // Keys hold digests, never the raw API key, and expire once full again (10 min at 1/min).
+    for key in redis.keys() {
+        assert!(!key.contains("k1") && !key.contains("k2"), "raw identity in {key}");
+        assert!(key.starts_with("tollgate:per-key:{"), "{key}");
+        let ttl: i64 = redis.cli(&["PTTL", &key]).trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 600_000, "{key} has PTTL {ttl}");
+    }
+}
+
+fn policy_routes() -> String {
+    let route = |name: &str, policy: &str| {
+        format!(
+            "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: {name}-l, rate: 1/min, burst: 4, key: [ip], on_failure: {policy} }}\n"
+        )
+    };
+    format!(
+        "routes:\n{}{}{}",
+        route("open", "open"),
+        route("closed", "closed"),
+        route("local", "local")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policies_with_redis_killed_then_restarted() {
+    let mut redis = RedisServer::start();
+    let yaml = config(&format!(
+        "{}{}",
+        redis_block(&redis.url(), "  local_fallback:\n    divide_by: 2\n"),
+        policy_routes()
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    assert_eq!(admitted(&http, &proxy.url("/closed"), 1, &[]).await, 1);
+    redis.kill();
+
+    let started = Instant::now();
+    let open = http.statuses(10, &proxy.url("/open"), &[]).await;
+    assert!(open.iter().all(|s| *s == 200), "open admits: {open:?}");
+    let closed = http.get(&proxy.url("/closed")).await;
+    assert_eq!(closed.code(), 503);
+    assert_eq!(closed.header("retry-after"), "1");
+    // local: burst 4 divided by 2 replicas = 2 per replica while Redis is away.
+    let local = http.statuses(5, &proxy.url("/local"), &[]).await;
+    assert_eq!(local, [200, 200, 429, 429, 429]);
+    // Sixteen requests without Redis: the breaker keeps each one far from the 100 ms timeout.
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(2), "16 requests took {elapsed:?}");
+    assert!(proxy.wait_for_log("not decided by Redis", Duration::from_secs(2)));
+
+    redis.restart();
+    // Once the breaker's cooldown lets a probe through, `closed` is decided by Redis again (a
+    // restarted Redis without persistence starts with empty, hence full, buckets).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let code = http.get(&proxy.url("/closed")).await.code();
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "limiting did not resume after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!redis.keys().is_empty(), "checks reach Redis again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_redis_costs_the_timeout_then_recovers() {
+    let redis = RedisServer::start();
+    let proxy = TestProxy::start(&config(&format!(
+        "{}{}",
+        redis_block(&redis.url(), ""),
+        policy_routes()
+    )));
+    let http = Http::new();
+    assert_eq!(http.get(&proxy.url("/open")).await.code(), 200);
+    redis.pause();
+    let started = Instant::now();
+    assert_eq!(http.get(&proxy.url("/open")).await.code(), 200);
+    let first = started.elapsed();
+    assert!(first < Duration::from_secs(1), "a frozen Redis held a request {first:?}");
+    assert_eq!(http.get(&proxy.url("/closed")).await.code(), 503);
+    redis.resume();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http.get(&proxy.url("/closed")).await.code() != 200 {
+        assert!(Instant::now() < deadline, "no recovery after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_does_not_break_limiting() {
+    let redis = RedisServer::start();
+    let proxy = TestProxy::start(&config(&format!(
+        "{}{}",
+        redis_block(&redis.url(), ""),
+        policy_routes()
+    )));
+    let http = Http::new();
+    assert_eq!(admitted(&http, &proxy.url("/closed"), 2, &[]).await, 2);
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    // Two tokens left of four: the script is reloaded and the bucket kept.
+    assert_eq!(
+        http.statuses(3, &proxy.url("/closed"), &[]).await,
+        [200, 200, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_enforces_a_per_client_and_a_global_limit() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let yaml = config(&format!(
+        "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: 500ms\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 3, key: [header:X-API-Key] }}\n      - {{ name: global, rate: 1/min, burst: 5, key: [global] }}\n",
+        nodes.join(", ")
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    // Wait for the cluster client to connect: the default policy is open, so a 200 alone
+    // proves nothing; the RateLimit header shows Redis answered.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http.get_with(&proxy.url("/"), &[("x-api-key", "probe")]).await;
+        if r.opt_header("ratelimit").is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One of five global tokens went to the probe.
+    let a = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "a")]).await;
+    let b = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "b")]).await;
+    assert_eq!((a, b), (3, 1), "per-key caps a at 3; the global cap of 5 leaves b one");
+}
