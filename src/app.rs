@@ -43,7 +43,7 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
                 address: l.address,
                 source,
             })?;
-        listeners.push(tcp);
+        listeners.push((tcp, l.address, l.tls.is_some()));
     }
     let admin = match snapshot.admin {
         Some(address) => Some(
@@ -63,12 +63,13 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
     let builder = Arc::new(server::builder());
     let mut accept_loops = Vec::new();
-    for tcp in listeners {
+    for (tcp, configured, tls) in listeners {
         if let Ok(bound) = tcp.local_addr() {
-            tracing::info!(address = %bound, "listening");
+            tracing::info!(address = %bound, tls, "listening");
         }
         accept_loops.push(tokio::spawn(server::serve(
             tcp,
+            configured,
             state.clone(),
             builder.clone(),
             stop_rx.clone(),

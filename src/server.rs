@@ -1,18 +1,25 @@
-//! The accept loop: one task per connection, HTTP/1.1 and HTTP/2 (h2c prior knowledge) on every
-//! listener, connections watched so shutdown can drain them.
+//! The accept loop: one task per connection, HTTP/1.1 and HTTP/2 on every listener (h2c prior
+//! knowledge in plain text, ALPN over TLS), connections watched so shutdown can drain them.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::proxy::{self, Conn, State};
+
+/// A TLS handshake that has not finished by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Builder = Arc<auto::Builder<TokioExecutor>>;
 
 /// The connection settings shared by every listener.
 pub fn builder() -> auto::Builder<TokioExecutor> {
@@ -28,12 +35,13 @@ pub fn builder() -> auto::Builder<TokioExecutor> {
     b
 }
 
-/// Accept connections on `listener` until `stop` flips to true, then let the open connections
-/// finish their in-flight requests for up to `drain` and return.
+/// Accept connections on `listener` (configured as `configured`) until `stop` flips to true,
+/// then let the open connections finish their in-flight requests for up to `drain` and return.
 pub async fn serve(
     listener: TcpListener,
+    configured: SocketAddr,
     state: Arc<State>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Builder,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
 ) {
@@ -52,24 +60,22 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let conn = Conn { peer, tls: false };
-        let service_state = state.clone();
-        let service = service_fn(move |req| {
-            let state = service_state.clone();
-            async move { Ok::<_, Infallible>(proxy::handle(&state, conn, req).await) }
-        });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
-        let open = state.metrics.open_connections.clone();
-        open.inc();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-            open.dec();
-        });
+        // The live config's certificates: a reload that changes them applies to the next
+        // handshake without rebinding.
+        let tls = state
+            .config
+            .load()
+            .listeners
+            .iter()
+            .find(|l| l.address == configured)
+            .and_then(|l| l.tls.as_ref().map(|t| t.config.clone()));
+        let task = Connection {
+            state: state.clone(),
+            builder: builder.clone(),
+            watcher: graceful.watcher(),
+            peer,
+        };
+        tokio::spawn(task.run(stream, tls));
     }
     drop(listener);
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -77,5 +83,52 @@ pub async fn serve(
         .is_err()
     {
         tracing::warn!("drain timed out; closing the remaining connections");
+    }
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection {
+    state: Arc<State>,
+    builder: Builder,
+    watcher: Watcher,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) {
+        let Some(tls) = tls else {
+            return self.serve(stream, false).await;
+        };
+        let acceptor = crate::tls::acceptor(tls);
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => self.serve(stream, true).await,
+            Ok(Err(e)) => tracing::debug!(peer = %self.peer, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
+        }
+    }
+
+    async fn serve<I>(self, io: I, tls: bool)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let conn = Conn {
+            peer: self.peer,
+            tls,
+        };
+        let state = self.state.clone();
+        let service = service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(proxy::handle(&state, conn, req).await) }
+        });
+        let connection = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let open = self.state.metrics.open_connections.clone();
+        open.inc();
+        if let Err(e) = self.watcher.watch(connection).await {
+            tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+        }
+        open.dec();
     }
 }

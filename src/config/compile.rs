@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use super::file;
 use super::values;
-use super::{Backend, LimiterSettings, Listener, Problem, Snapshot};
+use super::{Backend, LimiterSettings, Listener, Problem, Snapshot, TlsSettings};
 use crate::forward::Upstream;
 use crate::identity::{Alternative, Exemption, KeySpec};
 use crate::limiter::redis::RedisConfig;
@@ -144,15 +144,28 @@ fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<Listener> {
                     format!("`{address}` is listed twice"),
                 );
             }
-            if l.tls.is_some() {
-                p.add(
-                    format!("listeners[{i}].tls"),
-                    "TLS listeners are not supported yet",
-                );
-            }
-            Some(Listener { address })
+            let tls = l
+                .tls
+                .as_ref()
+                .and_then(|t| tls(t, &format!("listeners[{i}].tls"), p));
+            Some(Listener { address, tls })
         })
         .collect()
+}
+
+/// Load the listener's certificates now, so `check` and a reload catch a bad file.
+fn tls(t: &file::Tls, path: &str, p: &mut Problems) -> Option<TlsSettings> {
+    let first = crate::tls::CertFiles {
+        cert: t.cert.clone().into(),
+        key: t.key.clone().into(),
+    };
+    let more = t.certificates.iter().map(|c| crate::tls::CertFiles {
+        cert: c.cert.clone().into(),
+        key: c.key.clone().into(),
+    });
+    let files: Vec<_> = std::iter::once(first).chain(more).collect();
+    let config = p.take(path.to_owned(), crate::tls::server_config(&files))?;
+    Some(TlsSettings { files, config })
 }
 
 fn policy(s: &str) -> Result<FailurePolicy, String> {

@@ -34,6 +34,16 @@ pub struct Listener {
 pub struct Tls {
     pub cert: String,
     pub key: String,
+    /// More certificates, each chosen by SNI for the DNS names it carries.
+    #[serde(default)]
+    pub certificates: Vec<CertPair>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertPair {
+    pub cert: String,
+    pub key: String,
 }
 
 #[derive(Debug, Deserialize)]

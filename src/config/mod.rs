@@ -62,9 +62,24 @@ impl Snapshot {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Listener {
     pub address: SocketAddr,
+    pub tls: Option<TlsSettings>,
+}
+
+/// A TLS listener's certificates, loaded.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    pub files: Vec<crate::tls::CertFiles>,
+    pub config: Arc<rustls::ServerConfig>,
+}
+
+impl PartialEq for TlsSettings {
+    /// Same files, same settings: what a reload compares (the contents are reloaded anyway).
+    fn eq(&self, other: &Self) -> bool {
+        self.files == other.files
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
