@@ -1,0 +1,28 @@
+//! Helpers shared by the integration tests: the real binary on `127.0.0.1:0` (`TestProxy`), a
+//! real HTTP/1.1 backend that records what reached it (`MockUpstream`), and HTTP clients.
+//!
+//! Every test binary compiles this module and uses a different part of it.
+#![allow(dead_code)]
+
+pub mod client;
+pub mod proxy;
+pub mod upstream;
+
+#[allow(unused_imports)]
+pub use client::{Http, RawConn, Reply};
+#[allow(unused_imports)]
+pub use proxy::{check, TestProxy};
+#[allow(unused_imports)]
+pub use upstream::{refused_addr, MockUpstream, Seen};
+
+/// A config with one listener on a free port, `extra` appended as is (top-level YAML keys).
+pub fn config(extra: &str) -> String {
+    format!("listeners:\n  - address: 127.0.0.1:0\n{extra}")
+}
+
+/// An `upstreams:` section with one upstream `app` pointing at `target`.
+pub fn upstream_app(target: std::net::SocketAddr, timeout: &str) -> String {
+    format!(
+        "upstreams:\n  app:\n    targets: [{target}]\n    connect_timeout: 1s\n    timeout: {timeout}\n"
+    )
+}

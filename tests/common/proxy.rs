@@ -1,0 +1,230 @@
+//! `TestProxy`: the real `tollgate` binary, started on `127.0.0.1:0` with a config written to a
+//! temporary file, its stderr captured so tests can wait on and assert its log lines.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// How long the binary may take to bind its listeners.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The log marker `app::run` writes once per bound listener.
+const LISTENING: &str = "listening address=";
+
+/// The stderr lines of a child, shared with the thread that reads them.
+#[derive(Default)]
+struct Log {
+    lines: Mutex<LogState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct LogState {
+    lines: Vec<String>,
+    closed: bool,
+}
+
+impl Log {
+    /// Block until `pred` holds for the lines so far, stderr closes, or `timeout` passes.
+    fn wait_until(&self, timeout: Duration, mut pred: impl FnMut(&[String]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lines.lock().unwrap();
+        loop {
+            if pred(&state.lines) {
+                return true;
+            }
+            let now = Instant::now();
+            if state.closed || now >= deadline {
+                return false;
+            }
+            state = self.changed.wait_timeout(state, deadline - now).unwrap().0;
+        }
+    }
+
+    fn snapshot(&self) -> Vec<String> {
+        self.lines.lock().unwrap().lines.clone()
+    }
+}
+
+/// A running `tollgate run` process. Killed on drop.
+pub struct TestProxy {
+    child: Child,
+    addrs: Vec<SocketAddr>,
+    log: Arc<Log>,
+    config: tempfile::TempPath,
+}
+
+impl TestProxy {
+    /// Write `yaml` to a temporary file and run the binary on it; return once the first listener
+    /// is bound. Panics, with everything the binary wrote, if it does not get that far.
+    pub fn start(yaml: &str) -> Self {
+        let mut file = tempfile::Builder::new()
+            .prefix("tollgate-test-")
+            .suffix(".yaml")
+            .tempfile()
+            .expect("create a temporary config file");
+        file.write_all(yaml.as_bytes()).expect("write the config");
+        let config = file.into_temp_path();
+        let mut child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&*config)
+            .args(["--log-level", "info"])
+            .env_remove("TOLLGATE_CONFIG")
+            .env_remove("TOLLGATE_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the tollgate binary");
+        let log = Arc::new(Log::default());
+        let stderr = child.stderr.take().expect("piped stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lines.lock().unwrap().lines.push(line);
+                sink.changed.notify_all();
+            }
+            sink.lines.lock().unwrap().closed = true;
+            sink.changed.notify_all();
+        });
+        let mut proxy = Self {
+            child,
+            addrs: Vec::new(),
+            log,
+            config,
+        };
+        let bound = proxy.log.wait_until(START_TIMEOUT, |lines| {
+            lines.iter().any(|l| l.contains(LISTENING))
+        });
+        if !bound {
+            let _ = proxy.child.kill();
+            panic!(
+                "tollgate did not report a listening address within {START_TIMEOUT:?}; \
+                 its stderr:\n{}\nconfig:\n{yaml}",
+                proxy.log.snapshot().join("\n")
+            );
+        }
+        proxy.addrs = listening_addrs(&proxy.log.snapshot());
+        proxy
+    }
+
+    /// The first listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addrs[0]
+    }
+
+    /// Every listener address reported when the proxy became ready.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// `http://127.0.0.1:PORT{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The config file the proxy runs with (for reload tests: rewrite it in place).
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// Every stderr line so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.log.snapshot()
+    }
+
+    /// Wait until a stderr line contains `needle`. False on timeout or if the process exited.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        self.log
+            .wait_until(timeout, |lines| lines.iter().any(|l| l.contains(needle)))
+    }
+
+    /// Send SIGTERM (graceful shutdown).
+    pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Send a signal by name (`TERM`, `HUP`, `INT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Wait for the process to exit; `None` if it is still running after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The process's peak resident memory (VmHWM) in KiB, from `/proc`.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/PID/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status")
+    }
+}
+
+impl Drop for TestProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn listening_addrs(lines: &[String]) -> Vec<SocketAddr> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let rest = &l[l.find(LISTENING)? + LISTENING.len()..];
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// The repository root, where `tollgate check` is run so paths in its messages are relative.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run the binary with `args` in the repository root, with no config from the environment.
+pub fn run_cli(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(repo_root())
+        .env_remove("TOLLGATE_CONFIG")
+        .env_remove("TOLLGATE_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the tollgate binary")
+}
+
+/// `tollgate check --config PATH` (PATH relative to the repository root).
+pub fn check(path: &str) -> Output {
+    run_cli(&["check", "--config", path])
+}

@@ -1,0 +1,359 @@
+//! Forwarding: X-Forwarded-* and the client address behind trusted proxies, hop-by-hop headers
+//! both ways, 50 MB streamed each way, 404/502/504, HTTP/2 prior knowledge, keep-alive.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::client::{drain, request, upload};
+use common::{config, refused_addr, upstream_app, Http, MockUpstream, RawConn, TestProxy};
+use http::Version;
+
+/// `/limited/` counts per client address (burst 2, nothing refills during a test), `/dead/`
+/// goes to a refused address, everything else to `up` unlimited (timeout 500 ms).
+fn proxy(up: &MockUpstream, trusted: &str) -> TestProxy {
+    TestProxy::start(&config(&format!(
+        "trusted_proxies: {trusted}
+{}  dead:
+    targets: [{}]
+    connect_timeout: 1s
+routes:
+  - name: limited
+    match: {{ path_prefix: /limited/ }}
+    upstream: app
+    limits:
+      - {{ name: per-ip, rate: 1/min, burst: 2, key: [ip] }}
+  - name: dead
+    match: {{ path_prefix: /dead/ }}
+    upstream: dead
+  - name: app
+    match: {{ path_prefix: /app/ }}
+    upstream: app
+",
+        upstream_app(up.addr(), "500ms"),
+        refused_addr()
+    )))
+}
+
+#[tokio::test]
+async fn an_untrusted_peer_cannot_spoof_forwarded_headers() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[127.0.0.1/32]");
+    let spoofer = Http::from_ip("127.0.0.2");
+    let url = proxy.url("/limited/x");
+    let mut statuses = Vec::new();
+    for fake in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let headers = [
+            ("host", "shop.test"),
+            ("x-forwarded-for", fake),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.test"),
+        ];
+        statuses.push(spoofer.get_with(&url, &headers).await.code());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "counted by the peer, not by its claims"
+    );
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(
+            s.header("x-forwarded-for"),
+            "127.0.0.2",
+            "replaced, not appended"
+        );
+        assert_eq!(s.header("x-forwarded-proto"), "http");
+        assert_eq!(s.header("x-forwarded-host"), "shop.test");
+        assert_eq!(s.header("host"), "shop.test", "Host is preserved");
+        assert_eq!(s.uri.path(), "/limited/x");
+    }
+    // The peer's own bucket is spent; another peer (127.0.0.1) still has its own.
+    assert_eq!(Http::new().get(&url).await.code(), 200);
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_right_most_untrusted_address_is_the_client() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[127.0.0.1/32]");
+    let edge = Http::new(); // 127.0.0.1: a trusted proxy
+    let url = proxy.url("/limited/x");
+    let status = |xff: &'static [&'static str]| {
+        let (edge, url) = (edge.clone(), url.clone());
+        async move {
+            let headers: Vec<(&str, &str)> = xff.iter().map(|v| ("x-forwarded-for", *v)).collect();
+            edge.get_with(&url, &headers).await.code()
+        }
+    };
+    assert_eq!(status(&["198.51.100.1"]).await, 200);
+    assert_eq!(status(&["198.51.100.1"]).await, 200);
+    assert_eq!(status(&["198.51.100.1"]).await, 429);
+    // Another client behind the same proxy has its own bucket.
+    assert_eq!(status(&["198.51.100.2"]).await, 200);
+    // The client writes the left-most entries: they never change the bucket.
+    assert_eq!(status(&["6.6.6.6, 198.51.100.1"]).await, 429);
+    // Trusted hops on the right are skipped.
+    assert_eq!(status(&["198.51.100.1, 127.0.0.1"]).await, 429);
+    assert_eq!(status(&["6.6.6.6, 198.51.100.2"]).await, 200);
+    // Several header lines are one list.
+    assert_eq!(status(&["6.6.6.6", "198.51.100.2"]).await, 429);
+    // No header: the trusted peer itself is the client.
+    assert_eq!(status(&[]).await, 200);
+
+    let seen = up.seen();
+    assert_eq!(seen.len(), 5);
+    assert_eq!(seen[0].header("x-forwarded-for"), "198.51.100.1, 127.0.0.1");
+    assert_eq!(
+        seen[3].header("x-forwarded-for"),
+        "6.6.6.6, 198.51.100.2, 127.0.0.1"
+    );
+    assert_eq!(seen[4].header("x-forwarded-for"), "127.0.0.1");
+
+    // A trusted proxy's X-Forwarded-Proto and -Host are kept; Host is passed on unchanged.
+    let headers = [
+        ("host", "internal.test"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "public.test"),
+    ];
+    assert_eq!(
+        edge.get_with(&proxy.url("/app/x"), &headers).await.code(),
+        200
+    );
+    let s = up.last();
+    assert_eq!(s.header("x-forwarded-proto"), "https");
+    assert_eq!(s.header("x-forwarded-host"), "public.test");
+    assert_eq!(s.header("host"), "internal.test");
+}
+
+#[tokio::test]
+async fn hop_by_hop_request_headers_do_not_reach_the_upstream() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let mut conn = RawConn::open(proxy.addr()).await;
+    let res = conn
+        .roundtrip(&[
+            "GET /app/hop-request HTTP/1.1",
+            "Host: shop.test",
+            "Connection: close, X-Custom",
+            "X-Custom: secret",
+            "Keep-Alive: timeout=5",
+            "TE: trailers",
+            "Upgrade: websocket",
+            "Proxy-Authorization: Basic dTpw",
+            "Proxy-Connection: keep-alive",
+            "X-Kept: yes",
+        ])
+        .await;
+    assert_eq!(res.status, 200, "{res:?}");
+    let s = up.last();
+    for h in [
+        "connection",
+        "x-custom",
+        "keep-alive",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+    ] {
+        assert!(
+            !s.headers.contains_key(h),
+            "`{h}` reached the upstream: {:?}",
+            s.headers
+        );
+    }
+    assert_eq!(s.header("x-kept"), "yes");
+    assert_eq!(s.header("host"), "shop.test");
+    // `Connection: close` was honoured on the client's hop.
+    assert!(conn.is_closed().await);
+}
+
+#[tokio::test]
+async fn hop_by_hop_response_headers_do_not_reach_the_client() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let mut conn = RawConn::open(proxy.addr()).await;
+    for _ in 0..2 {
+        let res = conn
+            .roundtrip(&["GET /app/hop HTTP/1.1", "Host: shop.test"])
+            .await;
+        assert_eq!(res.status, 200);
+        for h in [
+            "connection",
+            "x-up-secret",
+            "keep-alive",
+            "proxy-authenticate",
+            "upgrade",
+            "trailer",
+        ] {
+            assert!(res.header(h).is_none(), "`{h}` reached the client: {res:?}");
+        }
+        assert_eq!(res.header("x-up-kept"), Some("yes"));
+        assert_eq!(res.body, b"hop\n");
+    }
+}
+
+const FIFTY_MB: u64 = 50 * 1024 * 1024;
+
+/// The proxy must stream: its peak memory stays far below the size of the body.
+fn assert_streamed(proxy: &TestProxy, what: &str) {
+    let peak = proxy.peak_rss_kib();
+    eprintln!("{what}: proxy peak RSS {} MiB", peak / 1024);
+    assert!(
+        peak < 40 * 1024,
+        "the proxy's peak RSS reached {} MiB during a 50 MiB {what}: it buffers the body",
+        peak / 1024
+    );
+}
+
+#[tokio::test]
+async fn a_50_mb_upload_is_streamed_through() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let started = Instant::now();
+    let r = Http::new()
+        .send(upload(&proxy.url("/app/upload"), FIFTY_MB))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(r.code(), 200);
+    assert_eq!(r.text(), FIFTY_MB.to_string(), "bytes the upstream counted");
+    assert_eq!(up.last().body_len, FIFTY_MB);
+    eprintln!(
+        "upload: 50 MiB in {:.2} s ({:.0} MiB/s)",
+        took.as_secs_f64(),
+        50.0 / took.as_secs_f64()
+    );
+    assert_streamed(&proxy, "upload");
+}
+
+#[tokio::test]
+async fn a_50_mb_download_is_streamed_through() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let started = Instant::now();
+    let url = proxy.url(&format!("/app/download/{FIFTY_MB}"));
+    let mut res = Http::new().stream(request("GET", &url, &[])).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()["content-length"],
+        FIFTY_MB.to_string().as_str()
+    );
+    let received = drain(res.body_mut()).await;
+    let took = started.elapsed();
+    assert_eq!(received, FIFTY_MB);
+    eprintln!(
+        "download: 50 MiB in {:.2} s ({:.0} MiB/s)",
+        took.as_secs_f64(),
+        50.0 / took.as_secs_f64()
+    );
+    assert_streamed(&proxy, "download");
+}
+
+#[tokio::test]
+async fn no_matching_route_is_404() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let http = Http::new();
+    for _ in 0..2 {
+        let r = http.get(&proxy.url("/nowhere")).await;
+        assert_eq!(r.code(), 404);
+        assert!(r.opt_header("ratelimit").is_none());
+        assert_eq!(http.get(&proxy.url("/app/x")).await.code(), 200);
+    }
+    assert_eq!(up.count(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_upstream_is_502_and_the_proxy_keeps_serving() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let http = Http::new();
+    for _ in 0..3 {
+        assert_eq!(http.get(&proxy.url("/dead/x")).await.code(), 502);
+        assert_eq!(http.get(&proxy.url("/app/x")).await.code(), 200);
+    }
+}
+
+#[tokio::test]
+async fn a_slow_upstream_is_504_after_its_timeout() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let http = Http::new();
+    let started = Instant::now();
+    let r = http.get(&proxy.url("/app/slow/5000")).await;
+    let took = started.elapsed();
+    assert_eq!(r.code(), 504);
+    assert!(
+        took >= Duration::from_millis(480) && took < Duration::from_millis(2500),
+        "504 after {took:?}, the timeout is 500 ms"
+    );
+    assert_eq!(
+        up.last().uri.path(),
+        "/app/slow/5000",
+        "the request did reach the upstream"
+    );
+    let r = http.get(&proxy.url("/app/x")).await;
+    assert_eq!(r.code(), 200);
+}
+
+#[tokio::test]
+async fn h2c_requests_are_forwarded_and_limited_like_http1() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let h2 = Http::h2c();
+    let url = proxy.url("/limited/h2");
+    for left in ["1", "0"] {
+        let r = h2.get(&url).await;
+        assert_eq!(r.version, Version::HTTP_2);
+        assert_eq!(r.code(), 200);
+        assert_eq!(r.header("x-upstream"), "mock");
+        assert_eq!(r.header("x-ratelimit-remaining"), left);
+    }
+    let r = h2.get(&url).await;
+    assert_eq!((r.version, r.code()), (Version::HTTP_2, 429));
+    assert_eq!(r.header("retry-after"), "60");
+    assert_eq!(r.header("ratelimit"), r#""per-ip";r=0;t=120"#);
+    // Same client address over HTTP/1.1: the same bucket.
+    assert_eq!(Http::new().get(&url).await.code(), 429);
+
+    // The upstream gets HTTP/1.1 with `:authority` as Host.
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    let authority = proxy.addr().to_string();
+    for s in &seen {
+        assert_eq!(s.version, Version::HTTP_11);
+        assert_eq!(s.header("host"), authority);
+        assert_eq!(s.header("x-forwarded-host"), authority);
+        assert_eq!(s.header("x-forwarded-proto"), "http");
+    }
+}
+
+#[tokio::test]
+async fn keep_alive_connections_are_reused_on_both_sides() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let mut conn = RawConn::open(proxy.addr()).await;
+    for i in 0..5 {
+        let res = conn
+            .roundtrip(&[&format!("GET /app/ka/{i} HTTP/1.1"), "Host: shop.test"])
+            .await;
+        assert_eq!(res.status, 200);
+        assert_eq!(res.body, b"ok\n");
+        assert!(res.header("connection").is_none());
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 5);
+    let upstream_conns: HashSet<_> = seen.iter().map(|s| s.peer).collect();
+    eprintln!(
+        "keep-alive: 5 requests on one client connection, {} upstream connection(s)",
+        upstream_conns.len()
+    );
+    // The pool hands an idle connection back as soon as the previous response ended; allow one
+    // extra in case the next request overtakes that.
+    assert!(
+        upstream_conns.len() <= 2,
+        "5 sequential requests used {} upstream connections: the pool is not reused",
+        upstream_conns.len()
+    );
+}
