@@ -9,6 +9,7 @@ use http::header::{CONNECTION, HOST};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -37,32 +38,82 @@ const HOP_BY_HOP: [&str; 9] = [
 #[derive(Debug)]
 pub struct Upstream {
     pub name: Arc<str>,
+    pub scheme: Scheme,
     pub targets: Vec<Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
     next: AtomicUsize,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+}
+
+/// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.
+#[derive(Debug, Clone)]
+pub struct UpstreamSpec {
+    pub scheme: Scheme,
+    pub targets: Vec<Authority>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    /// Trust anchors for https targets (the system's, or a configured CA).
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+/// The TLS client settings for https upstreams: the system's roots, or only the CA in `ca`.
+pub fn client_tls(ca: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read CA file {}: {e}", path.display()))?;
+            for cert in certs {
+                let cert =
+                    cert.map_err(|e| format!("cannot parse CA file {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("unusable CA certificate in {}: {e}", path.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("no certificate in CA file {}", path.display()));
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(native.certs);
+            if added == 0 {
+                tracing::warn!("no system CA certificates found: https upstreams need `tls.ca`");
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 impl Upstream {
-    pub fn new(
-        name: &str,
-        targets: Vec<Authority>,
-        connect_timeout: Duration,
-        timeout: Duration,
-    ) -> Self {
+    pub fn new(name: &str, spec: UpstreamSpec) -> Self {
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_connect_timeout(Some(spec.connect_timeout));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*spec.tls).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
         Self {
             name: name.into(),
-            targets,
-            connect_timeout,
-            timeout,
+            scheme: spec.scheme,
+            targets: spec.targets,
+            connect_timeout: spec.connect_timeout,
+            timeout: spec.timeout,
             next: AtomicUsize::new(0),
             client,
         }
@@ -91,7 +142,7 @@ pub async fn send(
     down: Downstream,
 ) -> Result<Response<Incoming>, ProxyError> {
     let target = upstream.pick().clone();
-    rewrite(&mut req, target, down)?;
+    rewrite(&mut req, upstream.scheme.clone(), target, down)?;
     let res = tokio::time::timeout(upstream.timeout, upstream.client.request(req)).await;
     match res {
         Err(_) => Err(ProxyError::UpstreamTimeout),
@@ -113,12 +164,20 @@ fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
         }
         source = s.source();
     }
-    tracing::debug!(error = %e, "upstream request failed");
+    let mut chain = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    tracing::debug!(error = %chain, "upstream request failed");
     ProxyError::UpstreamUnreachable
 }
 
 fn rewrite(
     req: &mut Request<Incoming>,
+    scheme: Scheme,
     target: Authority,
     down: Downstream,
 ) -> Result<(), ProxyError> {
@@ -137,7 +196,7 @@ fn rewrite(
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
+    parts.scheme = Some(scheme);
     parts.authority = Some(target);
     parts.path_and_query = Some(path);
     *req.uri_mut() = Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)?;

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 
 use super::file;
 use super::values;
 use super::{Backend, LimiterSettings, Listener, Problem, Snapshot, TlsSettings};
-use crate::forward::Upstream;
+use crate::forward::{Upstream, UpstreamSpec};
 use crate::identity::{Alternative, Exemption, KeySpec};
 use crate::limiter::redis::RedisConfig;
 use crate::limiter::{local::Buckets, FailurePolicy, Limit, Rate};
@@ -312,12 +312,33 @@ fn upstreams(
                 "needs at least one target, as in `[127.0.0.1:8080]`",
             );
         }
-        let targets: Vec<Authority> = u
+        let parsed: Vec<(Scheme, Authority)> = u
             .targets
             .iter()
             .enumerate()
             .filter_map(|(i, t)| p.take(format!("{path}.targets[{i}]"), target(t)))
             .collect();
+        let scheme = parsed.first().map_or(Scheme::HTTP, |(s, _)| s.clone());
+        if parsed.iter().any(|(s, _)| *s != scheme) {
+            p.add(
+                format!("{path}.targets"),
+                "mixes http and https targets: use one scheme per upstream",
+            );
+        }
+        let targets: Vec<Authority> = parsed.into_iter().map(|(_, a)| a).collect();
+        let ca = u
+            .tls
+            .as_ref()
+            .and_then(|t| t.ca.as_deref())
+            .map(std::path::Path::new);
+        if ca.is_some() && scheme != Scheme::HTTPS {
+            p.add(format!("{path}.tls"), "is only used with https:// targets");
+        }
+        let tls = if scheme == Scheme::HTTPS {
+            p.take(format!("{path}.tls.ca"), crate::forward::client_tls(ca))
+        } else {
+            Some(plain_tls())
+        };
         let connect = duration_or(
             p,
             format!("{path}.connect_timeout"),
@@ -336,24 +357,63 @@ fn upstreams(
             }
         }
         // A broken upstream is still known by name, so routes using it get no second error.
-        let upstream = (!targets.is_empty() && targets.len() == u.targets.len())
-            .then(|| Arc::new(Upstream::new(name, targets, connect, timeout)));
+        let upstream = tls
+            .filter(|_| !targets.is_empty() && targets.len() == u.targets.len())
+            .map(|tls| {
+                let spec = UpstreamSpec {
+                    scheme,
+                    targets,
+                    connect_timeout: connect,
+                    timeout,
+                    tls,
+                };
+                Arc::new(Upstream::new(name, spec))
+            });
         out.insert(name.clone(), upstream);
     }
     out
 }
 
-fn target(s: &str) -> Result<Authority, String> {
-    let bare = s.strip_prefix("http://").unwrap_or(s);
-    if bare.starts_with("https://") {
-        return Err(format!("`{s}`: https upstreams are not supported yet"));
+/// `host:port` or `http://host:port` (http), `https://host[:port]` (https, port 443 by default).
+fn target(s: &str) -> Result<(Scheme, Authority), String> {
+    let (scheme, bare, default_port) = if let Some(rest) = s.strip_prefix("https://") {
+        (Scheme::HTTPS, rest, Some(443))
+    } else {
+        (Scheme::HTTP, s.strip_prefix("http://").unwrap_or(s), None)
+    };
+    let bare = bare.strip_suffix('/').unwrap_or(bare);
+    let bad = || {
+        format!("`{s}` is not a target like `127.0.0.1:8080`, `backend.internal:80` or `https://api.internal`")
+    };
+    let authority = bare.parse::<Authority>().map_err(|_| bad())?;
+    if authority.host().is_empty() || bare.contains(['/', '@', '?']) {
+        return Err(bad());
     }
-    match bare.parse::<Authority>() {
-        Ok(a) if a.port_u16().is_some() && !a.host().is_empty() => Ok(a),
-        _ => Err(format!(
-            "`{s}` is not a target like `127.0.0.1:8080` or `backend.internal:80`"
-        )),
+    match (authority.port_u16(), default_port) {
+        (Some(_), _) => Ok((scheme, authority)),
+        (None, Some(port)) => {
+            let with_port = format!("{}:{port}", authority.host());
+            Ok((scheme, with_port.parse().map_err(|_| bad())?))
+        }
+        (None, None) => Err(format!("`{s}` needs a port, as in `{bare}:8080`")),
     }
+}
+
+/// A placeholder TLS client for plain-http upstreams: never used for a handshake.
+fn plain_tls() -> Arc<rustls::ClientConfig> {
+    static PLAIN: std::sync::LazyLock<Arc<rustls::ClientConfig>> = std::sync::LazyLock::new(|| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map(|b| {
+                b.with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth()
+            });
+        Arc::new(
+            config.unwrap_or_else(|_| unreachable!("ring supports the default protocol versions")),
+        )
+    });
+    PLAIN.clone()
 }
 
 struct RouteCtx<'a> {

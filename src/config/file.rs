@@ -112,6 +112,14 @@ pub struct Upstream {
     pub targets: Vec<String>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    pub tls: Option<UpstreamTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM file of the CA(s) to trust instead of the system's.
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
