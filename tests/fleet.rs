@@ -12,9 +12,7 @@ use common::{config, upstream_app, Http, MockUpstream, TestProxy};
 use redis_helpers::{RedisCluster, RedisServer};
 
 fn redis_block(url: &str, extra: &str) -> String {
-    format!(
-        "limiter:\n  backend: redis\n  redis:\n    url: \"{url}\"\n    timeout: 100ms\n{extra}"
-    )
+    format!("limiter:\n  backend: redis\n  redis:\n    url: \"{url}\"\n    timeout: 100ms\n{extra}")
 }
 
 /// Send `n` requests and count the 200s.
@@ -31,7 +29,10 @@ async fn redis_and_local_give_the_same_answers() {
     let redis = RedisServer::start();
     let routes = "routes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: l, rate: 2/s, burst: 4, key: [ip] }\n";
     let local = TestProxy::start(&config(routes));
-    let shared = TestProxy::start(&config(&format!("{}{routes}", redis_block(&redis.url(), ""))));
+    let shared = TestProxy::start(&config(&format!(
+        "{}{routes}",
+        redis_block(&redis.url(), "")
+    )));
     let http = Http::new();
     let mut seen = Vec::new();
     for proxy in [&local, &shared] {
@@ -77,13 +78,20 @@ async fn three_replicas_hand_out_one_burst_not_three() {
         total += usize::from(r.code() == 200);
     }
     assert_eq!(total, 10, "the fleet admitted {total} of a burst of 10");
-    assert_eq!(backend.count(), 10, "the backend saw only admitted requests");
+    assert_eq!(
+        backend.count(),
+        10,
+        "the backend saw only admitted requests"
+    );
     // Another key has its own bucket across the fleet.
     let other = admitted(&http, &replicas[1].url("/x"), 12, &[("x-api-key", "k2")]).await;
     assert_eq!(other, 10);
     // Keys hold digests, never the raw API key, and expire once full again (10 min at 1/min).
     for key in redis.keys() {
-        assert!(!key.contains("k1") && !key.contains("k2"), "raw identity in {key}");
+        assert!(
+            !key.contains("k1") && !key.contains("k2"),
+            "raw identity in {key}"
+        );
         assert!(key.starts_with("tollgate:per-key:{"), "{key}");
         let ttl: i64 = redis.cli(&["PTTL", &key]).trim().parse().unwrap();
         assert!(ttl > 0 && ttl <= 600_000, "{key} has PTTL {ttl}");
@@ -128,7 +136,10 @@ async fn failure_policies_with_redis_killed_then_restarted() {
     assert_eq!(local, [200, 200, 429, 429, 429]);
     // Sixteen requests without Redis: the breaker keeps each one far from the 100 ms timeout.
     let elapsed = started.elapsed();
-    assert!(elapsed < Duration::from_secs(2), "16 requests took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "16 requests took {elapsed:?}"
+    );
     assert!(proxy.wait_for_log("not decided by Redis", Duration::from_secs(2)));
 
     redis.restart();
@@ -140,7 +151,10 @@ async fn failure_policies_with_redis_killed_then_restarted() {
         if code == 200 {
             break;
         }
-        assert!(Instant::now() < deadline, "limiting did not resume after the restart");
+        assert!(
+            Instant::now() < deadline,
+            "limiting did not resume after the restart"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!redis.keys().is_empty(), "checks reach Redis again");
@@ -160,7 +174,10 @@ async fn frozen_redis_costs_the_timeout_then_recovers() {
     let started = Instant::now();
     assert_eq!(http.get(&proxy.url("/open")).await.code(), 200);
     let first = started.elapsed();
-    assert!(first < Duration::from_secs(1), "a frozen Redis held a request {first:?}");
+    assert!(
+        first < Duration::from_secs(1),
+        "a frozen Redis held a request {first:?}"
+    );
     assert_eq!(http.get(&proxy.url("/closed")).await.code(), 503);
     redis.resume();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -202,7 +219,9 @@ async fn cluster_enforces_a_per_client_and_a_global_limit() {
     // proves nothing; the RateLimit header shows Redis answered.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = http.get_with(&proxy.url("/"), &[("x-api-key", "probe")]).await;
+        let r = http
+            .get_with(&proxy.url("/"), &[("x-api-key", "probe")])
+            .await;
         if r.opt_header("ratelimit").is_some() {
             break;
         }
@@ -212,5 +231,9 @@ async fn cluster_enforces_a_per_client_and_a_global_limit() {
     // One of five global tokens went to the probe.
     let a = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "a")]).await;
     let b = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "b")]).await;
-    assert_eq!((a, b), (3, 1), "per-key caps a at 3; the global cap of 5 leaves b one");
+    assert_eq!(
+        (a, b),
+        (3, 1),
+        "per-key caps a at 3; the global cap of 5 leaves b one"
+    );
 }
