@@ -1,5 +1,7 @@
 //! Micro-benchmarks of the request path's pure stages: limit checks, route lookup, identity.
 
+use std::fmt::Write as _;
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method, Uri};
 use tollgate::identity::{client_ip, ClientId, RequestView};
@@ -44,9 +46,10 @@ fn routing(c: &mut Criterion) {
     for n in [10usize, 100, 1000] {
         let mut yaml = String::from("listeners: [{address: 127.0.0.1:0}]\nroutes:\n");
         for r in 0..n {
-            yaml.push_str(&format!(
-                "  - {{ name: r{r}, match: {{ path_prefix: /svc{r}/ }}, respond: {{ status: 200 }} }}\n"
-            ));
+            let _ = writeln!(
+                yaml,
+                "  - {{ name: r{r}, match: {{ path_prefix: /svc{r}/ }}, respond: {{ status: 200 }} }}"
+            );
         }
         let snap = tollgate::config::parse(&yaml, None).expect("bench config");
         let uri: Uri = format!("/svc{}/x", n - 1).parse().unwrap();

@@ -139,10 +139,10 @@ mod tests {
         }
     }
 
-    fn hit<'a>(routes: &'a [Route], method: Method, uri: &str, host: &str) -> Option<&'a str> {
+    fn hit<'a>(routes: &'a [Route], method: &Method, uri: &str, host: &str) -> Option<&'a str> {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::HOST, host.parse().unwrap());
-        find(routes, &method, &uri.parse().unwrap(), &headers).map(|r| &*r.name)
+        find(routes, method, &uri.parse().unwrap(), &headers).map(|r| &*r.name)
     }
 
     #[test]
@@ -166,18 +166,18 @@ mod tests {
             ),
             route("all", Matcher::default()),
         ];
-        assert_eq!(hit(&routes, Method::POST, "/login", "x"), Some("login"));
-        assert_eq!(hit(&routes, Method::GET, "/login", "x"), Some("all"));
+        assert_eq!(hit(&routes, &Method::POST, "/login", "x"), Some("login"));
+        assert_eq!(hit(&routes, &Method::GET, "/login", "x"), Some("all"));
         assert_eq!(
-            hit(&routes, Method::GET, "/v1/a", "API.example.com:8080"),
+            hit(&routes, &Method::GET, "/v1/a", "API.example.com:8080"),
             Some("api")
         );
         assert_eq!(
-            hit(&routes, Method::GET, "/v1/a", "example.com"),
+            hit(&routes, &Method::GET, "/v1/a", "example.com"),
             Some("all")
         );
         assert_eq!(
-            hit(&routes, Method::GET, "/v1/a", "evil-example.com"),
+            hit(&routes, &Method::GET, "/v1/a", "evil-example.com"),
             Some("all")
         );
     }

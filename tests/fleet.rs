@@ -3,6 +3,7 @@
 //! `redis-server` this file starts on a free port.
 
 mod common;
+#[allow(dead_code)]
 #[path = "common/redis.rs"]
 mod redis_helpers;
 

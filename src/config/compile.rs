@@ -40,7 +40,7 @@ impl Problems {
 }
 
 /// Compile a parsed file. `previous` lends its limiter state to limits that did not change.
-pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
+pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
     let mut p = Problems::default();
     let listeners = listeners(&raw.listeners, &mut p);
     let admin = raw
@@ -98,7 +98,7 @@ pub fn compile(raw: file::File, previous: Option<&Snapshot>) -> Result<Snapshot,
         },
         limiter,
         redis: None,
-        fingerprints: fingerprints(&raw),
+        fingerprints: fingerprints(raw),
         source: String::new(),
     })
 }

@@ -165,14 +165,14 @@ pub fn parse(text: &str, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Pr
             at: e.location().map(|l| (l.line(), l.column())),
         }]
     })?;
-    let mut snapshot = compile::compile(raw, previous).map_err(|mut problems| {
+    let mut snapshot = compile::compile(&raw, previous).map_err(|mut problems| {
         let locations = locate::Locations::index(text);
         for p in &mut problems {
             p.at = locations.find(&p.path);
         }
         problems
     })?;
-    snapshot.source = text.to_owned();
+    text.clone_into(&mut snapshot.source);
     Ok(snapshot)
 }
 
