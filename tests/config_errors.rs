@@ -121,9 +121,9 @@ fixtures! {
 ",
     bad_target: r"
 {f}: 3 problems
+  {f}:7:15: upstreams.ftp.targets[0]: `ftp://backend.internal:21` is not a target like `127.0.0.1:8080`, `backend.internal:80` or `https://api.internal`
   {f}:5:5: upstreams.none.targets: needs at least one target, as in `[127.0.0.1:8080]`
-  {f}:9:15: upstreams.portless.targets[0]: `backend.internal` is not a target like `127.0.0.1:8080` or `backend.internal:80`
-  {f}:7:15: upstreams.secure.targets[0]: `https://backend.internal:443`: https upstreams are not supported yet
+  {f}:9:15: upstreams.portless.targets[0]: `backend.internal` needs a port, as in `backend.internal:8080`
 ",
     duplicate_listener: r"
 {f}: 1 problem
