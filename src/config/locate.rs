@@ -118,8 +118,8 @@ mod tests {
     fn finds_nested_paths() {
         let text = "routes:\n  - name: a\n    limits:\n      - { name: x, rate: 10/sec }\n";
         let loc = Locations::index(text);
-        assert_eq!(loc.find("routes[0].name"), Some((2, 13)));
-        assert_eq!(loc.find("routes[0].limits[0].rate"), Some((4, 32)));
+        assert_eq!(loc.find("routes[0].name"), Some((2, 11)));
+        assert_eq!(loc.find("routes[0].limits[0].rate"), Some((4, 26)));
         // An absent field points at its parent.
         assert_eq!(loc.find("routes[0].limits[0].burst"), Some((4, 9)));
     }
