@@ -25,9 +25,6 @@ pub enum StartError {
     },
 }
 
-/// How long in-flight requests may take to finish once shutdown starts.
-const DRAIN: Duration = Duration::from_secs(30);
-
 /// How often idle (full) buckets are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -73,7 +70,6 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
             state.clone(),
             builder.clone(),
             stop_rx.clone(),
-            DRAIN,
         )));
     }
     if let Some(admin) = admin {

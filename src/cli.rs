@@ -50,6 +50,13 @@ pub enum Command {
     Run,
     /// Validate the config, print a summary, and exit non-zero on any error.
     Check,
+    /// Ask the admin listener of the config's proxy for /healthz: exit 0 when healthy. For
+    /// container health checks, where the image has no shell or curl.
+    Health {
+        /// Ask this URL instead of the config's admin address.
+        #[arg(long)]
+        url: Option<String>,
+    },
 }
 
 /// A one-line summary of every route and limit, as `tollgate check` prints it.

@@ -5,7 +5,7 @@
 //! snapshot once and runs `route::find`, `identity`, `limiter`, then `forward::send` or a
 //! response of its own.
 //!
-//! - `cli`: the command line (`run`, `check`).
+//! - `cli`: the command line (`run`, `check`, `health`); `health`: the container health probe.
 //! - `app`: wiring: load the config, bind listeners, serve, drain on shutdown.
 //! - `server`: accept loop; HTTP/1.1 and HTTP/2 on every listener.
 //! - `tls`: rustls server config from PEM files; certificates chosen by SNI.
@@ -24,6 +24,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod health;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;

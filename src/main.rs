@@ -21,6 +21,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Health { url } => match tollgate::health::check(&cli.config, url.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("unhealthy: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

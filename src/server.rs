@@ -36,14 +36,14 @@ pub fn builder() -> auto::Builder<TokioExecutor> {
 }
 
 /// Accept connections on `listener` (configured as `configured`) until `stop` flips to true,
-/// then let the open connections finish their in-flight requests for up to `drain` and return.
+/// then let the open connections finish their in-flight requests for up to the live config's
+/// `shutdown_timeout` and return. Idle keep-alive connections close at once (HTTP/2: GOAWAY).
 pub async fn serve(
     listener: TcpListener,
     configured: SocketAddr,
     state: Arc<State>,
     builder: Builder,
     mut stop: watch::Receiver<bool>,
-    drain: Duration,
 ) {
     let graceful = GracefulShutdown::new();
     loop {
@@ -78,6 +78,7 @@ pub async fn serve(
         tokio::spawn(task.run(stream, tls));
     }
     drop(listener);
+    let drain = state.config.load().shutdown_timeout;
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
         .is_err()

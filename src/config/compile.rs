@@ -54,6 +54,12 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
         .collect();
     let limiter = limiter(&raw.limiter, &mut p);
+    let shutdown_timeout = duration_or(
+        &mut p,
+        "shutdown_timeout".into(),
+        raw.shutdown_timeout.as_ref(),
+        Duration::from_secs(30),
+    );
     let upstreams = upstreams(&raw.upstreams, &mut p);
     let old_limits: HashMap<&str, &Arc<Limit>> = previous
         .map(|s| s.limits().map(|l| (&*l.name, l)).collect())
@@ -97,6 +103,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
             x_ratelimit: raw.rate_limit_headers.x_ratelimit,
         },
         limiter,
+        shutdown_timeout,
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),

@@ -20,6 +20,8 @@ pub struct File {
     pub upstreams: BTreeMap<String, Upstream>,
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// How long in-flight requests may take to finish on SIGTERM.
+    pub shutdown_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub trusted_proxies: Vec<IpNet>,
     pub headers: HeaderPolicy,
     pub limiter: LimiterSettings,
+    /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
+    pub shutdown_timeout: std::time::Duration,
     /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
     /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
     pub redis: Option<Arc<RedisLimiter>>,

@@ -1,0 +1,67 @@
+//! `tollgate health`: a tiny HTTP/1.1 GET of the admin `/healthz`, for container health checks.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Check `url` (`http://host:port/path`), or the admin address of the config at `config`.
+pub fn check(config: &Path, url: Option<&str>) -> Result<(), String> {
+    let (addr, path) = match url {
+        Some(url) => parse_url(url)?,
+        None => (admin_address(config)?, "/healthz".to_owned()),
+    };
+    let mut stream =
+        TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("{addr}: {e}"))?;
+    let mut head = [0u8; 64];
+    let n = stream.read(&mut head).map_err(|e| format!("{addr}: {e}"))?;
+    let status_line = String::from_utf8_lossy(&head[..n]);
+    if status_line.starts_with("HTTP/1.1 200") || status_line.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        let first = status_line.lines().next().unwrap_or("no answer");
+        Err(format!("{addr}{path}: {first}"))
+    }
+}
+
+fn admin_address(config: &Path) -> Result<SocketAddr, String> {
+    let snapshot = crate::config::load(config, None).map_err(|e| e.to_string())?;
+    let mut addr = snapshot
+        .admin
+        .ok_or_else(|| format!("{}: no `admin.address` to ask", config.display()))?;
+    // A wildcard bind is reached on loopback.
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    Ok(addr)
+}
+
+fn parse_url(url: &str) -> Result<(SocketAddr, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("`{url}`: only http:// URLs are supported"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let addr = authority
+        .to_socket_addrs()
+        .map_err(|e| format!("`{url}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{url}`: no address"))?;
+    let path = if path.is_empty() { "/" } else { path };
+    Ok((addr, path.to_owned()))
+}
