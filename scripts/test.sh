@@ -37,3 +37,14 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --locked --no-fail-fast
 fi
+
+# The release binary, built exactly as the Dockerfile builds it (no Docker engine is needed),
+# must build and accept every shipped config.
+if [ -z "${SKIP_RELEASE:-}" ]; then
+  cargo build --release --locked
+  for cfg in config/*.yaml deploy/*.yaml deploy/kubernetes/tollgate.yaml; do
+    [ -f "$cfg" ] || continue
+    target/release/tollgate check --config "$cfg" >/dev/null
+    echo "check ok: $cfg"
+  done
+fi
