@@ -134,7 +134,7 @@ async fn hop_by_hop_request_headers_do_not_reach_the_upstream() {
     let mut conn = RawConn::open(proxy.addr()).await;
     let res = conn
         .roundtrip(&[
-            "GET /app/hop-request HTTP/1.1",
+            "GET /app/hop-request?a=1&b=%20x HTTP/1.1",
             "Host: shop.test",
             "Connection: close, X-Custom",
             "X-Custom: secret",
@@ -164,6 +164,11 @@ async fn hop_by_hop_request_headers_do_not_reach_the_upstream() {
         );
     }
     assert_eq!(s.header("x-kept"), "yes");
+    assert_eq!(
+        s.uri.to_string(),
+        "/app/hop-request?a=1&b=%20x",
+        "path and query as sent"
+    );
     assert_eq!(s.header("host"), "shop.test");
     // `Connection: close` was honoured on the client's hop.
     assert!(conn.is_closed().await);

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -134,6 +134,28 @@ impl Http {
 impl Default for Http {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Send `req` over a new HTTP/2 (h2c) connection to `addr`, whatever host its URI names: the
+/// URI's authority becomes `:authority`, so names need not resolve.
+pub async fn h2c_to(addr: SocketAddr, req: Request<ReqBody>) -> Reply {
+    let stream = TcpStream::connect(addr)
+        .await
+        .expect("connect to the proxy");
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let res = send.send_request(req).await.expect("HTTP/2 request");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.expect("read the body").to_bytes();
+    Reply {
+        status: parts.status,
+        version: parts.version,
+        headers: parts.headers,
+        body,
     }
 }
 
