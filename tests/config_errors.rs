@@ -81,8 +81,8 @@ fixtures! {
     bad_limiter: r"
 {f}: 3 problems
   {f}:4:12: limiter.backend: `memcached` is not a backend (local or redis)
-  {f}:6:32: limiter.local_fallback.divide_by: must be at least 1
   {f}:5:25: limiter.local.max_buckets: must be at least 1
+  {f}:6:32: limiter.local_fallback.divide_by: must be at least 1
 ",
     bad_match: r"
 {f}: 7 problems
@@ -107,7 +107,7 @@ fixtures! {
 ",
     bad_rate: r"
 {f}: 1 problem
-  {f}:7:31: routes[0].limits[0].rate: rate `10/fortnight`: duration `fortnight` does not start with a number
+  {f}:7:31: routes[0].limits[0].rate: rate `10/fortnight`: unknown unit `fortnight` (s, min, h, day, or a duration such as 10s)
 ",
     bad_redis: r"
 {f}: 2 problems
@@ -121,8 +121,8 @@ fixtures! {
 ",
     bad_target: r"
 {f}: 3 problems
-  {f}:7:15: upstreams.ftp.targets[0]: `ftp://backend.internal:21` is not a target like `127.0.0.1:8080`, `backend.internal:80` or `https://api.internal`
   {f}:5:5: upstreams.none.targets: needs at least one target, as in `[127.0.0.1:8080]`
+  {f}:7:15: upstreams.ftp.targets[0]: `ftp://backend.internal:21` is not a target like `127.0.0.1:8080`, `backend.internal:80` or `https://api.internal`
   {f}:9:15: upstreams.portless.targets[0]: `backend.internal` needs a port, as in `backend.internal:8080`
 ",
     duplicate_listener: r"
@@ -175,7 +175,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:9: routes[0].limits[0]: unknown field `brust`, expected one of `name`, `rate`, `burst`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
 ",
     unknown_upstream: r"
 {f}: 1 problem
@@ -187,7 +187,7 @@ fixtures! {
 "#,
     yaml_syntax: r"
 {f}: 1 problem
-  {f}:6:1: found unexpected end of stream at line 6 column 1, while scanning a quoted scalar
+  {f}:6:1: found unexpected end of stream, while scanning a quoted scalar at line 5 column 35
 ",
     zero_timeouts: r"
 {f}: 2 problems
@@ -229,8 +229,8 @@ fn structural_and_semantic_problems_are_reported_together() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     for needle in [
-        "8:36: routes[0].limits[0]: unknown field `brust`",
-        "routes[1]: unknown field `limts`",
+        "8:43: routes[0].limits[0].brust: unknown field `brust`",
+        "11:5: routes[1].limts: unknown field `limts`",
         "routes[2].upstream: unknown upstream `nowhere`",
     ] {
         assert!(

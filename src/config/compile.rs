@@ -42,7 +42,7 @@ impl Problems {
 /// Compile a parsed file. `previous` lends its limiter state to limits that did not change.
 pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
     let mut p = Problems::default();
-    let listeners = listeners(&raw.listeners, &mut p);
+    let listeners = listeners(&raw.listeners, &raw.positions.listeners, &mut p);
     let admin = raw
         .admin
         .as_ref()
@@ -69,11 +69,12 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         limiter: &limiter,
         old_limits,
         limit_names: HashSet::new(),
+        broken_upstreams: &raw.positions.broken_upstreams,
     };
     let mut route_names = HashSet::new();
     let mut routes = Vec::new();
     for (i, r) in raw.routes.iter().enumerate() {
-        let path = format!("routes[{i}]");
+        let path = format!("routes[{}]", raw.positions.routes.get(i).unwrap_or(&i));
         if !route_names.insert(r.name.as_str()) {
             p.add(
                 format!("{path}.name"),
@@ -139,13 +140,15 @@ fn parse_net(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("`{s}` is not a CIDR like `10.0.0.0/8` or an IP address"))
 }
 
-fn listeners(raw: &[file::Listener], p: &mut Problems) -> Vec<Listener> {
+fn listeners(raw: &[file::Listener], positions: &[usize], p: &mut Problems) -> Vec<Listener> {
     let mut seen = HashSet::new();
     raw.iter()
         .enumerate()
         .filter_map(|(i, l)| {
+            let i = positions.get(i).copied().unwrap_or(i);
             let address = p.take(format!("listeners[{i}].address"), parse_addr(&l.address))?;
-            if !seen.insert(address) {
+            // Port 0 asks for a free port: two of them are two listeners.
+            if address.port() != 0 && !seen.insert(address) {
                 p.add(
                     format!("listeners[{i}].address"),
                     format!("`{address}` is listed twice"),
@@ -428,6 +431,7 @@ struct RouteCtx<'a> {
     limiter: &'a LimiterSettings,
     old_limits: HashMap<&'a str, &'a Arc<Limit>>,
     limit_names: HashSet<String>,
+    broken_upstreams: &'a [String],
 }
 
 fn valid_name(s: &str) -> Result<(), String> {
@@ -453,10 +457,12 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         (Some(name), None) => match ctx.upstreams.get(name) {
             Some(u) => u.clone().map(Action::Forward),
             None => {
-                p.add(
-                    format!("{path}.upstream"),
-                    format!("unknown upstream `{name}`"),
-                );
+                if !ctx.broken_upstreams.contains(name) {
+                    p.add(
+                        format!("{path}.upstream"),
+                        format!("unknown upstream `{name}`"),
+                    );
+                }
                 None
             }
         },

@@ -22,6 +22,20 @@ pub struct File {
     pub routes: Vec<Route>,
     /// How long in-flight requests may take to finish on SIGTERM.
     pub shutdown_timeout: Option<String>,
+    /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
+    pub max_inflight: Option<usize>,
+    /// Where each kept list item stood in the file, when broken items were left out.
+    #[serde(skip)]
+    pub positions: Positions,
+}
+
+/// Original indices of `listeners` and `routes` items (identity when nothing was left out).
+#[derive(Debug, Default)]
+pub struct Positions {
+    pub listeners: Vec<usize>,
+    pub routes: Vec<usize>,
+    /// Upstreams that did not parse: routes naming them get no second error.
+    pub broken_upstreams: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

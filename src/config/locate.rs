@@ -24,6 +24,19 @@ impl Locations {
         Self(walker.found)
     }
 
+    /// The full path of the first key named `key` at or below `under`, in document order.
+    pub fn key_under(&self, under: &str, key: &str) -> Option<String> {
+        self.0
+            .iter()
+            .filter(|(p, _)| {
+                p.strip_prefix(under)
+                    .is_some_and(|rest| rest.starts_with(['.', '[']) || rest.is_empty())
+                    && (p.ends_with(&format!(".{key}")) || *p == key)
+            })
+            .min_by_key(|(_, at)| **at)
+            .map(|(p, _)| p.clone())
+    }
+
     /// The position of `path`, or of its closest ancestor that has one.
     pub fn find(&self, path: &str) -> Option<(usize, usize)> {
         let mut p = path;

@@ -6,6 +6,7 @@
 pub mod compile;
 pub mod file;
 pub mod locate;
+mod raw;
 pub mod reload;
 pub mod values;
 
@@ -158,30 +159,34 @@ pub fn load(path: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, Config
     })
 }
 
-/// Parse and compile config text.
+/// Parse and compile config text, reporting every problem found, in file order.
 pub fn parse(text: &str, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
-    let raw: file::File = serde_yaml::from_str(text).map_err(|e| {
-        vec![Problem {
-            path: String::new(),
-            message: strip_location(&e.to_string()),
-            at: e.location().map(|l| (l.line(), l.column())),
-        }]
-    })?;
-    let mut snapshot = compile::compile(&raw, previous).map_err(|mut problems| {
-        let locations = locate::Locations::index(text);
-        for p in &mut problems {
+    let (raw, mut problems) = raw::read(text);
+    let compiled = raw.map(|raw| compile::compile(&raw, previous));
+    match compiled {
+        Some(Ok(mut snapshot)) if problems.is_empty() => {
+            text.clone_into(&mut snapshot.source);
+            return Ok(snapshot);
+        }
+        Some(Err(more)) => problems.extend(more),
+        Some(Ok(_)) | None => {}
+    }
+    let locations = locate::Locations::index(text);
+    for p in &mut problems {
+        if let Some((under, key)) = p.path.split_once('\u{0}') {
+            let exact = locations.key_under(under, key);
+            p.path = exact.unwrap_or_else(|| {
+                if under.is_empty() {
+                    key.to_owned()
+                } else {
+                    format!("{under}.{key}")
+                }
+            });
+        }
+        if p.at.is_none() {
             p.at = locations.find(&p.path);
         }
-        problems
-    })?;
-    text.clone_into(&mut snapshot.source);
-    Ok(snapshot)
-}
-
-/// serde_yaml appends " at line L column C"; the location is printed in front instead.
-fn strip_location(msg: &str) -> String {
-    match msg.rfind(" at line ") {
-        Some(i) => msg[..i].to_owned(),
-        None => msg.to_owned(),
     }
+    problems.sort_by_key(|p| p.at.unwrap_or((usize::MAX, 0)));
+    Err(problems)
 }

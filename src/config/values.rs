@@ -57,7 +57,14 @@ pub fn rate(s: &str) -> Result<RateValue, String> {
         "m" | "min" | "minute" => Duration::from_secs(60),
         "h" | "hour" => Duration::from_secs(3600),
         "d" | "day" => Duration::from_secs(86400),
-        other => duration(other).map_err(|e| format!("rate `{s}`: {e}"))?,
+        other if other.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
+            duration(other).map_err(|e| format!("rate `{s}`: {e}"))?
+        }
+        other => {
+            return Err(format!(
+                "rate `{s}`: unknown unit `{other}` (s, min, h, day, or a duration such as 10s)"
+            ))
+        }
     };
     if per.is_zero() {
         return Err(format!("rate `{s}`: the period must be longer than zero"));
