@@ -40,7 +40,12 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
                 address: l.address,
                 source,
             })?;
-        listeners.push((tcp, l.address, l.tls.is_some()));
+        listeners.push(server::Listening {
+            listener: tcp,
+            configured: l.address,
+            settings: l.settings.clone(),
+            tls: l.tls.as_ref().map(|t| t.config.clone()),
+        });
     }
     let admin = match snapshot.admin {
         Some(address) => Some(
@@ -58,17 +63,14 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     let shutdown = shutdown_signal();
     config::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
-    let builder = Arc::new(server::builder());
     let mut accept_loops = Vec::new();
-    for (tcp, configured, tls) in listeners {
-        if let Ok(bound) = tcp.local_addr() {
-            tracing::info!(address = %bound, tls, "listening");
+    for l in listeners {
+        if let Ok(bound) = l.listener.local_addr() {
+            tracing::info!(address = %bound, "listening");
         }
         accept_loops.push(tokio::spawn(server::serve(
-            tcp,
-            configured,
+            l,
             state.clone(),
-            builder.clone(),
             stop_rx.clone(),
         )));
     }

@@ -12,6 +12,18 @@ pub enum ProxyError {
     NoRoute,
     #[error("malformed request")]
     BadRequest,
+    #[error("request target too long")]
+    UriTooLong,
+    #[error("method not allowed (CONNECT: tollgate is not a forward proxy)")]
+    MethodNotAllowed,
+    #[error("transfer coding not implemented")]
+    NotImplemented,
+    #[error("the request body was too slow")]
+    RequestTimeout,
+    #[error("the request body is larger than the route allows")]
+    PayloadTooLarge,
+    #[error("too many requests in flight")]
+    Overloaded,
     #[error("upstream unreachable")]
     UpstreamUnreachable,
     #[error("upstream did not answer in time")]
@@ -21,14 +33,38 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// After this error the connection cannot be trusted to be in sync (HTTP/1.1): close it.
+    pub fn closes_connection(&self) -> bool {
+        match self {
+            ProxyError::BadRequest
+            | ProxyError::UriTooLong
+            | ProxyError::NotImplemented
+            | ProxyError::RequestTimeout
+            | ProxyError::PayloadTooLarge => true,
+            ProxyError::NoRoute
+            | ProxyError::MethodNotAllowed
+            | ProxyError::UpstreamUnreachable
+            | ProxyError::UpstreamTimeout
+            | ProxyError::LimiterUnavailable { .. }
+            | ProxyError::Overloaded => false,
+        }
+    }
+
     /// The status a client sees. Exhaustive on purpose: a new variant must choose one.
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BadRequest => StatusCode::BAD_REQUEST,
+            ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::NotImplemented => StatusCode::NOT_IMPLEMENTED,
+            ProxyError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::LimiterUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Overloaded | ProxyError::LimiterUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 }

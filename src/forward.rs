@@ -14,6 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::body::Guarded;
 use crate::error::ProxyError;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -43,7 +44,7 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     next: AtomicUsize,
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Guarded>,
 }
 
 /// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.
@@ -138,7 +139,7 @@ pub struct Downstream {
 /// upstream's `timeout`, or no connection within `connect_timeout`, is `UpstreamTimeout` (504).
 pub async fn send(
     upstream: &Upstream,
-    mut req: Request<Incoming>,
+    mut req: Request<Guarded>,
     down: Downstream,
 ) -> Result<Response<Incoming>, ProxyError> {
     let target = upstream.pick().clone();
@@ -176,7 +177,7 @@ fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
 }
 
 fn rewrite(
-    req: &mut Request<Incoming>,
+    req: &mut Request<Guarded>,
     scheme: Scheme,
     target: Authority,
     down: Downstream,

@@ -10,6 +10,8 @@
 //! - `server`: accept loop; HTTP/1.1 and HTTP/2 on every listener.
 //! - `tls`: rustls server config from PEM files; certificates chosen by SNI.
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
+//! - `guard`: refuses smuggling shapes and normalises the path before routing.
+//! - `body`: request bodies streamed upstream with idle, deadline and size limits.
 //! - `route`: the compiled route table and first-match lookup.
 //! - `identity`: client address behind trusted proxies; the digest a limit counts under.
 //! - `limiter`: token-bucket arithmetic, decisions, the in-process (and Redis) backends.
@@ -20,10 +22,12 @@
 //! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
 pub mod admin;
 pub mod app;
+pub mod body;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod guard;
 pub mod health;
 pub mod identity;
 pub mod limiter;

@@ -121,6 +121,8 @@ pub struct Metrics {
     pub upstream_seconds: Family<UpstreamLabels, Histogram>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub open_connections: Gauge,
+    pub connections_refused: Counter,
+    pub overloaded: Counter,
     // Read off the state at scrape time.
     reloads: Family<ReloadLabels, Counter>,
     generation: Gauge,
@@ -155,6 +157,8 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency_histogram),
             upstream_errors: Family::default(),
             open_connections: Gauge::default(),
+            connections_refused: Counter::default(),
+            overloaded: Counter::default(),
             reloads: Family::default(),
             generation: Gauge::default(),
             buckets: Family::default(),
@@ -201,6 +205,16 @@ impl Metrics {
             "open_connections",
             "Open downstream connections",
             self.open_connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed at once because a listener was at max_connections",
+            self.connections_refused.clone(),
+        );
+        r.register(
+            "overloaded",
+            "Requests answered 503 because max_inflight requests were in flight",
+            self.overloaded.clone(),
         );
         r.register(
             "config_reloads",

@@ -3,16 +3,20 @@
 use std::net::SocketAddr;
 
 use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
+use crate::body::{BodyFailure, Guarded};
 use crate::config::reload::ReloadStats;
 use crate::config::Snapshot;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream};
+use crate::guard;
 use crate::identity::{self, RequestView};
 use crate::limiter::{self, local::Clock, Outcome};
 use crate::metrics::{
@@ -29,6 +33,8 @@ pub struct State {
     pub clock: Clock,
     pub reloads: ReloadStats,
     pub metrics: Metrics,
+    /// Requests in flight, all listeners together (for `max_inflight`).
+    pub inflight: AtomicUsize,
 }
 
 impl State {
@@ -41,6 +47,7 @@ impl State {
                 ..ReloadStats::default()
             },
             metrics: Metrics::new(),
+            inflight: AtomicUsize::new(0),
         }
     }
 }
@@ -50,6 +57,8 @@ impl State {
 pub struct Conn {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// The listener's `max_uri_bytes`.
+    pub max_uri_bytes: usize,
 }
 
 /// What the stages learned about a request, for the access log and metrics.
@@ -58,6 +67,8 @@ struct Trace<'a> {
     route: Option<&'a route::Route>,
     decision: Option<limiter::Decision>,
     client_ip: Option<std::net::IpAddr>,
+    /// The request body went upstream (so it was, or is being, read).
+    body_taken: bool,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -65,29 +76,69 @@ struct Trace<'a> {
 pub async fn handle(state: &State, conn: Conn, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let snapshot = state.config.load_full();
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let (method, path, version) = (
+        req.method().clone(),
+        req.uri().path().to_owned(),
+        req.version(),
+    );
+    let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
-    let res = match pipeline(state, &snapshot, conn, req, &mut trace).await {
-        Ok(res) => res,
+    let Some(_inflight) = Inflight::enter(state, snapshot.max_inflight) else {
+        state.metrics.overloaded.inc();
+        let res = response::from_error(&ProxyError::Overloaded);
+        record(state, &trace, &method, &path, res.status(), started);
+        return res;
+    };
+    let (mut res, close) = match pipeline(state, &snapshot, conn, req, &mut trace).await {
+        Ok(res) => (res, false),
         Err(err) => {
             tracing::debug!(error = %err, "request failed");
-            response::from_error(&err)
+            (response::from_error(&err), err.closes_connection())
         }
     };
+    // An unread request body must never be parsed as the next request: close instead.
+    if version <= Version::HTTP_11 && (close || (has_body && !trace.body_taken)) {
+        res.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
     record(state, &trace, &method, &path, res.status(), started);
     res
+}
+
+/// Counts a request in flight while it lives.
+struct Inflight<'a>(&'a AtomicUsize);
+
+impl<'a> Inflight<'a> {
+    fn enter(state: &'a State, max: usize) -> Option<Self> {
+        let before = state.inflight.fetch_add(1, Ordering::AcqRel);
+        let guard = Self(&state.inflight);
+        (before < max).then_some(guard)
+    }
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 async fn pipeline<'a>(
     state: &State,
     snap: &'a Snapshot,
     conn: Conn,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
+    let started = Instant::now();
+    guard::screen(&mut req, conn.max_uri_bytes)?;
     let route = route::find(&snap.routes, req.method(), req.uri(), req.headers())
         .ok_or(ProxyError::NoRoute)?;
     trace.route = Some(route);
+    if declared_length(&req).is_some_and(|n| n > route.body.max_bytes) {
+        return Err(ProxyError::PayloadTooLarge);
+    }
     let client_ip = identity::client_ip(conn.peer.ip(), req.headers(), &snap.trusted_proxies);
     trace.client_ip = Some(client_ip);
     let view = RequestView {
@@ -121,7 +172,18 @@ async fn pipeline<'a>(
                 peer_trusted: snap.trusted_proxies.iter().any(|n| n.contains(&peer)),
                 tls: conn.tls,
             };
-            forward_timed(state, upstream, req, down).await?
+            let (parts, body) = req.into_parts();
+            let (body, failure) = Guarded::new(body, route.body, started.into());
+            trace.body_taken = true;
+            let req = Request::from_parts(parts, body);
+            forward_timed(state, upstream, req, down)
+                .await
+                .map_err(|e| match failure.get() {
+                    Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
+                    Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
+                    Some(BodyFailure::Malformed) => ProxyError::BadRequest,
+                    None => e,
+                })?
         }
         Action::Respond(r) => respond(r),
     };
@@ -129,10 +191,20 @@ async fn pipeline<'a>(
     Ok(res)
 }
 
+/// The Content-Length the client declared, if any.
+fn declared_length<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
 async fn forward_timed(
     state: &State,
     upstream: &forward::Upstream,
-    req: Request<Incoming>,
+    req: Request<Guarded>,
     down: Downstream,
 ) -> Result<Response<Body>, ProxyError> {
     let sent = Instant::now();

@@ -44,9 +44,15 @@ pub fn from_error(err: &ProxyError) -> Response<Body> {
     let status = err.status();
     let reason = status.canonical_reason().unwrap_or("Error");
     let mut res = fixed(status, "text/plain; charset=utf-8", format!("{reason}\n"));
-    if let ProxyError::LimiterUnavailable { .. } = err {
+    if let ProxyError::LimiterUnavailable { .. } | ProxyError::Overloaded = err {
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if let ProxyError::MethodNotAllowed = err {
+        res.headers_mut().insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
     }
     res
 }

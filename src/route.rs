@@ -15,6 +15,8 @@ pub struct Route {
     pub matcher: Matcher,
     pub action: Action,
     pub limits: Vec<Arc<Limit>>,
+    /// Idle timeout, deadline and size cap of request bodies on this route.
+    pub body: crate::body::BodyLimits,
 }
 
 /// What a route does with an admitted request.
@@ -136,6 +138,7 @@ mod tests {
                 headers: HeaderMap::new(),
             }),
             limits: vec![],
+            body: crate::body::BodyLimits::default(),
         }
     }
 

@@ -6,50 +6,110 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::header::CONNECTION;
+use http::HeaderValue;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::proxy::{self, Conn, State};
 
-/// A TLS handshake that has not finished by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 type Builder = Arc<auto::Builder<TokioExecutor>>;
 
-/// The connection settings shared by every listener.
-pub fn builder() -> auto::Builder<TokioExecutor> {
+/// A listener's connection limits and timeouts (the `listeners[]` hardening keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSettings {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub max_connections: usize,
+    pub max_requests_per_connection: u64,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_uri_bytes: usize,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_stream_window: u32,
+    pub h2_connection_window: u32,
+    pub h2_max_header_list: u32,
+}
+
+impl Default for ListenerSettings {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
+            max_requests_per_connection: 1000,
+            max_header_bytes: 64 << 10,
+            max_headers: 100,
+            max_uri_bytes: 8 << 10,
+            h2_max_concurrent_streams: 100,
+            h2_stream_window: 64 << 10,
+            h2_connection_window: 1 << 20,
+            h2_max_header_list: 64 << 10,
+        }
+    }
+}
+
+/// The HTTP/1.1 and HTTP/2 settings of one listener. hyper's own defaults are set explicitly
+/// where they differ from ours: its header read timeout needs a timer, and it has no idle,
+/// body or connection-count limits (those live in this module and in `body`).
+pub fn builder(s: &ListenerSettings) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
+    // hyper's header read timeout would also cut keep-alive idle time to the same value; the
+    // connection watchdog below times heads and idleness separately instead.
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10))
+        .header_read_timeout(None)
+        .max_buf_size(s.max_header_bytes.max(8192))
+        .max_headers(s.max_headers)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(100)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
+        .max_concurrent_streams(s.h2_max_concurrent_streams)
+        .initial_stream_window_size(s.h2_stream_window)
+        .initial_connection_window_size(s.h2_connection_window)
+        .max_header_list_size(s.h2_max_header_list)
+        // Rapid reset (CVE-2023-44487): streams a client opens and resets at once count here,
+        // and past the cap the connection is closed with GOAWAY.
+        .max_pending_accept_reset_streams(Some(20))
+        .max_local_error_reset_streams(Some(256))
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
     b
 }
 
-/// Accept connections on `listener` (configured as `configured`) until `stop` flips to true,
-/// then let the open connections finish their in-flight requests for up to the live config's
-/// `shutdown_timeout` and return. Idle keep-alive connections close at once (HTTP/2: GOAWAY).
-pub async fn serve(
-    listener: TcpListener,
-    configured: SocketAddr,
-    state: Arc<State>,
-    builder: Builder,
-    mut stop: watch::Receiver<bool>,
-) {
-    let graceful = GracefulShutdown::new();
+/// One listening socket and how to serve it.
+pub struct Listening {
+    pub listener: TcpListener,
+    /// The address as configured (the key to its live TLS settings across reloads).
+    pub configured: SocketAddr,
+    pub settings: ListenerSettings,
+    /// The certificates it was bound with; `None`: a plain-text port for its whole life.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Accept connections until `stop` flips to true, then let the open connections finish their
+/// in-flight requests for up to the live config's `shutdown_timeout` and return. Idle
+/// keep-alive connections close at once (HTTP/2: GOAWAY).
+pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    let settings = Arc::new(l.settings);
+    let builder = Arc::new(builder(&settings));
+    let slots = Arc::new(Semaphore::new(settings.max_connections));
+    let mut connections = JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.changed() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = l.listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -59,77 +119,297 @@ pub async fn serve(
                 }
             },
         };
+        while connections.try_join_next().is_some() {}
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // At the cap: close at once rather than queue, so a flood costs a socket each.
+            state.metrics.connections_refused.inc();
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        // The live config's certificates: a reload that changes them applies to the next
-        // handshake without rebinding.
-        let tls = state
-            .config
-            .load()
-            .listeners
-            .iter()
-            .find(|l| l.address == configured)
-            .and_then(|l| l.tls.as_ref().map(|t| t.config.clone()));
         let task = Connection {
             state: state.clone(),
             builder: builder.clone(),
-            watcher: graceful.watcher(),
+            settings: settings.clone(),
+            stop: stop.clone(),
             peer,
+            _slot: slot,
         };
-        tokio::spawn(task.run(stream, tls));
+        let tls = live_tls(&state, l.configured, l.tls.as_ref());
+        connections.spawn(task.run(stream, tls));
     }
-    drop(listener);
+    drop(l.listener);
     let drain = state.config.load().shutdown_timeout;
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timed out; closing the remaining connections");
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    });
+    if drained.await.is_err() {
+        tracing::warn!(
+            left = connections.len(),
+            "drain timed out; closing the remaining connections"
+        );
+        connections.shutdown().await;
     }
+}
+
+/// The certificates for the next handshake on this listener. Whether a port speaks TLS is
+/// fixed when it is bound (a reload never turns a TLS port into a plain one, or back); which
+/// certificates it presents follow the live config while it still has a TLS listener at this
+/// address, and stay as they were otherwise.
+fn live_tls(
+    state: &State,
+    configured: SocketAddr,
+    initial: Option<&Arc<rustls::ServerConfig>>,
+) -> Option<Arc<rustls::ServerConfig>> {
+    let initial = initial?;
+    let live = state
+        .config
+        .load()
+        .listeners
+        .iter()
+        .find(|l| l.address == configured)
+        .and_then(|l| l.tls.as_ref().map(|t| t.config.clone()));
+    Some(live.unwrap_or_else(|| initial.clone()))
 }
 
 /// One accepted connection and what serving it needs.
 struct Connection {
     state: Arc<State>,
     builder: Builder,
-    watcher: Watcher,
+    settings: Arc<ListenerSettings>,
+    stop: watch::Receiver<bool>,
     peer: SocketAddr,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) {
+    async fn run(mut self, stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) {
         let Some(tls) = tls else {
             return self.serve(stream, false).await;
         };
         let acceptor = crate::tls::acceptor(tls);
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        let handshake =
+            tokio::time::timeout(self.settings.tls_handshake_timeout, acceptor.accept(stream));
+        // A handshake in progress holds no request: shutdown does not wait for it.
+        let done = tokio::select! {
+            done = handshake => done,
+            _ = self.stop.changed() => return,
+        };
+        match done {
             Ok(Ok(stream)) => self.serve(stream, true).await,
             Ok(Err(e)) => tracing::debug!(peer = %self.peer, error = %e, "TLS handshake failed"),
             Err(_) => tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
         }
     }
 
-    async fn serve<I>(self, io: I, tls: bool)
+    async fn serve<I>(mut self, io: I, tls: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let conn = Conn {
             peer: self.peer,
             tls,
+            max_uri_bytes: self.settings.max_uri_bytes,
         };
-        let state = self.state.clone();
-        let service = service_fn(move |req| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(proxy::handle(&state, conn, req).await) }
-        });
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let (state, activity) = (self.state.clone(), activity.clone());
+            let max_requests = self.settings.max_requests_per_connection;
+            service_fn(move |req| {
+                let (state, activity) = (state.clone(), activity.clone());
+                async move {
+                    let served = activity.begin();
+                    let mut res = proxy::handle(&state, conn, req).await;
+                    if served >= max_requests {
+                        // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
+                        res.headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                        activity.retire.notify_one();
+                    }
+                    activity.end();
+                    Ok::<_, Infallible>(res)
+                }
+            })
+        };
+        let io = Tracked {
+            inner: io,
+            activity: activity.clone(),
+        };
         let connection = self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(connection);
         let open = self.state.metrics.open_connections.clone();
         open.inc();
-        if let Err(e) = self.watcher.watch(connection).await {
-            tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+        let mut closing = false;
+        loop {
+            let idle_check = activity.next_check(&self.settings);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                _ = self.stop.changed(), if !closing => closing = true,
+                () = activity.retire.notified(), if !closing => closing = true,
+                () = tokio::time::sleep_until(idle_check), if !closing => {
+                    match activity.overdue(&self.settings) {
+                        Overdue::No => {}
+                        Overdue::Idle => closing = true,
+                        Overdue::Head => {
+                            // A head that never completes (slowloris): drop the connection.
+                            tracing::debug!(peer = %self.peer, "request head not complete in time");
+                            break;
+                        }
+                    }
+                }
+            }
+            if closing {
+                // Finishes what is in flight, closes when idle; HTTP/2 sends GOAWAY.
+                connection.as_mut().graceful_shutdown();
+            }
         }
         open.dec();
+    }
+}
+
+/// What a connection is doing, for its timeouts and its request cap.
+struct Activity {
+    inflight: AtomicUsize,
+    served: AtomicU64,
+    /// When the connection last went idle (accepted, or its last response head sent), and
+    /// when the first byte after that arrived (a request head in progress).
+    marks: parking_lot::Mutex<Marks>,
+    retire: Notify,
+}
+
+#[derive(Clone, Copy)]
+struct Marks {
+    idle_since: Instant,
+    head_started: Option<Instant>,
+}
+
+/// What the watchdog should do about a connection with nothing in flight.
+enum Overdue {
+    No,
+    /// Idle too long between requests: close it gracefully.
+    Idle,
+    /// A request head started but did not complete in time: drop it.
+    Head,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            inflight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            marks: parking_lot::Mutex::new(Marks {
+                idle_since: Instant::now(),
+                head_started: None,
+            }),
+            retire: Notify::new(),
+        }
+    }
+
+    /// A request starts; returns how many this connection has now served, this one included.
+    fn begin(&self) -> u64 {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        self.served.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn end(&self) {
+        *self.marks.lock() = Marks {
+            idle_since: Instant::now(),
+            head_started: None,
+        };
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn bytes_read(&self) {
+        if self.inflight.load(Ordering::Acquire) == 0 {
+            let mut marks = self.marks.lock();
+            marks.head_started.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn deadline(&self, s: &ListenerSettings) -> (Instant, Overdue) {
+        let marks = *self.marks.lock();
+        match marks.head_started {
+            Some(started) => (started + s.header_read_timeout, Overdue::Head),
+            // A fresh connection must send its first head within the header timeout.
+            None if self.served.load(Ordering::Acquire) == 0 => {
+                (marks.idle_since + s.header_read_timeout, Overdue::Idle)
+            }
+            None => (marks.idle_since + s.idle_timeout, Overdue::Idle),
+        }
+    }
+
+    fn next_check(&self, s: &ListenerSettings) -> Instant {
+        self.deadline(s).0
+    }
+
+    fn overdue(&self, s: &ListenerSettings) -> Overdue {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return Overdue::No;
+        }
+        let (deadline, kind) = self.deadline(s);
+        if Instant::now() >= deadline {
+            kind
+        } else {
+            Overdue::No
+        }
+    }
+}
+
+/// The connection's socket, noting when bytes arrive so the watchdog can tell a head in
+/// progress from an idle connection.
+struct Tracked<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

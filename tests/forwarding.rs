@@ -30,6 +30,7 @@ routes:
   - name: app
     match: {{ path_prefix: /app/ }}
     upstream: app
+    max_body: 64MiB
 ",
         upstream_app(up.addr(), "500ms"),
         refused_addr()

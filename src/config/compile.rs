@@ -13,12 +13,14 @@ use ipnet::IpNet;
 use super::file;
 use super::values;
 use super::{Backend, LimiterSettings, Listener, Problem, Snapshot, TlsSettings};
+use crate::body::BodyLimits;
 use crate::forward::{Upstream, UpstreamSpec};
 use crate::identity::{Alternative, Exemption, KeySpec};
 use crate::limiter::redis::RedisConfig;
 use crate::limiter::{local::Buckets, FailurePolicy, Limit, Rate};
 use crate::response::HeaderPolicy;
 use crate::route::{Action, HostPattern, Matcher, PathPattern, Respond, Route};
+use crate::server::ListenerSettings;
 
 /// Collects problems with the field path each belongs to.
 #[derive(Default)]
@@ -105,6 +107,14 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         },
         limiter,
         shutdown_timeout,
+        max_inflight: match raw.max_inflight {
+            Some(0) => {
+                p.add("max_inflight", "must be at least 1");
+                return Err(p.0);
+            }
+            Some(n) => n,
+            None => 10_000,
+        },
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),
@@ -158,9 +168,126 @@ fn listeners(raw: &[file::Listener], positions: &[usize], p: &mut Problems) -> V
                 .tls
                 .as_ref()
                 .and_then(|t| tls(t, &format!("listeners[{i}].tls"), p));
-            Some(Listener { address, tls })
+            let settings = listener_settings(l, &format!("listeners[{i}]"), p);
+            Some(Listener {
+                address,
+                tls,
+                settings,
+            })
         })
         .collect()
+}
+
+fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> ListenerSettings {
+    let defaults = ListenerSettings::default();
+    let timeouts = l.timeouts.as_ref();
+    let mut timeout = |key: &str, raw: Option<&String>, default: Duration| {
+        let value = duration_or(p, format!("{path}.timeouts.{key}"), raw, default);
+        if value.is_zero() {
+            p.add(format!("{path}.timeouts.{key}"), "must be longer than zero");
+        }
+        value
+    };
+    let header_read_timeout = timeout(
+        "header_read",
+        timeouts.and_then(|t| t.header_read.as_ref()),
+        defaults.header_read_timeout,
+    );
+    let idle_timeout = timeout(
+        "idle",
+        timeouts.and_then(|t| t.idle.as_ref()),
+        defaults.idle_timeout,
+    );
+    let tls_handshake_timeout = timeout(
+        "tls_handshake",
+        timeouts.and_then(|t| t.tls_handshake.as_ref()),
+        defaults.tls_handshake_timeout,
+    );
+    let mut sizes = Sizes { path, p };
+    let h2 = l.http2.as_ref();
+    let window = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    ListenerSettings {
+        header_read_timeout,
+        idle_timeout,
+        tls_handshake_timeout,
+        max_connections: sizes.count(
+            "max_connections",
+            l.max_connections.map(|v| v as u64),
+            defaults.max_connections as u64,
+        ) as usize,
+        max_requests_per_connection: sizes.count(
+            "max_requests_per_connection",
+            l.max_requests_per_connection,
+            defaults.max_requests_per_connection,
+        ),
+        max_header_bytes: sizes.bytes(
+            "max_header_bytes",
+            l.max_header_bytes.as_ref(),
+            defaults.max_header_bytes as u64,
+            8192,
+        ) as usize,
+        max_headers: sizes.count(
+            "max_headers",
+            l.max_headers.map(|v| v as u64),
+            defaults.max_headers as u64,
+        ) as usize,
+        max_uri_bytes: sizes.bytes(
+            "max_uri_bytes",
+            l.max_uri_bytes.as_ref(),
+            defaults.max_uri_bytes as u64,
+            64,
+        ) as usize,
+        h2_max_concurrent_streams: window(sizes.count(
+            "http2.max_concurrent_streams",
+            h2.and_then(|h| h.max_concurrent_streams).map(u64::from),
+            u64::from(defaults.h2_max_concurrent_streams),
+        )),
+        h2_stream_window: window(sizes.bytes(
+            "http2.stream_window",
+            h2.and_then(|h| h.stream_window.as_ref()),
+            u64::from(defaults.h2_stream_window),
+            1024,
+        )),
+        h2_connection_window: window(sizes.bytes(
+            "http2.connection_window",
+            h2.and_then(|h| h.connection_window.as_ref()),
+            u64::from(defaults.h2_connection_window),
+            1024,
+        )),
+        h2_max_header_list: window(sizes.bytes(
+            "http2.max_header_list",
+            h2.and_then(|h| h.max_header_list.as_ref()),
+            u64::from(defaults.h2_max_header_list),
+            1024,
+        )),
+    }
+}
+
+/// Reads the size and count keys of one listener, reporting bad values under `path`.
+struct Sizes<'a, 'b> {
+    path: &'a str,
+    p: &'b mut Problems,
+}
+
+impl Sizes<'_, '_> {
+    fn bytes(&mut self, key: &str, raw: Option<&String>, default: u64, min: u64) -> u64 {
+        let field = format!("{}.{key}", self.path);
+        let value = raw
+            .and_then(|s| self.p.take(field.clone(), values::size(s)))
+            .unwrap_or(default);
+        if value < min {
+            self.p.add(field, format!("must be at least {min} bytes"));
+        }
+        value
+    }
+
+    fn count(&mut self, key: &str, raw: Option<u64>, default: u64) -> u64 {
+        if raw == Some(0) {
+            self.p
+                .add(format!("{}.{key}", self.path), "must be at least 1");
+        }
+        raw.unwrap_or(default).max(1)
+    }
 }
 
 /// Load the listener's certificates now, so `check` and a reload catch a bad file.
@@ -482,12 +609,47 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         .enumerate()
         .filter_map(|(i, l)| limit(l, &format!("{path}.limits[{i}]"), ctx, p))
         .collect();
+    let body = body_limits(r, path, p);
     Some(Route {
         name: r.name.as_str().into(),
         matcher: matcher?,
         action: action?,
         limits,
+        body,
     })
+}
+
+fn body_limits(r: &file::Route, path: &str, p: &mut Problems) -> BodyLimits {
+    let d = BodyLimits::default();
+    let t = r.timeouts.as_ref();
+    let idle = duration_or(
+        p,
+        format!("{path}.timeouts.body_idle"),
+        t.and_then(|t| t.body_idle.as_ref()),
+        d.idle,
+    );
+    if idle.is_zero() {
+        p.add(
+            format!("{path}.timeouts.body_idle"),
+            "must be longer than zero",
+        );
+    }
+    let request = duration_or(
+        p,
+        format!("{path}.timeouts.request"),
+        t.and_then(|t| t.request.as_ref()),
+        d.request.unwrap_or_default(),
+    );
+    let max_bytes = r
+        .max_body
+        .as_ref()
+        .and_then(|s| p.take(format!("{path}.max_body"), values::size(s)))
+        .unwrap_or(d.max_bytes);
+    BodyLimits {
+        idle,
+        request: (!request.is_zero()).then_some(request),
+        max_bytes,
+    }
 }
 
 fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {

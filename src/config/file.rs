@@ -43,6 +43,38 @@ pub struct Positions {
 pub struct Listener {
     pub address: String,
     pub tls: Option<Tls>,
+    pub timeouts: Option<ListenerTimeouts>,
+    /// Open connections at once; beyond it new connections are closed at once.
+    pub max_connections: Option<usize>,
+    /// Requests on one connection before it is closed (HTTP/1.1 `Connection: close`, HTTP/2
+    /// GOAWAY), so long-lived clients re-balance.
+    pub max_requests_per_connection: Option<u64>,
+    /// Largest request head (request line + headers), as `64KiB`: beyond it 431.
+    pub max_header_bytes: Option<String>,
+    /// Most header fields in a request: beyond it 431.
+    pub max_headers: Option<usize>,
+    /// Longest request target: beyond it 414.
+    pub max_uri_bytes: Option<String>,
+    pub http2: Option<Http2>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTimeouts {
+    /// Until a request head is complete (also the first request of a new connection).
+    pub header_read: Option<String>,
+    /// A keep-alive connection with no request in flight is closed after this long.
+    pub idle: Option<String>,
+    pub tls_handshake: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http2 {
+    pub max_concurrent_streams: Option<u32>,
+    pub stream_window: Option<String>,
+    pub connection_window: Option<String>,
+    pub max_header_list: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,6 +180,19 @@ pub struct Route {
     pub respond: Option<Respond>,
     #[serde(default)]
     pub limits: Vec<Limit>,
+    pub timeouts: Option<RouteTimeouts>,
+    /// Largest request body, as `10MiB`: beyond it 413 (before reading when Content-Length
+    /// says so).
+    pub max_body: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTimeouts {
+    /// Longest wait for the next piece of the request body: beyond it 408.
+    pub body_idle: Option<String>,
+    /// Whole request, body included; `0s` turns it off (for long uploads and streams).
+    pub request: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

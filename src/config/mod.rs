@@ -34,6 +34,8 @@ pub struct Snapshot {
     pub limiter: LimiterSettings,
     /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
     pub shutdown_timeout: std::time::Duration,
+    /// Requests in flight at once before new ones get 503.
+    pub max_inflight: usize,
     /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
     /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
     pub redis: Option<Arc<RedisLimiter>>,
@@ -69,6 +71,7 @@ impl Snapshot {
 pub struct Listener {
     pub address: SocketAddr,
     pub tls: Option<TlsSettings>,
+    pub settings: crate::server::ListenerSettings,
 }
 
 /// A TLS listener's certificates, loaded.

@@ -27,6 +27,32 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("duration `{s}` is out of range"))
 }
 
+/// Parse a size: `512`, `64KiB`, `10MiB`, `1GiB` (also `KB`/`MB`/`GB` as powers of 1000).
+pub fn size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("size `{s}` does not start with a whole number"))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "size `{s}` has unknown unit `{other}` (B, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("size `{s}` is too large"))
+}
+
 /// A parsed `rate`: `count` tokens per `per`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateValue {
@@ -91,6 +117,16 @@ mod tests {
         assert_eq!(duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(duration("5").unwrap_err().contains("needs a unit"));
         assert!(duration("5y").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("512").unwrap(), 512);
+        assert_eq!(size("64KiB").unwrap(), 65536);
+        assert_eq!(size("10MiB").unwrap(), 10 << 20);
+        assert_eq!(size("2MB").unwrap(), 2_000_000);
+        assert!(size("ten").is_err());
+        assert!(size("5XB").is_err());
     }
 
     #[test]

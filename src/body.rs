@@ -1,0 +1,132 @@
+//! The request body on its way upstream: streamed, with an idle timeout, an overall deadline
+//! and a size cap, and a record of why it failed so the client gets 408, 413 or 400 rather
+//! than a generic 502.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+/// Why a request body stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFailure {
+    /// No data for longer than the route's `body_idle`.
+    Idle,
+    /// The route's whole-request `request` timeout passed.
+    Deadline,
+    /// More bytes than the route's `max_body`.
+    TooLarge,
+    /// The client's framing was broken (a bad chunk, a short body) or it went away.
+    Malformed,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("request body: {0:?}")]
+pub struct BodyError(pub BodyFailure);
+
+/// The limits one route puts on request bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    pub idle: Duration,
+    /// `None`: no overall deadline (`request: 0s`).
+    pub request: Option<Duration>,
+    pub max_bytes: u64,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(30),
+            request: Some(Duration::from_secs(300)),
+            max_bytes: 10 << 20,
+        }
+    }
+}
+
+/// `Incoming` with the route's limits applied.
+#[derive(Debug)]
+pub struct Guarded {
+    inner: Incoming,
+    limits: BodyLimits,
+    idle: Pin<Box<Sleep>>,
+    deadline: Option<Pin<Box<Sleep>>>,
+    seen: u64,
+    failure: Arc<OnceLock<BodyFailure>>,
+}
+
+impl Guarded {
+    /// Wrap `inner`; `started` is when the request arrived (the deadline counts from there).
+    /// The returned cell says why the body failed, if it did.
+    pub fn new(
+        inner: Incoming,
+        limits: BodyLimits,
+        started: Instant,
+    ) -> (Self, Arc<OnceLock<BodyFailure>>) {
+        let failure = Arc::new(OnceLock::new());
+        let body = Self {
+            inner,
+            limits,
+            idle: Box::pin(tokio::time::sleep(limits.idle)),
+            deadline: limits
+                .request
+                .map(|d| Box::pin(tokio::time::sleep_until(started + d))),
+            seen: 0,
+            failure: failure.clone(),
+        };
+        (body, failure)
+    }
+
+    fn fail(&self, why: BodyFailure) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let _ = self.failure.set(why);
+        Poll::Ready(Some(Err(BodyError(why))))
+    }
+}
+
+impl Body for Guarded {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if let Some(deadline) = self.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return self.fail(BodyFailure::Deadline);
+            }
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.seen += data.len() as u64;
+                    if self.seen > self.limits.max_bytes {
+                        return self.fail(BodyFailure::TooLarge);
+                    }
+                }
+                let next = Instant::now() + self.limits.idle;
+                self.idle.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(_))) => self.fail(BodyFailure::Malformed),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                ready!(self.idle.as_mut().poll(cx));
+                self.fail(BodyFailure::Idle)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,198 @@
+//! Screening before routing: request shapes that smuggle, confuse or evade are refused, and the
+//! path is normalised so that `//admin`, `/./admin` and `/%61dmin` meet the limits of `/admin`.
+//!
+//! hyper already refuses obs-fold, whitespace before a colon, control characters, differing
+//! duplicate Content-Lengths and a Transfer-Encoding whose last coding is not chunked. What it
+//! lets through, and what is caught here: Content-Length together with Transfer-Encoding,
+//! codings other than chunked, a missing or repeated Host, absolute-form targets that disagree
+//! with Host, CONNECT, over-long targets, and encoded slashes, backslashes and NULs.
+
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Uri, Version};
+
+use crate::error::ProxyError;
+
+/// Refuse what must not be proxied; normalise the path in place.
+pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), ProxyError> {
+    let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target_len > max_uri_bytes {
+        return Err(ProxyError::UriTooLong);
+    }
+    if req.method() == Method::CONNECT {
+        return Err(ProxyError::MethodNotAllowed);
+    }
+    if req.version() <= Version::HTTP_11 {
+        framing(req)?;
+    }
+    normalize(req)
+}
+
+fn framing<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    let headers = req.headers();
+    let mut hosts = headers.get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() || (host.is_none() && req.version() == Version::HTTP_11) {
+        return Err(ProxyError::BadRequest);
+    }
+    // Absolute-form (`GET http://other/ HTTP/1.1`): fine only when it names the same host.
+    if let (Some(authority), Some(host)) = (req.uri().authority(), host) {
+        if !authority
+            .as_str()
+            .as_bytes()
+            .eq_ignore_ascii_case(host.as_bytes())
+        {
+            return Err(ProxyError::BadRequest);
+        }
+    }
+    let codings: Vec<&[u8]> = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .collect();
+    if !codings.is_empty() {
+        if headers.contains_key(CONTENT_LENGTH) {
+            // RFC 9112 6.3: a request with both is a smuggling attempt until proven otherwise.
+            return Err(ProxyError::BadRequest);
+        }
+        if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+            return Err(ProxyError::NotImplemented);
+        }
+    }
+    Ok(())
+}
+
+/// Decode percent-encoded unreserved characters, merge repeated slashes and resolve `.` and
+/// `..` segments (RFC 3986 6.2.2), so every spelling of a path routes the same way. Encoded
+/// `/`, `\` and NUL are refused: decoding them would change the path's structure, keeping them
+/// would let `/admin%2Fx` skip the limits of `/admin/x` on backends that decode.
+fn normalize<B>(req: &mut Request<B>) -> Result<(), ProxyError> {
+    let path = req.uri().path();
+    let needs_work = path.contains(['%', '.']) || path.contains("//") || !path.starts_with('/');
+    if !needs_work || req.uri().path_and_query().is_none() {
+        return Ok(());
+    }
+    let clean = normalize_path(path)?;
+    if clean == path {
+        return Ok(());
+    }
+    let pq = match req.uri().query() {
+        Some(q) => format!("{clean}?{q}"),
+        None => clean,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = Some(PathAndQuery::try_from(pq).map_err(|_| ProxyError::BadRequest)?);
+    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)?;
+    Ok(())
+}
+
+pub fn normalize_path(path: &str) -> Result<String, ProxyError> {
+    let decoded = decode_unreserved(path)?;
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let trailing = decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    let mut out = String::with_capacity(decoded.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || (trailing && !out.ends_with('/')) {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+fn decode_unreserved(path: &str) -> Result<String, ProxyError> {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            out.push(bytes[i] as char);
+            i += 1;
+            continue;
+        }
+        let hex = path.get(i + 1..i + 3).ok_or(ProxyError::BadRequest)?;
+        let byte = u8::from_str_radix(hex, 16).map_err(|_| ProxyError::BadRequest)?;
+        match byte {
+            b'/' | b'\\' | 0 => return Err(ProxyError::BadRequest),
+            b if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => out.push(b as char),
+            // Reserved or non-ASCII: keep the escape, in upper case (one spelling).
+            _ => {
+                out.push('%');
+                out.push_str(&hex.to_ascii_uppercase());
+            }
+        }
+        i += 3;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_have_one_spelling() {
+        for (raw, clean) in [
+            ("/admin", "/admin"),
+            ("//admin", "/admin"),
+            ("/./admin", "/admin"),
+            ("/x/../admin", "/admin"),
+            ("/%61dmin", "/admin"),
+            ("/a/b/", "/a/b/"),
+            ("/a/.", "/a/"),
+            ("/../..", "/"),
+            ("/caf%c3%a9", "/caf%C3%A9"),
+        ] {
+            assert_eq!(normalize_path(raw).unwrap(), clean, "{raw}");
+        }
+        for bad in ["/a%2fb", "/a%5Cb", "/a%00", "/a%zz", "/a%4"] {
+            assert!(normalize_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn req(lines: &[(&str, &str)], uri: &str) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        for (k, v) in lines {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn framing_shapes() {
+        let ok = req(&[("host", "x")], "/");
+        assert!(framing(&ok).is_ok());
+        assert!(matches!(
+            framing(&req(&[], "/")),
+            Err(ProxyError::BadRequest)
+        ));
+        assert!(framing(&req(&[("host", "a"), ("host", "b")], "/")).is_err());
+        let both = req(
+            &[
+                ("host", "x"),
+                ("content-length", "4"),
+                ("transfer-encoding", "chunked"),
+            ],
+            "/",
+        );
+        assert!(matches!(framing(&both), Err(ProxyError::BadRequest)));
+        let gzip = req(
+            &[("host", "x"), ("transfer-encoding", "gzip, chunked")],
+            "/",
+        );
+        assert!(matches!(framing(&gzip), Err(ProxyError::NotImplemented)));
+        assert!(framing(&req(&[("host", "evil")], "http://other/")).is_err());
+        assert!(framing(&req(&[("host", "same:80")], "http://same:80/")).is_ok());
+    }
+}
