@@ -20,6 +20,7 @@ use crate::error::ProxyError;
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Headers that describe one hop, never the message (RFC 9110 7.6.1), plus the framing headers
 /// hyper sets itself on the next hop.
@@ -132,6 +133,8 @@ pub struct Downstream {
     pub peer: IpAddr,
     pub peer_trusted: bool,
     pub tls: bool,
+    /// The client address tollgate decided on (sent as `X-Real-IP`).
+    pub client_ip: IpAddr,
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -205,6 +208,22 @@ fn rewrite(
 
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
+    if !down.peer_trusted {
+        // Whatever an untrusted client says about forwarding is dropped, not passed on to a
+        // backend that may believe it.
+        let planted: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("x-forwarded-") && **k != X_FORWARDED_FOR)
+            .cloned()
+            .collect();
+        for name in planted {
+            headers.remove(name);
+        }
+        headers.remove(http::header::FORWARDED);
+    }
+    if let Ok(v) = HeaderValue::from_str(&down.client_ip.to_string()) {
+        headers.insert(X_REAL_IP, v);
+    }
     forwarded_for(headers, down);
     if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         let proto = if down.tls { "https" } else { "http" };
@@ -288,6 +307,7 @@ mod tests {
                 peer,
                 peer_trusted: true,
                 tls: false,
+                client_ip: peer,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
@@ -297,6 +317,7 @@ mod tests {
                 peer,
                 peer_trusted: false,
                 tls: false,
+                client_ip: peer,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");

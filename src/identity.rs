@@ -13,6 +13,9 @@ use http::{HeaderMap, HeaderName, Method, Uri};
 use ipnet::IpNet;
 use percent_encoding::percent_decode_str;
 
+/// The IPv6 prefix the `ip` source groups clients by.
+pub const DEFAULT_V6_PREFIX: u8 = 64;
+
 /// A 128-bit digest of a client identity: the key of a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClientId(pub u128);
@@ -42,7 +45,9 @@ impl ClientId {
 /// One place an identity can be read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
-    Ip,
+    /// The client address; IPv6 clients are grouped by this prefix length (default 64), so one
+    /// host cannot rotate through the addresses of its subnet for fresh buckets.
+    Ip(u8),
     Header(HeaderName),
     Query(String),
     Cookie(String),
@@ -74,7 +79,15 @@ impl Source {
                 "unknown key source `{other}:` (expected header:, query: or cookie:)"
             )),
             None => match s {
-                "ip" => Ok(Source::Ip),
+                "ip" => Ok(Source::Ip(DEFAULT_V6_PREFIX)),
+                _ if s.starts_with("ip/") => s[3..]
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|n| (1..=128).contains(n))
+                    .map(Source::Ip)
+                    .ok_or_else(|| {
+                        format!("`{s}`: the IPv6 prefix must be 1 to 128, as in `ip/56`")
+                    }),
                 "bearer" => Ok(Source::Bearer),
                 "global" => Ok(Source::Global),
                 "host" => Ok(Source::Host),
@@ -90,7 +103,7 @@ impl Source {
 
     fn tag(&self) -> u8 {
         match self {
-            Source::Ip => 1,
+            Source::Ip(_) => 1,
             Source::Header(_) => 2,
             Source::Query(_) => 3,
             Source::Cookie(_) => 4,
@@ -106,7 +119,8 @@ impl Source {
 impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Ip => f.write_str("ip"),
+            Source::Ip(DEFAULT_V6_PREFIX) => f.write_str("ip"),
+            Source::Ip(n) => write!(f, "ip/{n}"),
             Source::Header(n) => write!(f, "header:{n}"),
             Source::Query(n) => write!(f, "query:{n}"),
             Source::Cookie(n) => write!(f, "cookie:{n}"),
@@ -156,7 +170,7 @@ impl Exemption {
             Some((source, _)) if source.contains('+') => Err(format!(
                 "`{s}`: an exemption names one source, not a `+` join"
             )),
-            Some(("ip", _)) => Err(format!(
+            Some((ip, _)) if ip == "ip" || ip.starts_with("ip/") => Err(format!(
                 "`{s}`: exempt addresses are written as an IP or CIDR, as in `192.0.2.7` or `10.0.0.0/8`"
             )),
             Some((source, value)) => {
@@ -192,7 +206,7 @@ impl<'a> RequestView<'a> {
     /// count as absent: an empty API key identifies nobody).
     fn value(&self, source: &Source) -> Option<Cow<'a, [u8]>> {
         let v: Cow<'a, [u8]> = match source {
-            Source::Ip => Cow::Owned(ip_octets(self.client_ip)),
+            Source::Ip(v6_prefix) => Cow::Owned(ip_octets(self.client_ip, *v6_prefix)),
             Source::Header(name) => Cow::Borrowed(self.headers.get(name)?.as_bytes()),
             Source::Query(name) => query_param(self.uri.query()?, name)?,
             Source::Cookie(name) => Cow::Borrowed(cookie(self.headers, name)?.as_bytes()),
@@ -239,10 +253,16 @@ impl<'a> RequestView<'a> {
     }
 }
 
-fn ip_octets(ip: IpAddr) -> Vec<u8> {
-    match ip {
+fn ip_octets(ip: IpAddr, v6_prefix: u8) -> Vec<u8> {
+    match ip.to_canonical() {
         IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(v6_prefix))
+                .unwrap_or(0);
+            (bits & mask).to_be_bytes().to_vec()
+        }
     }
 }
 
@@ -299,23 +319,51 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
+/// Which header trusted proxies name the client in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`
+    Forwarded,
+}
+
 /// The client address: the TCP peer, unless the peer is a trusted proxy; then the right-most
 /// X-Forwarded-For entry (across all its lines) that is not itself a trusted proxy. The
 /// left-most entries are whatever the client wrote, so they are never believed.
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    client_ip_from(peer, headers, trusted, ForwardedHeader::XForwardedFor)
+}
+
+/// `client_ip`, reading the chain from `header`.
+pub fn client_ip_from(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    header: ForwardedHeader,
+) -> IpAddr {
     let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let mut client = peer;
+    let name = match header {
+        ForwardedHeader::XForwardedFor => "x-forwarded-for",
+        ForwardedHeader::Forwarded => "forwarded",
+    };
     let lines: Vec<&str> = headers
-        .get_all("x-forwarded-for")
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .collect();
+    let mut client = peer;
     for entry in lines.iter().rev().flat_map(|l| l.rsplit(',')) {
-        let Some(ip) = parse_forwarded_ip(entry.trim()) else {
+        let hop = match header {
+            ForwardedHeader::XForwardedFor => parse_forwarded_ip(entry.trim()),
+            ForwardedHeader::Forwarded => forwarded_for(entry).and_then(parse_forwarded_ip),
+        };
+        let Some(ip) = hop else {
             // Not an address: what is left of it is client-written and cannot be believed.
             break;
         };
@@ -325,6 +373,22 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         }
     }
     client
+}
+
+/// The `for=` node of one RFC 7239 element, unquoted and without brackets' port.
+fn forwarded_for(element: &str) -> Option<&str> {
+    element.split(';').find_map(|pair| {
+        let (k, v) = pair.trim().split_once('=')?;
+        if !k.trim().eq_ignore_ascii_case("for") {
+            return None;
+        }
+        let v = v.trim().trim_matches('"');
+        // `[2001:db8::1]:4711` -> `2001:db8::1`; `[2001:db8::1]` -> `2001:db8::1`
+        Some(match v.strip_prefix('[') {
+            Some(rest) => rest.split(']').next().unwrap_or(rest),
+            None => v,
+        })
+    })
 }
 
 fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
@@ -381,6 +445,25 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_header_chain() {
+        let h = headers(&[(
+            "forwarded",
+            "for=6.6.6.6, for=\"[2001:db8::7]:4711\";proto=https, for=10.1.1.1",
+        )]);
+        let peer = "10.0.0.1".parse().unwrap();
+        let ip = client_ip_from(peer, &h, &nets(&["10.0.0.0/8"]), ForwardedHeader::Forwarded);
+        assert_eq!(ip, "2001:db8::7".parse::<IpAddr>().unwrap());
+        let junk = headers(&[("forwarded", "for=unknown, for=10.1.1.1")]);
+        let ip = client_ip_from(
+            peer,
+            &junk,
+            &nets(&["10.0.0.0/8"]),
+            ForwardedHeader::Forwarded,
+        );
+        assert_eq!(ip, "10.1.1.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
     fn mapped_ipv6_counts_as_ipv4() {
         let ip = client_ip("::ffff:192.0.2.1".parse().unwrap(), &HeaderMap::new(), &[]);
         assert_eq!(ip, "192.0.2.1".parse::<IpAddr>().unwrap());
@@ -431,6 +514,29 @@ mod tests {
         );
         assert_eq!(v.value(&Source::Bearer).unwrap().as_ref(), b"tok");
         assert!(v.value(&Source::Query("nope".into())).is_none());
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_prefix() {
+        let (m, u, h) = (Method::GET, Uri::from_static("/"), HeaderMap::new());
+        let spec = |s: &str| KeySpec(vec![Alternative::parse(s).unwrap()]);
+        let at = |ip: &str, key: &KeySpec| {
+            RequestView {
+                method: &m,
+                uri: &u,
+                headers: &h,
+                client_ip: ip.parse().unwrap(),
+            }
+            .resolve(key)
+        };
+        let ip = spec("ip");
+        assert_eq!(at("2001:db8:1:2::1", &ip), at("2001:db8:1:2:ffff::9", &ip));
+        assert_ne!(at("2001:db8:1:2::1", &ip), at("2001:db8:1:3::1", &ip));
+        let exact = spec("ip/128");
+        assert_ne!(at("2001:db8:1:2::1", &exact), at("2001:db8:1:2::2", &exact));
+        assert_ne!(at("192.0.2.1", &ip), at("192.0.2.2", &ip));
+        assert!(Alternative::parse("ip/0").is_err());
+        assert!(Alternative::parse("ip/129").is_err());
     }
 
     #[test]

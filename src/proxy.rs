@@ -139,7 +139,12 @@ async fn pipeline<'a>(
     if declared_length(&req).is_some_and(|n| n > route.body.max_bytes) {
         return Err(ProxyError::PayloadTooLarge);
     }
-    let client_ip = identity::client_ip(conn.peer.ip(), req.headers(), &snap.trusted_proxies);
+    let client_ip = identity::client_ip_from(
+        conn.peer.ip(),
+        req.headers(),
+        &snap.trusted_proxies,
+        snap.client_ip_header,
+    );
     trace.client_ip = Some(client_ip);
     let view = RequestView {
         method: req.method(),
@@ -171,6 +176,7 @@ async fn pipeline<'a>(
                 peer,
                 peer_trusted: snap.trusted_proxies.iter().any(|n| n.contains(&peer)),
                 tls: conn.tls,
+                client_ip,
             };
             let (parts, body) = req.into_parts();
             let (body, failure) = Guarded::new(body, route.body, started.into());

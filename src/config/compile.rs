@@ -15,7 +15,7 @@ use super::values;
 use super::{Backend, LimiterSettings, Listener, Problem, Snapshot, TlsSettings};
 use crate::body::BodyLimits;
 use crate::forward::{Upstream, UpstreamSpec};
-use crate::identity::{Alternative, Exemption, KeySpec};
+use crate::identity::{Alternative, Exemption, ForwardedHeader, KeySpec};
 use crate::limiter::redis::RedisConfig;
 use crate::limiter::{local::Buckets, FailurePolicy, Limit, Rate};
 use crate::response::HeaderPolicy;
@@ -56,6 +56,17 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
         .collect();
     let limiter = limiter(&raw.limiter, &mut p);
+    let client_ip_header = match raw.client_ip_header.as_deref() {
+        None | Some("x-forwarded-for") => ForwardedHeader::XForwardedFor,
+        Some("forwarded") => ForwardedHeader::Forwarded,
+        Some(other) => {
+            p.add(
+                "client_ip_header",
+                format!("`{other}` is not x-forwarded-for or forwarded"),
+            );
+            ForwardedHeader::XForwardedFor
+        }
+    };
     let shutdown_timeout = duration_or(
         &mut p,
         "shutdown_timeout".into(),
@@ -101,6 +112,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         listeners,
         admin,
         trusted_proxies,
+        client_ip_header,
         headers: HeaderPolicy {
             ietf: raw.rate_limit_headers.ietf,
             x_ratelimit: raw.rate_limit_headers.x_ratelimit,

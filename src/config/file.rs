@@ -24,6 +24,8 @@ pub struct File {
     pub shutdown_timeout: Option<String>,
     /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
     pub max_inflight: Option<usize>,
+    /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
+    pub client_ip_header: Option<String>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,

@@ -30,6 +30,7 @@ pub struct Snapshot {
     pub listeners: Vec<Listener>,
     pub admin: Option<SocketAddr>,
     pub trusted_proxies: Vec<IpNet>,
+    pub client_ip_header: crate::identity::ForwardedHeader,
     pub headers: HeaderPolicy,
     pub limiter: LimiterSettings,
     /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.

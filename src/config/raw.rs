@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -18,6 +18,7 @@ const KEYS: [&str; 9] = [
     "routes",
     "shutdown_timeout",
     "max_inflight",
+    "client_ip_header",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -67,6 +68,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         routes,
         shutdown_timeout: r.one("shutdown_timeout"),
         max_inflight: r.one("max_inflight"),
+        client_ip_header: r.one("client_ip_header"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,
