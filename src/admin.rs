@@ -59,7 +59,8 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
         }
         "/metrics" => fixed(
             StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
+            // prometheus-client writes the OpenMetrics text format.
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             state.metrics.render(state),
         ),
         "/config" => {
@@ -87,8 +88,47 @@ async fn not_ready(snapshot: &Snapshot) -> Option<&'static str> {
     any_closed.then_some("Redis is unreachable and some limits fail closed")
 }
 
-/// The config text with the passwords of URLs (`scheme://user:password@host`) masked.
+/// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`)
+/// and the values of identity exemptions (`header:X-API-Key=...`, often an internal key).
 pub fn redact(text: &str) -> String {
+    let text = redact_urls(text);
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        out.push_str(&redact_exemptions(line));
+    }
+    out
+}
+
+fn redact_exemptions(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = ["header:", "cookie:", "query:", "bearer="]
+        .iter()
+        .filter_map(|k| rest.find(k))
+        .min()
+    {
+        let (head, tail) = rest.split_at(at);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| {
+                c == '"' || c == '\'' || c == ',' || c == ']' || c == '}' || c.is_whitespace()
+            })
+            .unwrap_or(tail.len());
+        let item = &tail[..end];
+        match item.split_once('=') {
+            Some((source, _)) => {
+                out.push_str(source);
+                out.push_str("=***");
+            }
+            None => out.push_str(item),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn redact_urls(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
@@ -135,5 +175,9 @@ mod tests {
             "[redis://:***@a:1, redis://b:2]"
         );
         assert_eq!(redact("redis://token@a:1"), "redis://***@a:1");
+        assert_eq!(
+            redact("exempt: [10.0.0.0/8, \"header:X-API-Key=internal-batch\"]\nkey: [header:X-API-Key, ip]\n"),
+            "exempt: [10.0.0.0/8, \"header:X-API-Key=***\"]\nkey: [header:X-API-Key, ip]\n"
+        );
     }
 }

@@ -37,11 +37,24 @@ pub fn check(config: &Path, url: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// The admin address, read leniently: only `admin.address` has to make sense, so a running
+/// proxy whose file now holds a half-finished edit (which it refuses to load) still reports
+/// healthy.
 fn admin_address(config: &Path) -> Result<SocketAddr, String> {
-    let snapshot = crate::config::load(config, None).map_err(|e| e.to_string())?;
-    let mut addr = snapshot
-        .admin
+    let text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let root: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let address = root
+        .get("admin")
+        .and_then(|a| a.get("address"))
+        .and_then(serde_yaml::Value::as_str)
         .ok_or_else(|| format!("{}: no `admin.address` to ask", config.display()))?;
+    let mut addr: SocketAddr = address.parse().map_err(|_| {
+        format!(
+            "{}: `admin.address` `{address}` is not an address",
+            config.display()
+        )
+    })?;
     // A wildcard bind is reached on loopback.
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr.ip() {

@@ -127,7 +127,7 @@ pub struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     generation: Gauge,
     buckets: Family<LimitLabels, Gauge>,
-    overflowed: Family<LimitLabels, Gauge>,
+    overflowed: Family<LimitLabels, Counter>,
     without_backend: Counter,
     redis_errors: Counter,
     redis_timeouts: Counter,
@@ -295,9 +295,10 @@ impl Metrics {
             self.buckets
                 .get_or_create(&labels)
                 .set(limit.local.len() as i64);
-            self.overflowed
-                .get_or_create(&labels)
-                .set(limit.local.overflowed() as i64);
+            set_counter(
+                &self.overflowed.get_or_create(&labels),
+                limit.local.overflowed(),
+            );
         }
         set_counter(
             &self.without_backend,

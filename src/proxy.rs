@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use http::{Request, Response, StatusCode, Version};
@@ -182,14 +183,7 @@ async fn pipeline<'a>(
             let (body, failure) = Guarded::new(body, route.body, started.into());
             trace.body_taken = true;
             let req = Request::from_parts(parts, body);
-            forward_timed(state, upstream, req, down)
-                .await
-                .map_err(|e| match failure.get() {
-                    Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
-                    Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
-                    Some(BodyFailure::Malformed) => ProxyError::BadRequest,
-                    None => e,
-                })?
+            forward_timed(state, upstream, req, down, &failure).await?
         }
         Action::Respond(r) => respond(r),
     };
@@ -212,9 +206,18 @@ async fn forward_timed(
     upstream: &forward::Upstream,
     req: Request<Guarded>,
     down: Downstream,
+    body_failure: &OnceLock<BodyFailure>,
 ) -> Result<Response<Body>, ProxyError> {
     let sent = Instant::now();
-    let result = forward::send(upstream, req, down).await;
+    // A request whose own body failed is the client's fault, not the upstream's.
+    let result = forward::send(upstream, req, down)
+        .await
+        .map_err(|e| match body_failure.get() {
+            Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
+            Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
+            Some(BodyFailure::Malformed) => ProxyError::BadRequest,
+            None => e,
+        });
     let name = upstream.name.to_string();
     let kind = match &result {
         Ok(_) => {
@@ -227,7 +230,8 @@ async fn forward_timed(
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
-        Err(_) => Some(UpstreamErrorKind::unreachable),
+        Err(ProxyError::UpstreamUnreachable) => Some(UpstreamErrorKind::unreachable),
+        Err(_) => None,
     };
     if let Some(kind) = kind {
         let labels = UpstreamErrorLabels {
@@ -271,6 +275,7 @@ fn record(
         .inc();
     let mut outcome = "none";
     let mut limit_name = "";
+    let mut client = String::new();
     if let (Some(route), Some(decision)) = (trace.route, &trace.decision) {
         for r in &decision.results {
             let name = &*route.limits[r.index].name;
@@ -290,10 +295,18 @@ fn record(
                 );
             }
         }
+        // The digest the closest limit counted this request under (never the raw identity).
+        let closest = decision
+            .rejected_by()
+            .or_else(|| decision.reported().map(|(r, _)| r));
+        if let Some(id) = closest.and_then(|r| r.client) {
+            id.hex()[..16].clone_into(&mut client);
+        }
         (outcome, limit_name) = match decision.rejected_by() {
             Some(r) if r.outcome == Outcome::FailedClosed => {
                 ("store-unavailable", &*route.limits[r.index].name)
             }
+            Some(r) if r.fallback => ("limited-without-store", &*route.limits[r.index].name),
             Some(r) => ("limited", &*route.limits[r.index].name),
             None if decision.results.iter().any(|r| r.fallback) => ("admitted-without-store", ""),
             None => ("admitted", ""),
@@ -307,6 +320,7 @@ fn record(
         status = status.as_u16(),
         limit = limit_name,
         outcome,
+        client,
         client_ip = %trace.client_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
         ms = started.elapsed().as_secs_f64() * 1e3,
     );

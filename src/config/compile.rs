@@ -130,6 +130,11 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),
+        ca_files: raw
+            .upstreams
+            .values()
+            .filter_map(|u| u.tls.as_ref()?.ca.as_ref().map(Into::into))
+            .collect(),
     })
 }
 

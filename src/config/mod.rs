@@ -44,6 +44,8 @@ pub struct Snapshot {
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML this snapshot was compiled from (served redacted on the admin `/config`).
     pub source: String,
+    /// CA bundles of https upstreams (watched for changes like the config itself).
+    pub ca_files: Vec<std::path::PathBuf>,
 }
 
 impl Snapshot {

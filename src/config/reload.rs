@@ -109,11 +109,15 @@ fn log_changes(old: &Snapshot, new: &Snapshot) {
 /// and the file watch are in place when this returns. Must be called within a tokio runtime.
 pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) {
     let (tx, rx) = mpsc::unbounded_channel::<Trigger>();
-    let watcher = watch_dir(&path, tx.clone());
+    let mut watcher = watch_dir(&path, tx.clone());
+    if let Some(w) = watcher.as_mut() {
+        watch_inputs(w, &state.config.load());
+    }
+    // An edit made before the watch was in place raised no event: look once now.
+    let _ = tx.send(Trigger::FileEvent);
     spawn_sighup(tx);
     tokio::spawn(async move {
-        let _watcher = watcher;
-        run(&path, &state, rx, stop).await;
+        run(&path, &state, rx, stop, watcher).await;
     });
 }
 
@@ -122,8 +126,14 @@ async fn run(
     state: &State,
     mut rx: mpsc::UnboundedReceiver<Trigger>,
     mut stop: watch::Receiver<bool>,
+    mut watcher: Option<notify::RecommendedWatcher>,
 ) {
-    let mut last = std::fs::read(path).ok();
+    // What was last loaded, or last refused: a file event that leaves every input as it was
+    // (another file in the directory changed) neither reloads nor counts a second failure.
+    // Start from the text the live snapshot was built from, not the file as it is now: an edit
+    // made between startup and this line must still count as a change.
+    let loaded = state.config.load_full();
+    let mut seen = inputs_digest(loaded.source.as_bytes(), &loaded);
     loop {
         let mut trigger = tokio::select! {
             _ = stop.changed() => return,
@@ -134,14 +144,62 @@ async fn run(
         while let Ok(t) = rx.try_recv() {
             trigger = trigger.max(t);
         }
-        let now = std::fs::read(path).ok();
-        if trigger == Trigger::FileEvent && now.is_some() && now == last {
+        let bytes = std::fs::read(path).unwrap_or_default();
+        let now = inputs_digest(&bytes, &state.config.load());
+        if trigger == Trigger::FileEvent && now == seen {
             continue;
         }
-        if reload(path, state).is_ok() {
-            last = now;
+        let _ = reload(path, state);
+        if let Some(w) = watcher.as_mut() {
+            watch_inputs(w, &state.config.load());
+        }
+        // What was just tried, loaded or refused.
+        seen = inputs_digest(&bytes, &state.config.load());
+    }
+}
+
+/// The files a snapshot was built from besides the config: certificates, keys, CA bundles.
+fn input_files(snapshot: &Snapshot) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for l in &snapshot.listeners {
+        if let Some(tls) = &l.tls {
+            for f in &tls.files {
+                files.push(f.cert.clone());
+                files.push(f.key.clone());
+            }
         }
     }
+    files.extend(snapshot.ca_files.iter().cloned());
+    files
+}
+
+/// Also watch the directories of certificates and keys, so a renewed certificate is picked
+/// up without touching the config (a watch added twice is harmless).
+fn watch_inputs(watcher: &mut notify::RecommendedWatcher, snapshot: &Snapshot) {
+    for file in input_files(snapshot) {
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
+        }
+    }
+}
+
+/// A digest of the config's bytes and of every file the snapshot names.
+fn inputs_digest(config: &[u8], snapshot: &Snapshot) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&(config.len() as u64).to_le_bytes());
+    h.update(config);
+    for file in input_files(snapshot) {
+        match std::fs::read(&file) {
+            Ok(bytes) => {
+                h.update(&(bytes.len() as u64).to_le_bytes());
+                h.update(&bytes);
+            }
+            Err(_) => {
+                h.update(b"missing");
+            }
+        }
+    }
+    *h.finalize().as_bytes()
 }
 
 /// Watch the directory of `path`; `None` (logged) when the platform refuses, SIGHUP still works.

@@ -23,6 +23,7 @@ pub async fn decide(
     let mut checks = Vec::with_capacity(limits.len());
     for (index, limit) in limits.iter().enumerate() {
         let exempt = view.is_exempt(&limit.exempt);
+        let client = (!exempt).then(|| view.resolve(&limit.key));
         results.push(LimitResult {
             index,
             outcome: if exempt {
@@ -33,12 +34,10 @@ pub async fn decide(
             verdict: None,
             fallback: false,
             shadow: limit.shadow,
+            client,
         });
-        if !exempt {
-            checks.push(Check {
-                limit,
-                client: view.resolve(&limit.key),
-            });
+        if let Some(client) = client {
+            checks.push(Check { limit, client });
         }
     }
     if checks.is_empty() {

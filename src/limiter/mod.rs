@@ -160,6 +160,8 @@ pub struct LimitResult {
     pub fallback: bool,
     /// The limit is a dry run (`shadow: true`): reported in logs and metrics, never to clients.
     pub shadow: bool,
+    /// The identity the request was counted under (`None` when exempt).
+    pub client: Option<ClientId>,
 }
 
 /// The whole answer for one request, carrying the numbers headers, logs and metrics use.
