@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{CONNECTION, HOST};
+use http::header::{CONNECTION, HOST, UPGRADE};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
@@ -135,6 +135,8 @@ pub struct Downstream {
     pub tls: bool,
     /// The client address tollgate decided on (sent as `X-Real-IP`).
     pub client_ip: IpAddr,
+    /// The route proxies WebSocket upgrades.
+    pub websocket_allowed: bool,
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -145,17 +147,71 @@ pub async fn send(
     mut req: Request<Guarded>,
     down: Downstream,
 ) -> Result<Response<Incoming>, ProxyError> {
+    // Taken before the rewrite strips the headers that ask for it.
+    let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
+    let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
     let target = upstream.pick().clone();
     rewrite(&mut req, upstream.scheme.clone(), target, down)?;
-    let res = tokio::time::timeout(upstream.timeout, upstream.client.request(req)).await;
-    match res {
-        Err(_) => Err(ProxyError::UpstreamTimeout),
-        Ok(Err(e)) => Err(classify(&e)),
-        Ok(Ok(mut res)) => {
-            strip_hop_by_hop(res.headers_mut());
-            Ok(res)
-        }
+    if websocket {
+        let headers = req.headers_mut();
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
     }
+    let res = tokio::time::timeout(upstream.timeout, upstream.client.request(req)).await;
+    let mut res = match res {
+        Err(_) => return Err(ProxyError::UpstreamTimeout),
+        Ok(Err(e)) => return Err(classify(&e)),
+        Ok(Ok(res)) => res,
+    };
+    let upgrade = res.headers().get(UPGRADE).cloned();
+    strip_hop_by_hop(res.headers_mut());
+    if let (Some(client_side), StatusCode::SWITCHING_PROTOCOLS) = (client_side, res.status()) {
+        let headers = res.headers_mut();
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(
+            UPGRADE,
+            upgrade.unwrap_or(HeaderValue::from_static("websocket")),
+        );
+        tunnel(client_side, hyper::upgrade::on(&mut res));
+    }
+    Ok(res)
+}
+
+/// `Connection: upgrade` with `Upgrade: websocket` (HTTP/1.1 only; the limit was already
+/// checked on this handshake request).
+fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    let connection_upgrade = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade
+        && headers
+            .get(UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// Once both sides have switched protocols, copy bytes both ways until either closes.
+fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::join!(client, upstream) {
+            (Ok(c), Ok(u)) => (c, u),
+            (c, u) => {
+                tracing::debug!(
+                    client = c.is_ok(),
+                    upstream = u.is_ok(),
+                    "websocket upgrade failed"
+                );
+                return;
+            }
+        };
+        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            tracing::debug!(error = %e, "websocket tunnel ended with an error");
+        }
+    });
 }
 
 fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
@@ -308,6 +364,7 @@ mod tests {
                 peer_trusted: true,
                 tls: false,
                 client_ip: peer,
+                websocket_allowed: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
@@ -318,6 +375,7 @@ mod tests {
                 peer_trusted: false,
                 tls: false,
                 client_ip: peer,
+                websocket_allowed: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");

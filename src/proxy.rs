@@ -178,6 +178,7 @@ async fn pipeline<'a>(
                 peer_trusted: snap.trusted_proxies.iter().any(|n| n.contains(&peer)),
                 tls: conn.tls,
                 client_ip,
+                websocket_allowed: route.websocket,
             };
             let (parts, body) = req.into_parts();
             let (body, failure) = Guarded::new(body, route.body, started.into());

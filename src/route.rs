@@ -17,6 +17,8 @@ pub struct Route {
     pub limits: Vec<Arc<Limit>>,
     /// Idle timeout, deadline and size cap of request bodies on this route.
     pub body: crate::body::BodyLimits,
+    /// WebSocket upgrades are proxied (limits apply to the handshake request).
+    pub websocket: bool,
 }
 
 /// What a route does with an admitted request.
@@ -139,6 +141,7 @@ mod tests {
             }),
             limits: vec![],
             body: crate::body::BodyLimits::default(),
+            websocket: false,
         }
     }
 

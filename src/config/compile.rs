@@ -633,6 +633,7 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         action: action?,
         limits,
         body,
+        websocket: r.websocket,
     })
 }
 

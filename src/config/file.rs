@@ -186,6 +186,9 @@ pub struct Route {
     /// Largest request body, as `10MiB`: beyond it 413 (before reading when Content-Length
     /// says so).
     pub max_body: Option<String>,
+    /// Proxy WebSocket upgrades on this route (off: `Upgrade` is stripped like any hop header).
+    #[serde(default)]
+    pub websocket: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,0 +1,114 @@
+//! WebSocket upgrades: proxied on routes with `websocket: true`, limited at the handshake, and
+//! refused (Upgrade stripped) elsewhere. The backend is a raw socket that answers 101 and
+//! echoes, so the test sees exactly what crosses the proxy.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{config, TestProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A backend that switches protocols on an Upgrade request, then echoes every byte; without
+/// Upgrade it answers a plain 200 saying so.
+async fn echo_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let head = read_head(&mut s).await.to_ascii_lowercase();
+                if head.contains("upgrade: websocket") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                        .await;
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nno upgrade")
+                        .await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+fn proxy(backend: SocketAddr) -> TestProxy {
+    TestProxy::start(&config(&format!(
+        "upstreams:\n  app:\n    targets: [{backend}]\n    timeout: 2s\nroutes:\n  - name: ws\n    match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n    limits:\n      - {{ name: ws-per-ip, rate: 1/min, burst: 2, key: [ip] }}\n  - name: plain\n    match: {{ path_prefix: / }}\n    upstream: app\n"
+    )))
+}
+
+const HANDSHAKE: &str = "HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+
+async fn handshake(proxy: &TestProxy, path: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    s.write_all(format!("GET {path} {HANDSHAKE}").as_bytes())
+        .await
+        .unwrap();
+    let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s))
+        .await
+        .expect("a response head");
+    (s, head)
+}
+
+#[tokio::test]
+async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
+    let proxy = proxy(echo_backend().await);
+    let (mut s, head) = handshake(&proxy, "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{head}"
+    );
+    s.write_all(b"frame bytes").await.unwrap();
+    let mut echo = [0u8; 11];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
+        .await
+        .expect("the echo in time")
+        .unwrap();
+    assert_eq!(&echo, b"frame bytes");
+
+    let (_second, head) = handshake(&proxy, "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let (_third, head) = handshake(&proxy, "/ws").await;
+    assert!(
+        head.starts_with("HTTP/1.1 429"),
+        "burst 2: the third handshake is limited: {head}"
+    );
+    // The open tunnel is not affected by the limit.
+    s.write_all(b"again").await.unwrap();
+    let mut echo = [0u8; 5];
+    s.read_exact(&mut echo).await.unwrap();
+    assert_eq!(&echo, b"again");
+}
+
+#[tokio::test]
+async fn routes_without_websocket_strip_the_upgrade() {
+    let proxy = proxy(echo_backend().await);
+    let (_s, head) = handshake(&proxy, "/other").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
