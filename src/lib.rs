@@ -8,6 +8,7 @@
 //! - `cli`: the command line (`run`, `check`, `health`); `health`: the container health probe.
 //! - `app`: wiring: load the config, bind listeners, serve, drain on shutdown.
 //! - `server`: accept loop; HTTP/1.1 and HTTP/2 on every listener.
+//! - `proxy_protocol`: the PROXY v1/v2 header from a trusted load balancer.
 //! - `tls`: rustls server config from PEM files; certificates chosen by SNI.
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
 //! - `guard`: refuses smuggling shapes and normalises the path before routing.
@@ -33,6 +34,7 @@ pub mod identity;
 pub mod limiter;
 pub mod metrics;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod response;
 pub mod route;
 pub mod server;

@@ -39,6 +39,8 @@ pub struct ListenerSettings {
     pub h2_stream_window: u32,
     pub h2_connection_window: u32,
     pub h2_max_header_list: u32,
+    /// Expect a PROXY protocol header (v1 or v2) from a trusted peer before anything else.
+    pub proxy_protocol: bool,
 }
 
 impl Default for ListenerSettings {
@@ -56,6 +58,7 @@ impl Default for ListenerSettings {
             h2_stream_window: 64 << 10,
             h2_connection_window: 1 << 20,
             h2_max_header_list: 64 << 10,
+            proxy_protocol: false,
         }
     }
 }
@@ -183,7 +186,10 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) {
+    async fn run(mut self, mut stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) {
+        if self.settings.proxy_protocol && !self.take_proxy_header(&mut stream).await {
+            return;
+        }
         let Some(tls) = tls else {
             return self.serve(stream, false).await;
         };
@@ -199,6 +205,36 @@ impl Connection {
             Ok(Ok(stream)) => self.serve(stream, true).await,
             Ok(Err(e)) => tracing::debug!(peer = %self.peer, error = %e, "TLS handshake failed"),
             Err(_) => tracing::debug!(peer = %self.peer, "TLS handshake timed out"),
+        }
+    }
+
+    /// Read the PROXY header and adopt the client address it names. Only trusted proxies may
+    /// speak it: anyone else could claim any address. `false`: drop the connection.
+    async fn take_proxy_header(&mut self, stream: &mut TcpStream) -> bool {
+        let peer = self.peer.ip().to_canonical();
+        let trusted = self
+            .state
+            .config
+            .load()
+            .trusted_proxies
+            .iter()
+            .any(|n| n.contains(&peer));
+        if !trusted {
+            tracing::debug!(peer = %self.peer, "PROXY protocol from an untrusted peer: closed");
+            return false;
+        }
+        let header = crate::proxy_protocol::read(stream);
+        match tokio::time::timeout(self.settings.header_read_timeout, header).await {
+            Ok(Ok(Some(client))) => {
+                self.peer = client;
+                true
+            }
+            Ok(Ok(None)) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %self.peer, error = %e, "bad PROXY protocol header: closed");
+                false
+            }
+            Err(_) => false,
         }
     }
 

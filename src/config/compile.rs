@@ -271,6 +271,7 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
             u64::from(defaults.h2_connection_window),
             1024,
         )),
+        proxy_protocol: l.proxy_protocol,
         h2_max_header_list: window(sizes.bytes(
             "http2.max_header_list",
             h2.and_then(|h| h.max_header_list.as_ref()),

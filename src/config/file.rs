@@ -58,6 +58,9 @@ pub struct Listener {
     /// Longest request target: beyond it 414.
     pub max_uri_bytes: Option<String>,
     pub http2: Option<Http2>,
+    /// Expect a PROXY protocol v1/v2 header from a trusted proxy on every connection.
+    #[serde(default)]
+    pub proxy_protocol: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
