@@ -33,13 +33,12 @@ impl prometheus_client::encoding::EncodeLabelValue for StatusClass {
 
 impl StatusClass {
     pub fn of(status: http::StatusCode) -> Self {
-        Self(match status.as_u16() {
-            0..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
-        })
+        Self(CLASSES[Self::index(status)])
+    }
+
+    /// 0 for 1xx .. 4 for 5xx.
+    pub fn index(status: http::StatusCode) -> usize {
+        (usize::from(status.as_u16() / 100)).clamp(1, 5) - 1
     }
 }
 
@@ -109,6 +108,31 @@ pub enum ReloadResult {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
     pub limit: String,
+}
+
+/// One route's counters, fetched from the families once per route and snapshot, so the
+/// request path does no label hashing or allocation to count.
+#[derive(Debug)]
+pub struct RouteCounters {
+    /// By status class: 1xx .. 5xx.
+    pub requests: [Counter; 5],
+    /// By limit (route order), then by outcome (`OutcomeLabel` order).
+    pub decisions: Vec<[Counter; 5]>,
+}
+
+const OUTCOMES: [OutcomeLabel; 5] = [
+    OutcomeLabel::admitted,
+    OutcomeLabel::limited,
+    OutcomeLabel::shadow_limited,
+    OutcomeLabel::exempt,
+    OutcomeLabel::without_backend,
+];
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+impl OutcomeLabel {
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// Every metric tollgate exports.
@@ -266,6 +290,39 @@ impl Metrics {
             "1 while the Redis circuit breaker is open",
             self.breaker_open.clone(),
         );
+    }
+
+    /// The counters of one route (`route` is its name, `limits` its limit names in order).
+    pub fn route_counters<'a>(
+        &self,
+        route: &str,
+        limits: impl Iterator<Item = &'a str>,
+    ) -> RouteCounters {
+        let requests = CLASSES.map(|class| {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    route: route.to_owned(),
+                    class: StatusClass(class),
+                })
+                .clone()
+        });
+        let decisions = limits
+            .map(|limit| {
+                OUTCOMES.map(|outcome| {
+                    self.decisions
+                        .get_or_create(&DecisionLabels {
+                            route: route.to_owned(),
+                            limit: limit.to_owned(),
+                            outcome,
+                        })
+                        .clone()
+                })
+            })
+            .collect();
+        RouteCounters {
+            requests,
+            decisions,
+        }
     }
 
     /// The Prometheus text exposition, with the scrape-time values refreshed from `state`.

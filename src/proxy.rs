@@ -21,8 +21,8 @@ use crate::guard;
 use crate::identity::{self, RequestView};
 use crate::limiter::{self, local::Clock, Outcome};
 use crate::metrics::{
-    DecisionLabels, Metrics, OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind,
-    UpstreamErrorLabels, UpstreamLabels,
+    Metrics, OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind, UpstreamErrorLabels,
+    UpstreamLabels,
 };
 use crate::response::{self, Body};
 use crate::route::{self, Action, Respond};
@@ -77,11 +77,13 @@ struct Trace<'a> {
 pub async fn handle(state: &State, conn: Conn, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let snapshot = state.config.load_full();
-    let (method, path, version) = (
-        req.method().clone(),
-        req.uri().path().to_owned(),
-        req.version(),
-    );
+    // The path is kept only for the access log, and only when it is on.
+    let path = if tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+        req.uri().path().to_owned()
+    } else {
+        String::new()
+    };
+    let (method, version) = (req.method().clone(), req.version());
     let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
     let Some(_inflight) = Inflight::enter(state, snapshot.max_inflight) else {
@@ -266,36 +268,15 @@ fn record(
     status: StatusCode,
     started: Instant,
 ) {
+    count(state, trace, status);
+    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+        return;
+    }
     let route_name = trace.route.map_or("", |r| &*r.name);
-    let m = &state.metrics;
-    m.requests
-        .get_or_create(&RequestLabels {
-            route: route_name.to_owned(),
-            class: StatusClass::of(status),
-        })
-        .inc();
     let mut outcome = "none";
     let mut limit_name = "";
     let mut client = String::new();
     if let (Some(route), Some(decision)) = (trace.route, &trace.decision) {
-        for r in &decision.results {
-            let name = &*route.limits[r.index].name;
-            let label = OutcomeLabel::of(r.outcome, r.fallback);
-            m.decisions
-                .get_or_create(&DecisionLabels {
-                    route: route_name.to_owned(),
-                    limit: name.to_owned(),
-                    outcome: label,
-                })
-                .inc();
-            if r.outcome == Outcome::ShadowLimited {
-                tracing::info!(
-                    route = route_name,
-                    limit = name,
-                    "shadow limit exceeded; request admitted (dry run)"
-                );
-            }
-        }
         // The digest the closest limit counted this request under (never the raw identity).
         let closest = decision
             .rejected_by()
@@ -325,4 +306,37 @@ fn record(
         client_ip = %trace.client_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
         ms = started.elapsed().as_secs_f64() * 1e3,
     );
+}
+
+/// Count the request and its limit decisions: through the route's cached counters, so no
+/// label is built on the request path (requests that matched no route are rare: 404s).
+fn count(state: &State, trace: &Trace<'_>, status: StatusCode) {
+    let m = &state.metrics;
+    let Some(route) = trace.route else {
+        m.requests
+            .get_or_create(&RequestLabels {
+                route: String::new(),
+                class: StatusClass::of(status),
+            })
+            .inc();
+        return;
+    };
+    let counters = route
+        .counters
+        .get_or_init(|| m.route_counters(&route.name, route.limits.iter().map(|l| &*l.name)));
+    counters.requests[StatusClass::index(status)].inc();
+    let Some(decision) = &trace.decision else {
+        return;
+    };
+    for r in &decision.results {
+        let outcome = OutcomeLabel::of(r.outcome, r.fallback);
+        counters.decisions[r.index][outcome.index()].inc();
+        if r.outcome == Outcome::ShadowLimited {
+            tracing::info!(
+                route = &*route.name,
+                limit = &*route.limits[r.index].name,
+                "shadow limit exceeded; request admitted (dry run)"
+            );
+        }
+    }
 }

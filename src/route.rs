@@ -19,6 +19,8 @@ pub struct Route {
     pub body: crate::body::BodyLimits,
     /// WebSocket upgrades are proxied (limits apply to the handshake request).
     pub websocket: bool,
+    /// This route's metric counters, fetched on first use.
+    pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
 }
 
 /// What a route does with an admitted request.
@@ -142,6 +144,7 @@ mod tests {
             limits: vec![],
             body: crate::body::BodyLimits::default(),
             websocket: false,
+            counters: std::sync::OnceLock::new(),
         }
     }
 

@@ -635,6 +635,7 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         limits,
         body,
         websocket: r.websocket,
+        counters: std::sync::OnceLock::new(),
     })
 }
 
