@@ -1,0 +1,194 @@
+//! The admin listener end to end: `/healthz`, `/readyz` with and without a reachable Redis,
+//! `/metrics` counting admitted and limited requests exactly, `/config` with secrets masked.
+
+mod common;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{config, Http, Reply, TestProxy};
+
+/// No test here may take longer than this, whatever the proxy does.
+const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A Redis URL with a password, where nothing listens (port 1).
+const DEAD_REDIS: &str = "redis://user:secret@127.0.0.1:1";
+
+async fn bounded<F: Future>(test: F) -> F::Output {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .expect("the test did not finish in time")
+}
+
+/// A proxy with an admin listener, `extra` appended to the config.
+fn with_admin(extra: &str) -> TestProxy {
+    TestProxy::start(&config(&format!("admin:\n  address: 127.0.0.1:0\n{extra}")))
+}
+
+/// The admin listener's address, from the `admin endpoints address=` log line.
+fn admin_addr(proxy: &TestProxy) -> SocketAddr {
+    const MARKER: &str = "admin endpoints address=";
+    assert!(
+        proxy.wait_for_log(MARKER, Duration::from_secs(5)),
+        "no admin listener logged: {:#?}",
+        proxy.logs()
+    );
+    proxy
+        .logs()
+        .iter()
+        .find_map(|l| {
+            let rest = &l[l.find(MARKER)? + MARKER.len()..];
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .expect("an address after the marker")
+}
+
+async fn admin_get(proxy: &TestProxy, path: &str) -> Reply {
+    Http::new()
+        .get(&format!("http://{}{path}", admin_addr(proxy)))
+        .await
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed) in a scrape.
+fn sample(scrape: &str, series: &str) -> Option<u64> {
+    scrape.lines().find_map(|l| {
+        let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+/// One route `api` answering 200 itself, with the `limits:` items given.
+fn answering(limits: &str) -> String {
+    format!(
+        "routes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    \
+         respond: {{ status: 200, body: \"ok\\n\" }}\n    limits:\n{limits}"
+    )
+}
+
+/// The Redis backend at `DEAD_REDIS`, then `rest`.
+fn dead_redis(rest: &str) -> String {
+    format!("limiter:\n  backend: redis\n  redis:\n    url: \"{DEAD_REDIS}\"\n{rest}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_without_redis() {
+    bounded(async {
+        let proxy = with_admin(&answering(
+            "      - { name: per-ip, rate: 1/s, burst: 5, key: [ip] }\n",
+        ));
+        let r = admin_get(&proxy, "/healthz").await;
+        assert_eq!((r.code(), r.text()), (200, "ok\n"));
+        let r = admin_get(&proxy, "/readyz").await;
+        assert_eq!((r.code(), r.text()), (200, "ready\n"));
+        assert_eq!(admin_get(&proxy, "/nothing-here").await.code(), 404);
+        // The admin endpoints live on the admin listener only, not on the proxy's port.
+        let r = Http::new().get(&proxy.url("/healthz")).await;
+        assert_eq!(r.code(), 404, "no route matches /healthz on the proxy port");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_429s_exactly() {
+    bounded(async {
+        let proxy = with_admin(&answering(
+            "      - { name: per-ip, rate: 1/min, burst: 3, key: [ip] }\n",
+        ));
+        let http = Http::new();
+        let (n, burst) = (10u64, 3u64);
+        let codes = http.statuses(n as usize, &proxy.url("/api/x"), &[]).await;
+        let limited = codes.iter().filter(|&&c| c == 429).count() as u64;
+        assert_eq!(limited, n - burst, "{codes:?}");
+        assert_eq!(http.get(&proxy.url("/elsewhere")).await.code(), 404);
+
+        let r = admin_get(&proxy, "/metrics").await;
+        assert_eq!(r.code(), 200);
+        // The Prometheus text format or OpenMetrics, which prometheus-client writes.
+        let kind = r.header("content-type");
+        assert!(
+            kind.starts_with("text/plain; version=0.0.4")
+                || kind.starts_with("application/openmetrics-text; version=1.0.0"),
+            "{kind}"
+        );
+        let s = r.text();
+        let count = |series: &str| {
+            sample(s, series).unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{s}"))
+        };
+        let decision = |outcome: &str| {
+            count(&format!(
+                r#"tollgate_limit_decisions_total{{route="api",limit="per-ip",outcome="{outcome}"}}"#
+            ))
+        };
+        assert_eq!(decision("limited"), (n - burst));
+        assert_eq!(decision("admitted"), burst);
+        assert_eq!(
+            count(r#"tollgate_requests_total{route="api",class="4xx"}"#),
+            (n - burst)
+        );
+        assert_eq!(
+            count(r#"tollgate_requests_total{route="api",class="2xx"}"#),
+            burst
+        );
+        // The unmatched request has no route and made no decision.
+        assert_eq!(
+            count(r#"tollgate_requests_total{route="",class="4xx"}"#),
+            1
+        );
+        assert_eq!(count(r#"tollgate_local_buckets{limit="per-ip"}"#), 1);
+        assert_eq!(count("tollgate_config_generation"), 1);
+        assert_eq!(
+            count(r#"tollgate_config_reloads_total{result="failed"}"#),
+            0
+        );
+        assert!(count("tollgate_open_connections") >= 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_masks_the_redis_password() {
+    bounded(async {
+        let proxy = with_admin(&dead_redis(&answering(
+            "      - { name: per-ip, rate: 1/s, burst: 5, key: [ip] }\n",
+        )));
+        let r = admin_get(&proxy, "/config").await;
+        assert_eq!(r.code(), 200);
+        let text = r.text();
+        assert!(
+            text.contains(r#"url: "redis://user:***@127.0.0.1:1""#),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "the password leaked: {text}");
+        // The rest is the config as loaded.
+        assert!(text.contains("name: per-ip"), "{text}");
+        assert!(text.contains("backend: redis"), "{text}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_with_redis_down_is_503_only_with_a_fail_closed_limit() {
+    bounded(async {
+        for (policy, want) in [
+            ("", 200),
+            (", on_failure: open", 200),
+            (", on_failure: local", 200),
+            (", on_failure: closed", 503),
+            // A shadow limit never rejects, so it cannot make the proxy unready.
+            (", on_failure: closed, shadow: true", 200),
+        ] {
+            let proxy = with_admin(&dead_redis(&answering(&format!(
+                "      - {{ name: per-ip, rate: 1/s, burst: 5, key: [ip]{policy} }}\n"
+            ))));
+            let r = admin_get(&proxy, "/readyz").await;
+            assert_eq!(r.code(), want, "limit with `{policy}`: {}", r.text());
+            assert_eq!(admin_get(&proxy, "/healthz").await.code(), 200, "{policy}");
+            if want == 503 {
+                assert!(r.text().contains("Redis"), "{}", r.text());
+                assert!(r.text().contains("fail closed"), "{}", r.text());
+            }
+        }
+    })
+    .await;
+}
