@@ -254,15 +254,15 @@ impl Connection {
             service_fn(move |req| {
                 let (state, activity) = (state.clone(), activity.clone());
                 async move {
-                    let served = activity.begin();
+                    let mut request = InFlight::begin(&activity);
                     let mut res = proxy::handle(&state, conn, req).await;
-                    if served >= max_requests {
+                    if request.served >= max_requests {
                         // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
                         res.headers_mut()
                             .insert(CONNECTION, HeaderValue::from_static("close"));
                         activity.retire.notify_one();
                     }
-                    activity.end();
+                    request.answered = true;
                     Ok::<_, Infallible>(res)
                 }
             })
@@ -310,10 +310,40 @@ impl Connection {
     }
 }
 
+/// One request on a connection, from its head to its response head. Dropped unanswered, it
+/// was cancelled by the client (an HTTP/2 RST_STREAM, or a closed HTTP/1.1 connection).
+struct InFlight<'a> {
+    activity: &'a Activity,
+    served: u64,
+    answered: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn begin(activity: &'a Activity) -> Self {
+        Self {
+            activity,
+            served: activity.begin(),
+            answered: false,
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.activity.end(self.answered);
+    }
+}
+
+/// Requests per window of the rapid-reset guard, and how many of them may be cancelled.
+const RESET_WINDOW: u32 = 100;
+const RESETS_ALLOWED: u32 = 50;
+
 /// What a connection is doing, for its timeouts and its request cap.
 struct Activity {
     inflight: AtomicUsize,
     served: AtomicU64,
+    /// Requests and client cancellations in the current window of `RESET_WINDOW` requests.
+    window: parking_lot::Mutex<(u32, u32)>,
     /// When the connection last went idle (accepted, or its last response head sent), and
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
@@ -340,6 +370,7 @@ impl Activity {
         Self {
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
+            window: parking_lot::Mutex::new((0, 0)),
             marks: parking_lot::Mutex::new(Marks {
                 idle_since: Instant::now(),
                 head_started: None,
@@ -354,12 +385,28 @@ impl Activity {
         self.served.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    fn end(&self) {
+    /// A request is done: answered, or cancelled by the client before its response head.
+    /// A connection whose client cancels most of its recent requests is retired (HTTP/2
+    /// GOAWAY): that is the rapid-reset attack on streams already being proxied, which the
+    /// HTTP/2 layer's own reset cap (streams reset before they are accepted) cannot see.
+    fn end(&self, answered: bool) {
         *self.marks.lock() = Marks {
             idle_since: Instant::now(),
             head_started: None,
         };
         self.inflight.fetch_sub(1, Ordering::AcqRel);
+        let mut window = self.window.lock();
+        window.0 += 1;
+        window.1 += u32::from(!answered);
+        if window.1 > RESETS_ALLOWED {
+            tracing::warn!(
+                "client cancels most of its requests (rapid reset): closing its connection"
+            );
+            *window = (0, 0);
+            self.retire.notify_one();
+        } else if window.0 >= RESET_WINDOW {
+            *window = (0, 0);
+        }
     }
 
     fn bytes_read(&self) {

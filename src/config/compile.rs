@@ -130,6 +130,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),
+        inputs_digest: [0; 32],
         ca_files: raw
             .upstreams
             .values()

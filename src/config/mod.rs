@@ -46,6 +46,9 @@ pub struct Snapshot {
     pub source: String,
     /// CA bundles of https upstreams (watched for changes like the config itself).
     pub ca_files: Vec<std::path::PathBuf>,
+    /// Digest of the config text and of every file it names, read *before* compiling: a file
+    /// changed after that is seen as a change by the reload watcher, never missed.
+    pub inputs_digest: [u8; 32],
 }
 
 impl Snapshot {
@@ -159,10 +162,76 @@ pub fn load(path: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, Config
             at: None,
         }],
     })?;
-    parse(&text, previous).map_err(|problems| ConfigError {
+    let digest = inputs_digest(&text);
+    let mut snapshot = parse(&text, previous).map_err(|problems| ConfigError {
         file: name,
         problems,
-    })
+    })?;
+    snapshot.inputs_digest = digest;
+    Ok(snapshot)
+}
+
+/// A digest of config text and of the certificate, key and CA files it names, as they are on
+/// disk now.
+pub fn inputs_digest(text: &str) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&(text.len() as u64).to_le_bytes());
+    h.update(text.as_bytes());
+    for file in referenced_files(text) {
+        match std::fs::read(&file) {
+            Ok(bytes) => {
+                h.update(&(bytes.len() as u64).to_le_bytes());
+                h.update(&bytes);
+            }
+            Err(_) => {
+                h.update(b"missing");
+            }
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+/// The files a config names: listener certificates and keys, upstream CA bundles.
+pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
+    let Ok(root) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    let mut take = |v: Option<&serde_yaml::Value>| {
+        if let Some(p) = v.and_then(serde_yaml::Value::as_str) {
+            files.push(std::path::PathBuf::from(p));
+        }
+    };
+    for listener in root
+        .get("listeners")
+        .and_then(|l| l.as_sequence())
+        .into_iter()
+        .flatten()
+    {
+        let Some(tls) = listener.get("tls") else {
+            continue;
+        };
+        take(tls.get("cert"));
+        take(tls.get("key"));
+        for pair in tls
+            .get("certificates")
+            .and_then(|c| c.as_sequence())
+            .into_iter()
+            .flatten()
+        {
+            take(pair.get("cert"));
+            take(pair.get("key"));
+        }
+    }
+    for (_, upstream) in root
+        .get("upstreams")
+        .and_then(|u| u.as_mapping())
+        .into_iter()
+        .flatten()
+    {
+        take(upstream.get("tls").and_then(|t| t.get("ca")));
+    }
+    files
 }
 
 /// Parse and compile config text, reporting every problem found, in file order.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 
-use super::{load, ConfigError, Snapshot};
+use super::{inputs_digest, load, ConfigError, Snapshot};
 use crate::proxy::State;
 
 /// Events closer together than this are one edit.
@@ -130,10 +130,9 @@ async fn run(
 ) {
     // What was last loaded, or last refused: a file event that leaves every input as it was
     // (another file in the directory changed) neither reloads nor counts a second failure.
-    // Start from the text the live snapshot was built from, not the file as it is now: an edit
-    // made between startup and this line must still count as a change.
-    let loaded = state.config.load_full();
-    let mut seen = inputs_digest(loaded.source.as_bytes(), &loaded);
+    // Start from the inputs as they were read for the live snapshot (before it was compiled),
+    // not as they are now: a change made since must still count as a change.
+    let mut seen = state.config.load().inputs_digest;
     loop {
         let mut trigger = tokio::select! {
             _ = stop.changed() => return,
@@ -144,17 +143,19 @@ async fn run(
         while let Ok(t) = rx.try_recv() {
             trigger = trigger.max(t);
         }
-        let bytes = std::fs::read(path).unwrap_or_default();
-        let now = inputs_digest(&bytes, &state.config.load());
+        let now = inputs_digest(&std::fs::read_to_string(path).unwrap_or_default());
         if trigger == Trigger::FileEvent && now == seen {
             continue;
         }
-        let _ = reload(path, state);
+        // Loaded: the digest of what the new snapshot was built from. Refused: what was tried,
+        // so the same broken version is not tried (and counted) again.
+        seen = match reload(path, state) {
+            Ok(()) => state.config.load().inputs_digest,
+            Err(_) => now,
+        };
         if let Some(w) = watcher.as_mut() {
             watch_inputs(w, &state.config.load());
         }
-        // What was just tried, loaded or refused.
-        seen = inputs_digest(&bytes, &state.config.load());
     }
 }
 
@@ -181,25 +182,6 @@ fn watch_inputs(watcher: &mut notify::RecommendedWatcher, snapshot: &Snapshot) {
             let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
         }
     }
-}
-
-/// A digest of the config's bytes and of every file the snapshot names.
-fn inputs_digest(config: &[u8], snapshot: &Snapshot) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(&(config.len() as u64).to_le_bytes());
-    h.update(config);
-    for file in input_files(snapshot) {
-        match std::fs::read(&file) {
-            Ok(bytes) => {
-                h.update(&(bytes.len() as u64).to_le_bytes());
-                h.update(&bytes);
-            }
-            Err(_) => {
-                h.update(b"missing");
-            }
-        }
-    }
-    *h.finalize().as_bytes()
 }
 
 /// Watch the directory of `path`; `None` (logged) when the platform refuses, SIGHUP still works.
