@@ -49,6 +49,29 @@ impl Default for BodyLimits {
     }
 }
 
+/// Set once the whole request body has gone upstream: the upstream's response-head timeout
+/// counts from then, so a slow upload is judged by the body limits, not by `timeout`.
+#[derive(Debug, Default)]
+pub struct Sent {
+    done: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Sent {
+    fn mark(&self) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Resolves once the body is fully sent (at once for a request without a body).
+    pub async fn wait(&self) {
+        while !self.done.load(std::sync::atomic::Ordering::Acquire) {
+            self.notify.notified().await;
+        }
+    }
+}
+
 /// `Incoming` with the route's limits applied.
 #[derive(Debug)]
 pub struct Guarded {
@@ -58,9 +81,15 @@ pub struct Guarded {
     deadline: Option<Pin<Box<Sleep>>>,
     seen: u64,
     failure: Arc<OnceLock<BodyFailure>>,
+    sent: Arc<Sent>,
 }
 
 impl Guarded {
+    /// The signal that the whole body has been read (and so handed upstream).
+    pub fn sent(&self) -> Arc<Sent> {
+        self.sent.clone()
+    }
+
     /// Wrap `inner`; `started` is when the request arrived (the deadline counts from there).
     /// The returned cell says why the body failed, if it did.
     pub fn new(
@@ -69,6 +98,10 @@ impl Guarded {
         started: Instant,
     ) -> (Self, Arc<OnceLock<BodyFailure>>) {
         let failure = Arc::new(OnceLock::new());
+        let sent = Arc::new(Sent::default());
+        if inner.is_end_stream() {
+            sent.mark();
+        }
         let body = Self {
             inner,
             limits,
@@ -78,6 +111,7 @@ impl Guarded {
                 .map(|d| Box::pin(tokio::time::sleep_until(started + d))),
             seen: 0,
             failure: failure.clone(),
+            sent,
         };
         (body, failure)
     }
@@ -114,7 +148,10 @@ impl Body for Guarded {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(_))) => self.fail(BodyFailure::Malformed),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                self.sent.mark();
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 ready!(self.idle.as_mut().poll(cx));
                 self.fail(BodyFailure::Idle)

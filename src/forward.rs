@@ -157,11 +157,16 @@ pub async fn send(
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
     }
-    let res = tokio::time::timeout(upstream.timeout, upstream.client.request(req)).await;
-    let mut res = match res {
-        Err(_) => return Err(ProxyError::UpstreamTimeout),
-        Ok(Err(e)) => return Err(classify(&e)),
-        Ok(Ok(res)) => res,
+    let sent = req.body().sent();
+    // `timeout` runs from the moment the request is fully sent: until then the route's body
+    // limits judge the client, and the connect timeout the connection.
+    let head_deadline = async {
+        sent.wait().await;
+        tokio::time::sleep(upstream.timeout).await;
+    };
+    let mut res = tokio::select! {
+        res = upstream.client.request(req) => res.map_err(|e| classify(&e))?,
+        () = head_deadline => return Err(ProxyError::UpstreamTimeout),
     };
     let upgrade = res.headers().get(UPGRADE).cloned();
     strip_hop_by_hop(res.headers_mut());

@@ -2,9 +2,10 @@
 //! path is normalised so that `//admin`, `/./admin` and `/%61dmin` meet the limits of `/admin`.
 //!
 //! hyper already refuses obs-fold, whitespace before a colon, control characters, differing
-//! duplicate Content-Lengths and a Transfer-Encoding whose last coding is not chunked. What it
-//! lets through, and what is caught here: Content-Length together with Transfer-Encoding,
-//! codings other than chunked, a missing or repeated Host, absolute-form targets that disagree
+//! duplicate Content-Lengths and a Transfer-Encoding whose last coding is not chunked; it
+//! handles Content-Length together with Transfer-Encoding as chunked, drops the length and
+//! closes the connection after the response. Caught here: codings other than chunked, a
+//! missing or repeated Host, an authority (absolute-form, HTTP/2 `:authority`) that disagrees
 //! with Host, CONNECT, over-long targets, and encoded slashes, backslashes and NULs.
 
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
@@ -25,7 +26,26 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
     if req.version() <= Version::HTTP_11 {
         framing(req)?;
     }
+    same_host(req)?;
     normalize(req)
+}
+
+/// The request's authority (an absolute-form target, HTTP/2's `:authority`) and its Host
+/// header must agree: routing reads one, the backend the other, and a mismatch would let a
+/// request take one route's limits to another host (RFC 9113 8.3.1, RFC 9112 3.2.2).
+fn same_host<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    let (Some(authority), Some(host)) = (req.uri().authority(), req.headers().get(HOST)) else {
+        return Ok(());
+    };
+    if authority
+        .as_str()
+        .as_bytes()
+        .eq_ignore_ascii_case(host.as_bytes())
+    {
+        Ok(())
+    } else {
+        Err(ProxyError::BadRequest)
+    }
 }
 
 fn framing<B>(req: &Request<B>) -> Result<(), ProxyError> {
@@ -35,16 +55,6 @@ fn framing<B>(req: &Request<B>) -> Result<(), ProxyError> {
     if hosts.next().is_some() || (host.is_none() && req.version() == Version::HTTP_11) {
         return Err(ProxyError::BadRequest);
     }
-    // Absolute-form (`GET http://other/ HTTP/1.1`): fine only when it names the same host.
-    if let (Some(authority), Some(host)) = (req.uri().authority(), host) {
-        if !authority
-            .as_str()
-            .as_bytes()
-            .eq_ignore_ascii_case(host.as_bytes())
-        {
-            return Err(ProxyError::BadRequest);
-        }
-    }
     let codings: Vec<&[u8]> = headers
         .get_all(TRANSFER_ENCODING)
         .iter()
@@ -53,7 +63,9 @@ fn framing<B>(req: &Request<B>) -> Result<(), ProxyError> {
         .collect();
     if !codings.is_empty() {
         if headers.contains_key(CONTENT_LENGTH) {
-            // RFC 9112 6.3: a request with both is a smuggling attempt until proven otherwise.
+            // hyper already drops Content-Length when Transfer-Encoding is present (and closes
+            // the connection after the response, RFC 9112 6.1), so this does not fire behind
+            // hyper today; it stays so that a change there cannot quietly reopen smuggling.
             return Err(ProxyError::BadRequest);
         }
         if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
@@ -192,7 +204,8 @@ mod tests {
             "/",
         );
         assert!(matches!(framing(&gzip), Err(ProxyError::NotImplemented)));
-        assert!(framing(&req(&[("host", "evil")], "http://other/")).is_err());
-        assert!(framing(&req(&[("host", "same:80")], "http://same:80/")).is_ok());
+        assert!(same_host(&req(&[("host", "evil")], "http://other/")).is_err());
+        assert!(same_host(&req(&[("host", "same:80")], "http://same:80/")).is_ok());
+        assert!(same_host(&req(&[], "http://only-authority/")).is_ok());
     }
 }

@@ -12,7 +12,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -251,10 +251,13 @@ impl Connection {
         let service = {
             let (state, activity) = (self.state.clone(), activity.clone());
             let max_requests = self.settings.max_requests_per_connection;
-            service_fn(move |req| {
+            service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let (state, activity) = (state.clone(), activity.clone());
                 async move {
-                    let mut request = InFlight::begin(&activity);
+                    if req.version() == http::Version::HTTP_2 {
+                        activity.http2.store(true, Ordering::Release);
+                    }
+                    let mut request = InFlight::begin(activity.clone());
                     let mut res = proxy::handle(&state, conn, req).await;
                     if request.served >= max_requests {
                         // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
@@ -263,7 +266,11 @@ impl Connection {
                         activity.retire.notify_one();
                     }
                     request.answered = true;
-                    Ok::<_, Infallible>(res)
+                    // In flight until the response body is sent: a long download is not idle.
+                    Ok::<_, Infallible>(res.map(|body| Scoped {
+                        body,
+                        _request: request,
+                    }))
                 }
             })
         };
@@ -310,27 +317,55 @@ impl Connection {
     }
 }
 
-/// One request on a connection, from its head to its response head. Dropped unanswered, it
-/// was cancelled by the client (an HTTP/2 RST_STREAM, or a closed HTTP/1.1 connection).
-struct InFlight<'a> {
-    activity: &'a Activity,
+/// One request on a connection, from its head until its response body is sent. Dropped
+/// before it was answered, it was cancelled by the client (an HTTP/2 RST_STREAM, or a closed
+/// HTTP/1.1 connection).
+struct InFlight {
+    activity: Arc<Activity>,
     served: u64,
     answered: bool,
 }
 
-impl<'a> InFlight<'a> {
-    fn begin(activity: &'a Activity) -> Self {
+impl InFlight {
+    fn begin(activity: Arc<Activity>) -> Self {
+        let served = activity.begin();
         Self {
             activity,
-            served: activity.begin(),
+            served,
             answered: false,
         }
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.activity.end(self.answered);
+    }
+}
+
+/// A response body that keeps its request in flight until hyper is done with it.
+struct Scoped<B> {
+    body: B,
+    _request: InFlight,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Scoped<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -342,6 +377,9 @@ const RESETS_ALLOWED: u32 = 50;
 struct Activity {
     inflight: AtomicUsize,
     served: AtomicU64,
+    /// The client speaks HTTP/2: its frames (pings, window updates, settings acks) arrive at
+    /// any time, so bytes read do not mean a request head is in progress.
+    http2: AtomicBool,
     /// Requests and client cancellations in the current window of `RESET_WINDOW` requests.
     window: parking_lot::Mutex<(u32, u32)>,
     /// When the connection last went idle (accepted, or its last response head sent), and
@@ -370,6 +408,7 @@ impl Activity {
         Self {
             inflight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
             window: parking_lot::Mutex::new((0, 0)),
             marks: parking_lot::Mutex::new(Marks {
                 idle_since: Instant::now(),
@@ -410,7 +449,7 @@ impl Activity {
     }
 
     fn bytes_read(&self) {
-        if self.inflight.load(Ordering::Acquire) == 0 {
+        if self.inflight.load(Ordering::Acquire) == 0 && !self.http2.load(Ordering::Acquire) {
             let mut marks = self.marks.lock();
             marks.head_started.get_or_insert_with(Instant::now);
         }

@@ -49,7 +49,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         .admin
         .as_ref()
         .and_then(|a| p.take("admin.address", parse_addr(&a.address)));
-    let trusted_proxies = raw
+    let trusted_proxies: Vec<IpNet> = raw
         .trusted_proxies
         .iter()
         .enumerate()
@@ -98,7 +98,24 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
             routes.push(route);
         }
     }
-    if listeners.is_empty() && raw.listeners.is_empty() {
+    if raw.max_inflight == Some(0) {
+        p.add("max_inflight", "must be at least 1");
+    }
+    let trusted: &Vec<IpNet> = &trusted_proxies;
+    if trusted.is_empty() && raw.listeners.iter().any(|l| l.proxy_protocol) {
+        let i = raw
+            .listeners
+            .iter()
+            .position(|l| l.proxy_protocol)
+            .unwrap_or(0);
+        let i = raw.positions.listeners.get(i).copied().unwrap_or(i);
+        p.add(
+            format!("listeners[{i}].proxy_protocol"),
+            "needs `trusted_proxies`: PROXY headers are accepted only from them",
+        );
+    }
+    // Broken listener items were reported already; only a file with none asks for one.
+    if listeners.is_empty() && raw.listeners.is_empty() && raw.positions.listeners.is_empty() {
         p.add(
             "listeners",
             "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
@@ -119,14 +136,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         },
         limiter,
         shutdown_timeout,
-        max_inflight: match raw.max_inflight {
-            Some(0) => {
-                p.add("max_inflight", "must be at least 1");
-                return Err(p.0);
-            }
-            Some(n) => n,
-            None => 10_000,
-        },
+        max_inflight: raw.max_inflight.unwrap_or(10_000),
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),
@@ -260,27 +270,26 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
             h2.and_then(|h| h.max_concurrent_streams).map(u64::from),
             u64::from(defaults.h2_max_concurrent_streams),
         )),
-        h2_stream_window: window(sizes.bytes(
+        h2_stream_window: sizes.window(
             "http2.stream_window",
             h2.and_then(|h| h.stream_window.as_ref()),
             u64::from(defaults.h2_stream_window),
-            1024,
-        )),
-        h2_connection_window: window(sizes.bytes(
+        ),
+        h2_connection_window: sizes.window(
             "http2.connection_window",
             h2.and_then(|h| h.connection_window.as_ref()),
             u64::from(defaults.h2_connection_window),
-            1024,
-        )),
+        ),
         proxy_protocol: l.proxy_protocol,
-        h2_max_header_list: window(sizes.bytes(
+        h2_max_header_list: sizes.window(
             "http2.max_header_list",
             h2.and_then(|h| h.max_header_list.as_ref()),
             u64::from(defaults.h2_max_header_list),
-            1024,
-        )),
+        ),
     }
 }
+
+const H2_MAX_WINDOW: u64 = (1 << 31) - 1;
 
 /// Reads the size and count keys of one listener, reporting bad values under `path`.
 struct Sizes<'a, 'b> {
@@ -298,6 +307,18 @@ impl Sizes<'_, '_> {
             self.p.add(field, format!("must be at least {min} bytes"));
         }
         value
+    }
+
+    /// An HTTP/2 window or list size: 1 KiB to 2^31-1 bytes (RFC 9113 6.9.1).
+    fn window(&mut self, key: &str, raw: Option<&String>, default: u64) -> u32 {
+        let value = self.bytes(key, raw, default, 1024);
+        if value > H2_MAX_WINDOW {
+            self.p.add(
+                format!("{}.{key}", self.path),
+                format!("must be at most {H2_MAX_WINDOW} bytes (2^31-1, the HTTP/2 limit)"),
+            );
+        }
+        u32::try_from(value.min(H2_MAX_WINDOW)).unwrap_or(u32::MAX)
     }
 
     fn count(&mut self, key: &str, raw: Option<u64>, default: u64) -> u64 {
