@@ -98,29 +98,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
             routes.push(route);
         }
     }
-    if raw.max_inflight == Some(0) {
-        p.add("max_inflight", "must be at least 1");
-    }
-    let trusted: &Vec<IpNet> = &trusted_proxies;
-    if trusted.is_empty() && raw.listeners.iter().any(|l| l.proxy_protocol) {
-        let i = raw
-            .listeners
-            .iter()
-            .position(|l| l.proxy_protocol)
-            .unwrap_or(0);
-        let i = raw.positions.listeners.get(i).copied().unwrap_or(i);
-        p.add(
-            format!("listeners[{i}].proxy_protocol"),
-            "needs `trusted_proxies`: PROXY headers are accepted only from them",
-        );
-    }
-    // Broken listener items were reported already; only a file with none asks for one.
-    if listeners.is_empty() && raw.listeners.is_empty() && raw.positions.listeners.is_empty() {
-        p.add(
-            "listeners",
-            "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
-        );
-    }
+    whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -165,6 +143,37 @@ fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {
         .iter()
         .map(|(n, u)| (format!("upstream {n}"), hash(format!("{u:?}"))));
     routes.chain(upstreams).collect()
+}
+
+/// Rules that span sections of the file.
+fn whole_file_checks(
+    raw: &file::File,
+    listeners: &[Listener],
+    trusted: &[IpNet],
+    p: &mut Problems,
+) {
+    if raw.max_inflight == Some(0) {
+        p.add("max_inflight", "must be at least 1");
+    }
+    if trusted.is_empty() && raw.listeners.iter().any(|l| l.proxy_protocol) {
+        let i = raw
+            .listeners
+            .iter()
+            .position(|l| l.proxy_protocol)
+            .unwrap_or(0);
+        let i = raw.positions.listeners.get(i).copied().unwrap_or(i);
+        p.add(
+            format!("listeners[{i}].proxy_protocol"),
+            "needs `trusted_proxies`: PROXY headers are accepted only from them",
+        );
+    }
+    // Broken listener items were reported already; only a file with none asks for one.
+    if listeners.is_empty() && raw.listeners.is_empty() && raw.positions.listeners.is_empty() {
+        p.add(
+            "listeners",
+            "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
+        );
+    }
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
