@@ -42,7 +42,6 @@ fi
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --no-fail-fast
-  cargo test --locked --doc
 else
   cargo test --locked --no-fail-fast
 fi
