@@ -296,6 +296,8 @@ impl Connection {
                 }
                 _ = self.stop.changed(), if !closing => closing = true,
                 () = activity.retire.notified(), if !closing => closing = true,
+                // A request ended: the idle deadline starts now.
+                () = activity.went_idle.notified(), if !closing => {}
                 () = tokio::time::sleep_until(idle_check), if !closing => {
                     match activity.overdue(&self.settings) {
                         Overdue::No => {}
@@ -386,6 +388,7 @@ struct Activity {
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     retire: Notify,
+    went_idle: Notify,
 }
 
 #[derive(Clone, Copy)]
@@ -415,6 +418,7 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
+            went_idle: Notify::new(),
         }
     }
 
@@ -433,7 +437,9 @@ impl Activity {
             idle_since: Instant::now(),
             head_started: None,
         };
-        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.went_idle.notify_one();
+        }
         let mut window = self.window.lock();
         window.0 += 1;
         window.1 += u32::from(!answered);
@@ -467,7 +473,13 @@ impl Activity {
         }
     }
 
+    /// When the watchdog should look next. While a request is in flight nothing can be
+    /// overdue: look again after a full idle period (never a deadline in the past, which would
+    /// spin the loop for as long as a slow request takes).
     fn next_check(&self, s: &ListenerSettings) -> Instant {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return Instant::now() + s.idle_timeout.max(s.header_read_timeout);
+        }
         self.deadline(s).0
     }
 
