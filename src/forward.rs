@@ -45,7 +45,26 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     next: AtomicUsize,
-    client: Client<HttpsConnector<HttpConnector>, Guarded>,
+    /// One pool per worker thread: a worker reuses connections whose tasks run on its own
+    /// thread, so a request never wakes another core.
+    clients: Vec<Client<HttpsConnector<HttpConnector>, Guarded>>,
+}
+
+/// Worker threads serving requests (each gets its own upstream pools).
+static WORKERS: AtomicUsize = AtomicUsize::new(1);
+
+thread_local! {
+    static WORKER_ID: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Set before configs are compiled: how many pools each upstream keeps.
+pub fn set_workers(n: usize) {
+    WORKERS.store(n.max(1), Ordering::Relaxed);
+}
+
+/// Called once on each worker thread.
+pub fn set_worker_id(id: usize) {
+    WORKER_ID.with(|w| w.set(id));
 }
 
 /// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.
@@ -106,10 +125,14 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let clients = (0..WORKERS.load(Ordering::Relaxed))
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_timer(TokioTimer::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .build(connector.clone())
+            })
+            .collect();
         Self {
             name: name.into(),
             scheme: spec.scheme,
@@ -117,8 +140,13 @@ impl Upstream {
             connect_timeout: spec.connect_timeout,
             timeout: spec.timeout,
             next: AtomicUsize::new(0),
-            client,
+            clients,
         }
+    }
+
+    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Guarded> {
+        let id = WORKER_ID.with(std::cell::Cell::get);
+        &self.clients[id % self.clients.len()]
     }
 
     fn pick(&self) -> &Authority {
@@ -165,7 +193,7 @@ pub async fn send(
         tokio::time::sleep(upstream.timeout).await;
     };
     let mut res = tokio::select! {
-        res = upstream.client.request(req) => res.map_err(|e| classify(&e))?,
+        res = upstream.client().request(req) => res.map_err(|e| classify(&e))?,
         () = head_deadline => return Err(ProxyError::UpstreamTimeout),
     };
     let upgrade = res.headers().get(UPGRADE).cloned();

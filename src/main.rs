@@ -29,7 +29,12 @@ fn main() -> ExitCode {
             }
         },
         Command::Run => {
-            let runtime = match tokio::runtime::Runtime::new() {
+            // The control runtime (signals, reload, admin, Redis); requests are served by
+            // the worker threads `app::run` starts.
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("tollgate: cannot start the runtime: {e}");

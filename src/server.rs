@@ -99,6 +99,8 @@ pub struct Listening {
     pub settings: ListenerSettings,
     /// The certificates it was bound with; `None`: a plain-text port for its whole life.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The listener's `max_connections`, shared by the workers serving it.
+    pub slots: Arc<Semaphore>,
 }
 
 /// Accept connections until `stop` flips to true, then let the open connections finish their
@@ -107,7 +109,7 @@ pub struct Listening {
 pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let settings = Arc::new(l.settings);
     let builder = Arc::new(builder(&settings));
-    let slots = Arc::new(Semaphore::new(settings.max_connections));
+    let slots = l.slots.clone();
     let mut connections = JoinSet::new();
     loop {
         let (stream, peer) = tokio::select! {
