@@ -1,0 +1,451 @@
+#!/usr/bin/env bash
+# Load comparison of tollgate against nginx (proxy_pass + limit_req) on this machine.
+#
+#   benches/compare.sh
+#
+# Starts on 127.0.0.1 only: a backend (nginx, 1 worker, `return 200 "ok\n"`), nginx as the
+# rate-limiting proxy (2 workers), tollgate with the equivalent YAML, and redis-server for the
+# Redis scenarios. Each proxy is started afresh for each scenario, so its peak RSS (VmHWM) is
+# that scenario's. Runs wrk (HTTP/1.1) and h2load (h2c) for a fixed time after a warm-up, prints
+# one Markdown table with ratios, writes it to a results file, and stops every process it started
+# (also on failure or Ctrl-C). See docs/performance.md for what each scenario measures.
+#
+# Environment (defaults in brackets):
+#   DURATION [10]      seconds measured per run          WARMUP [2]  seconds of warm-up per run
+#   CONNECTIONS [64]   client connections                THREADS [2] wrk/h2load threads
+#   H2_STREAMS [10]    concurrent streams per h2 connection (h2load -m)
+#   KEYS [100000]      distinct X-API-Key values in scenario 4
+#   TOLLGATE_HEADERS [true]  tollgate's rate-limit response headers (nginx sends none): `false`
+#                      turns both header families off
+#   SCENARIOS [baseline forwarded rejected redis keys h2]  which scenarios to run
+#   TOLLGATE_BIN       a tollgate binary to use; without it target/release/tollgate is built with
+#                      `cargo build --release --locked` when missing or older than src/,
+#                      Cargo.toml or Cargo.lock
+#   RESULTS [target/compare/results-DATE.md]  where the report is written
+#   KEEP_TMP [0]       1 keeps the temp dir (configs, logs, raw wrk/h2load output)
+set -euo pipefail
+
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-2}
+H2_STREAMS=${H2_STREAMS:-10}
+KEYS=${KEYS:-100000}
+TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
+SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis keys h2}
+KEEP_TMP=${KEEP_TMP:-0}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$ROOT/benches/compare
+cd "$ROOT"
+RESULTS=${RESULTS:-$ROOT/target/compare/results-$(date +%Y%m%d-%H%M%S).md}
+started_at=$SECONDS
+LOAD_BEFORE=$(cut -d" " -f1-3 /proc/loadavg)
+# What else was using the CPU (top's second frame: the last half second).
+BUSY_BEFORE=$(top -bn2 -d0.5 -w 512 -o %CPU 2>/dev/null | awk '/^ *PID/ {frame++; next} frame == 2 && n < 3 && $9 + 0 > 0 {printf "%s%s %s%%", (n++ ? ", " : ""), $12, $9}')
+BUSY_BEFORE=${BUSY_BEFORE:-none}
+
+log() { printf "== %s %s\n" "$(date +%T)" "$*" >&2; }
+die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
+
+# --- what is needed -------------------------------------------------------------------------
+missing=()
+command -v nginx >/dev/null || missing+=(nginx)
+command -v wrk >/dev/null || missing+=(wrk)
+command -v h2load >/dev/null || missing+=(nghttp2-client)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v curl >/dev/null || missing+=(curl)
+command -v python3 >/dev/null || missing+=(python3)
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+
+if [ -n "${TOLLGATE_BIN:-}" ]; then
+    BIN=$(realpath "$TOLLGATE_BIN")
+else
+    BIN=$ROOT/target/release/tollgate
+    if [ ! -x "$BIN" ] || [ -n "$(find src Cargo.toml Cargo.lock -newer "$BIN" -print -quit)" ]; then
+        log "building target/release/tollgate (cargo build --release --locked)"
+        cargo build --release --locked
+    fi
+fi
+[ -x "$BIN" ] || die "no tollgate binary at $BIN"
+
+# --- processes: everything started here is stopped on exit ----------------------------------
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-compare.XXXXXX")
+chmod 755 "$TMP" # nginx workers run as nobody
+PIDS=()          # long-lived processes, stopped by cleanup
+CURRENT=""       # the wrk/h2load run in progress
+
+cleanup() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    if [ -n "$CURRENT" ]; then kill -TERM "$CURRENT" 2>/dev/null || true; fi
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}" $CURRENT; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ "$KEEP_TMP" = 1 ] || [ "$rc" -ne 0 ]; then
+        log "logs, configs and raw output kept in $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# A private copy: another build replacing target/release/tollgate mid-run must not change
+# which binary the later scenarios start.
+BIN_BUILT=$(date -u -r "$BIN" '+%Y-%m-%d %H:%M UTC')
+cp "$BIN" "$TMP/tollgate-bin"
+BIN_SOURCE=$BIN
+BIN=$TMP/tollgate-bin
+
+# Stop one process started by start_*, and forget it.
+stop() {
+    local pid=$1 keep=() p
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
+# A port nothing listens on: bind :0 and let the kernel pick.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Wait until 127.0.0.1:PORT accepts, failing early if PID died.
+wait_port() {
+    local port=$1 pid=$2 what=$3
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || die "$what exited at startup (see $TMP)"
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    die "$what does not listen on $port after 10 s (see $TMP)"
+}
+
+# Peak RSS in kB of PID and its children (nginx: master + workers), from VmHWM.
+peak_rss() {
+    local total=0 p kb
+    for p in "$1" $(pgrep -P "$1" || true); do
+        kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null || true)
+        total=$((total + ${kb:-0}))
+    done
+    echo "$total"
+}
+
+# Reset the peak RSS of PID and its children to their current RSS (Linux clear_refs 5).
+reset_peak_rss() {
+    local p
+    for p in "$1" $(pgrep -P "$1" || true); do
+        echo 5 >"/proc/$p/clear_refs" 2>/dev/null || true
+    done
+}
+
+fill() { # fill TEMPLATE OUT KEY=VALUE...
+    local in=$1 out=$2 kv text
+    text=$(<"$in")
+    shift 2
+    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
+    printf '%s\n' "$text" >"$out"
+}
+
+start_backend() {
+    local dir=$TMP/backend
+    mkdir -p "$dir"
+    BACKEND_PORT=$(free_port)
+    BACKEND_H2_PORT=$(free_port)
+    fill "$HERE/backend.conf.in" "$dir/nginx.conf" DIR="$dir" PORT="$BACKEND_PORT" H2_PORT="$BACKEND_H2_PORT"
+    nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    BACKEND_PID=$!
+    PIDS+=("$BACKEND_PID")
+    wait_port "$BACKEND_PORT" "$BACKEND_PID" backend
+    wait_port "$BACKEND_H2_PORT" "$BACKEND_PID" backend
+}
+
+# start_nginx NAME ZONE_KEY ZONE_SIZE RATE BURST -> NGINX_PID, NGINX_PORT, NGINX_H2_PORT
+start_nginx() {
+    local dir=$TMP/$1
+    mkdir -p "$dir"
+    NGINX_PORT=$(free_port)
+    NGINX_H2_PORT=$(free_port)
+    fill "$HERE/nginx-proxy.conf.in" "$dir/nginx.conf" DIR="$dir" PORT="$NGINX_PORT" \
+        H2_PORT="$NGINX_H2_PORT" BACKEND_PORT="$BACKEND_PORT" ZONE_KEY="$2" ZONE_SIZE="$3" \
+        RATE="$4" BURST="$5"
+    nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" >"$dir/stdout" 2>&1 &
+    NGINX_PID=$!
+    PIDS+=("$NGINX_PID")
+    wait_port "$NGINX_PORT" "$NGINX_PID" "nginx ($1)"
+    wait_port "$NGINX_H2_PORT" "$NGINX_PID" "nginx ($1)"
+}
+
+# start_tollgate NAME LIMITER RATE BURST KEY -> TOLLGATE_PID, TOLLGATE_PORT
+start_tollgate() {
+    local dir=$TMP/$1
+    mkdir -p "$dir"
+    TOLLGATE_PORT=$(free_port)
+    fill "$HERE/tollgate.yaml.in" "$dir/tollgate.yaml" PORT="$TOLLGATE_PORT" \
+        BACKEND_PORT="$BACKEND_PORT" LIMITER="$2" HEADERS="$TOLLGATE_HEADERS" RATE="$3" \
+        BURST="$4" KEY="$5"
+    (cd "$dir" && exec "$BIN" --access-log false --log-level warn run --config "$dir/tollgate.yaml") \
+        >"$dir/stdout" 2>"$dir/stderr" &
+    TOLLGATE_PID=$!
+    PIDS+=("$TOLLGATE_PID")
+    wait_port "$TOLLGATE_PORT" "$TOLLGATE_PID" "tollgate ($1)"
+}
+
+start_redis() {
+    local dir=$TMP/redis
+    mkdir -p "$dir"
+    REDIS_PORT=$(free_port)
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$dir" --save "" --appendonly no \
+        --daemonize no --logfile "$dir/redis.log" >/dev/null 2>&1 &
+    REDIS_PID=$!
+    PIDS+=("$REDIS_PID")
+    wait_port "$REDIS_PORT" "$REDIS_PID" redis-server
+}
+
+# "ALL SCRIPTS": commands Redis has processed, and of those the script calls (EVAL, EVALSHA and
+# their _RO forms). Commands a script runs inside Redis (TIME, GET, SET) count in ALL too, so
+# SCRIPTS per request is the number of round trips a request costs.
+redis_commands() {
+    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[:=,]' '
+        /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
+        END { print all + 0, scripts + 0 }'
+}
+
+ROWS=$TMP/rows.tsv
+RATIOS=$TMP/ratios.tsv
+NOTES=$TMP/notes.md
+: >"$ROWS"
+: >"$RATIOS"
+: >"$NOTES"
+ratio() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$RATIOS"; }
+note() { printf -- '- %s\n' "$*" >>"$NOTES"; }
+
+# Run one command bounded in time, in the background so that a signal reaches the trap at once.
+bounded() {
+    local limit=$1
+    shift
+    timeout --kill-after=5 "$limit" "$@" &
+    CURRENT=$!
+    local rc=0
+    wait "$CURRENT" || rc=$?
+    CURRENT=""
+    return "$rc"
+}
+
+# measure_wrk SCENARIO TARGET PID URL [HEADER] [LUA]: warm-up, measured run, peak RSS, probe.
+measure_wrk() {
+    local scen=$1 target=$2 pid=$3 url=$4 header=${5:-} lua=${6:-}
+    local out args=() probe_args=()
+    out=$TMP/run-$(echo "$scen-$target" | tr -c 'a-zA-Z0-9' _).txt
+    [ -n "$lua" ] && args+=(-s "$lua")
+    [ -n "$header" ] && probe_args+=(-H "$header")
+    log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (wrk -t$THREADS -c$CONNECTIONS)"
+    bounded $((WARMUP + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "${args[@]}" "$url" \
+        >"$out.warmup" 2>&1 || die "wrk warm-up failed: $(cat "$out.warmup")"
+    local before=""
+    [ "$target" = "tollgate (redis)" ] && before=$(redis_commands)
+    bounded $((DURATION + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency \
+        "${args[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+    local rss probe fields
+    rss=$(peak_rss "$pid")
+    probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "${probe_args[@]}" "$url" || echo failed)
+    fields=$(python3 "$HERE/summarize.py" wrk "$out")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" >>"$ROWS"
+    if [ -n "$before" ]; then
+        local after total
+        after=$(redis_commands)
+        total=$(cut -f4 <<<"$fields")
+        # $before and $after are two numbers each: split on purpose.
+        # shellcheck disable=SC2086
+        note "$(python3 - "$scen" "$total" $before $after <<'PY'
+import sys
+scen, total, a0, s0, a1, s1 = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
+all_, scripts = a1 - a0 - 1, s1 - s0  # less the INFO that took the first snapshot
+print(f"{scen}: Redis ran {scripts} script calls ({all_} commands counting those the script "
+      f"runs inside Redis) for {total} requests completed in the measured run: "
+      f"{scripts / max(total, 1):.3f} round trips per request (the requests still in flight at "
+      f"the end make this slightly above the real figure).")
+PY
+)"
+    fi
+}
+
+# measure_h2 SCENARIO TARGET PID URL
+measure_h2() {
+    local scen=$1 target=$2 pid=$3 url=$4
+    local out
+    out=$TMP/run-$(echo "$scen-$target" | tr -c 'a-zA-Z0-9' _).txt
+    log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (h2load -t$THREADS -c$CONNECTIONS -m$H2_STREAMS)"
+    bounded $((WARMUP + DURATION + 30)) h2load -t"$THREADS" -c"$CONNECTIONS" -m"$H2_STREAMS" \
+        -D "$DURATION" --warm-up-time "$WARMUP" --log-file "$out.log" "$url" >"$out" 2>&1 ||
+        die "h2load failed: $(cat "$out")"
+    local rss probe fields
+    rss=$(peak_rss "$pid")
+    probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 --http2-prior-knowledge "$url" || echo failed)
+    fields=$(python3 "$HERE/summarize.py" h2load "$out" "$out.log")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" >>"$ROWS"
+}
+
+# Warnings or errors a tollgate run logged (it runs at --log-level warn).
+check_log() {
+    local name=$1 n
+    n=$(grep -c . "$TMP/$name/stderr" 2>/dev/null || true)
+    if [ "${n:-0}" -gt 0 ]; then
+        note "tollgate ($name) logged $n warning/error lines, first: $(head -c 300 "$TMP/$name/stderr" | head -1)"
+    fi
+}
+
+want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
+
+# --- the limits -----------------------------------------------------------------------------
+# nginx variables, written into the nginx config as they are:
+# shellcheck disable=SC2016
+BY_ADDR='$binary_remote_addr'
+# shellcheck disable=SC2016
+BY_KEY='$http_x_api_key'
+# forwarded: never reached. tollgate's finest rate is 1000000/s.
+FWD_NGINX=("$BY_ADDR" 10m 1000000r/s 1000000)
+FWD_TOLLGATE=(1000000/s 1000000 ip)
+# rejected: one request, then 429 for everyone (all clients are 127.0.0.1). nginx's slowest
+# rate is 1r/m, so it may admit one more request per minute than tollgate's 1/day.
+REJ_NGINX=("$BY_ADDR" 10m 1r/m 1)
+REJ_TOLLGATE=(1/day 1 ip)
+# 100k keys: a per-key limit no key reaches (each key is sent a few times per second at most).
+KEY_NGINX=("$BY_KEY" 64m 1000r/s 1000)
+KEY_TOLLGATE=(1000/s 1000 header:X-API-Key)
+LOCAL='  backend: local'
+redis_limiter() {
+    printf '  backend: redis\n  on_failure: closed\n  redis:\n    url: redis://127.0.0.1:%s' "$REDIS_PORT"
+}
+
+# --- the runs -------------------------------------------------------------------------------
+start_backend
+log "backend on $BACKEND_PORT (h2c $BACKEND_H2_PORT); tollgate: $BIN_SOURCE (built $BIN_BUILT)"
+
+if want baseline; then
+    measure_wrk "baseline" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_PORT/"
+fi
+
+if want forwarded; then
+    start_nginx nginx-forwarded "${FWD_NGINX[@]}"
+    measure_wrk "1 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+    stop "$NGINX_PID"
+    start_tollgate tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}"
+    measure_wrk "1 forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-forwarded
+    ratio "1 forwarded, tollgate/nginx" "1 forwarded" tollgate "1 forwarded" nginx
+fi
+
+if want rejected; then
+    start_nginx nginx-rejected "${REJ_NGINX[@]}"
+    measure_wrk "2 rejected" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+    stop "$NGINX_PID"
+    start_tollgate tollgate-rejected "$LOCAL" "${REJ_TOLLGATE[@]}"
+    measure_wrk "2 rejected" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-rejected
+    ratio "2 rejected, tollgate/nginx" "2 rejected" tollgate "2 rejected" nginx
+fi
+
+if want redis; then
+    start_redis
+    start_tollgate tollgate-redis-forwarded "$(redis_limiter)" "${FWD_TOLLGATE[@]}"
+    measure_wrk "3 redis forwarded" "tollgate (redis)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-redis-forwarded
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    start_tollgate tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}"
+    measure_wrk "3 redis rejected" "tollgate (redis)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-redis-rejected
+    note "redis-server peak RSS $(($(peak_rss "$REDIS_PID") / 1024)) MB (not in the table's figure)."
+    stop "$REDIS_PID"
+    ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "1 forwarded" tollgate
+    ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
+fi
+
+if want keys; then
+    start_nginx nginx-keys "${KEY_NGINX[@]}"
+    measure_wrk "4 $((KEYS / 1000))k keys" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/" \
+        "X-API-Key: probe" "$HERE/keys.lua"
+    stop "$NGINX_PID"
+    start_tollgate tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}"
+    measure_wrk "4 $((KEYS / 1000))k keys" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/" \
+        "X-API-Key: probe" "$HERE/keys.lua"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-keys
+    ratio "4 $((KEYS / 1000))k keys, tollgate/nginx" "4 $((KEYS / 1000))k keys" tollgate "4 $((KEYS / 1000))k keys" nginx
+fi
+
+if want h2; then
+    reset_peak_rss "$BACKEND_PID"
+    measure_h2 "5 h2 forwarded" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_H2_PORT/"
+    start_nginx nginx-h2 "${FWD_NGINX[@]}"
+    measure_h2 "5 h2 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_H2_PORT/"
+    stop "$NGINX_PID"
+    start_tollgate tollgate-h2 "$LOCAL" "${FWD_TOLLGATE[@]}"
+    measure_h2 "5 h2 forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-h2
+    ratio "5 h2 forwarded, tollgate/nginx" "5 h2 forwarded" tollgate "5 h2 forwarded" nginx
+fi
+
+if want forwarded && want rejected; then
+    ratio "rejected/forwarded, nginx (>1: a 429 is cheaper than a forward)" "2 rejected" nginx "1 forwarded" nginx
+    ratio "rejected/forwarded, tollgate" "2 rejected" tollgate "1 forwarded" tollgate
+fi
+
+# --- the report -----------------------------------------------------------------------------
+mkdir -p "$(dirname "$RESULTS")"
+{
+    echo "# tollgate vs nginx, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "Machine: $(nproc) cores, $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)," \
+        "$(awk '/^MemTotal:/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) RAM;" \
+        "load average (1, 5, 15 min) before the run: $LOAD_BEFORE; busiest processes then: $BUSY_BEFORE."
+    dirty=""
+    git -C "$ROOT" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null ||
+        dirty=" (plus uncommitted changes in src/)"
+    what="tollgate $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$dirty"
+    [ -n "${TOLLGATE_BIN:-}" ] && what="tollgate $BIN_SOURCE (TOLLGATE_BIN)"
+    echo "$what, binary built $BIN_BUILT;" \
+        "$(nginx -v 2>&1 | sed 's/.*: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}')," \
+        "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')."
+    echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
+        "$THREADS client threads; h2 with $H2_STREAMS streams per connection." \
+        "tollgate rate-limit headers: $TOLLGATE_HEADERS."
+    echo
+    python3 "$HERE/summarize.py" report "$ROWS" "$RATIOS"
+    if [ -s "$NOTES" ]; then
+        echo
+        cat "$NOTES"
+    fi
+    echo
+    echo "p50/p99: wrk --latency for HTTP/1.1; for h2, computed from h2load's per-request log."
+    echo "Peak RSS: VmHWM of the proxy (nginx: master + workers, summed). non-2xx: responses that were"
+    echo "not 2xx/3xx out of those completed; the probe is one curl request right after the run."
+    echo "Total time: $((SECONDS - started_at)) s."
+} >"$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+cat "$RESULTS"
+log "results written to $RESULTS"
