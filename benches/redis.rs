@@ -1,0 +1,117 @@
+//! The Redis check round trip, against a `redis-server` this bench starts on a free loopback
+//! port (and stops): one EVALSHA of the bucket script per check, one and two buckets.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use tollgate::identity::{Alternative, ClientId, KeySpec};
+use tollgate::limiter::local::Buckets;
+use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
+use tollgate::limiter::{Check, FailurePolicy, Limit, Rate};
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_redis() -> Option<(Server, u16)> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some((server, port))
+}
+
+fn limit(name: &str) -> Limit {
+    Limit {
+        name: name.into(),
+        rate: Rate {
+            per_sec: 1e6,
+            burst: 1_000_000,
+        },
+        cost: 1,
+        shadow: false,
+        key: KeySpec(vec![Alternative::parse("ip").expect("a source")]),
+        exempt: Vec::new(),
+        on_failure: FailurePolicy::Open,
+        local: Arc::new(Buckets::new(16)),
+        fallback: Rate {
+            per_sec: 1e6,
+            burst: 1_000_000,
+        },
+    }
+}
+
+fn redis_round_trip(c: &mut Criterion) {
+    let Some((_server, port)) = start_redis() else {
+        eprintln!("redis-server not available: skipping the Redis benchmarks");
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let cfg = RedisConfig {
+        url: Some(format!("redis://127.0.0.1:{port}")),
+        cluster: Vec::new(),
+        timeout: Duration::from_millis(500),
+        key_prefix: "bench:".into(),
+    };
+    let limiter = rt
+        .block_on(async { RedisLimiter::new(&cfg) })
+        .expect("a limiter");
+    let (per_key, global) = (limit("per-key"), limit("global"));
+    let one = [Check {
+        limit: &per_key,
+        client: ClientId(7),
+    }];
+    let two = [
+        one[0],
+        Check {
+            limit: &global,
+            client: ClientId(1),
+        },
+    ];
+    // Connect and load the script before measuring.
+    rt.block_on(limiter.check(&one, &[true]))
+        .expect("Redis answers");
+    c.bench_function("redis check, one bucket", |b| {
+        b.iter(|| black_box(rt.block_on(limiter.check(&one, &[true]))));
+    });
+    c.bench_function("redis check, two buckets", |b| {
+        b.iter(|| black_box(rt.block_on(limiter.check(&two, &[true, true]))));
+    });
+}
+
+criterion_group!(benches, redis_round_trip);
+criterion_main!(benches);
