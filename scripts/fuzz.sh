@@ -69,7 +69,10 @@ for t in "${targets[@]}"; do
   rm -f "$marker"
   if [ "$rc" -ne 0 ] || grep -qE '^(==[0-9]+== ?ERROR|SUMMARY: libFuzzer)' "$log"; then
     failed+=("$t")
-    summary+=("$t: FAILED (exit $rc) ${last}")
+    # The panic message (the line after "panicked at"), else the sanitizer's summary.
+    why=$(grep -A1 -m1 'panicked at' "$log" | tail -n 1 | cut -c1-160 || true)
+    [ -n "$why" ] || why=$(grep -m1 -E '^SUMMARY' "$log" || true)
+    summary+=("$t: FAILED (exit $rc) after ${last:-loading the corpus}: ${why}")
     echo "   FAILED (exit $rc); log: $log"
     grep -E "panicked at|^SUMMARY|ERROR: libFuzzer|Test unit written to" "$log" | head -n 8 | sed 's/^/   /'
   else
@@ -77,7 +80,8 @@ for t in "${targets[@]}"; do
     echo "   ok: ${last}"
   fi
   if [ -n "$found" ]; then
-    echo "   artifacts:"; echo "$found" | sed 's/^/     /'
+    echo "   artifacts:"
+    while read -r f; do echo "     $f"; done <<<"$found"
   fi
 done
 
