@@ -125,11 +125,12 @@ pub fn normalize_path(path: &str) -> Result<String, ProxyError> {
 
 fn decode_unreserved(path: &str) -> Result<String, ProxyError> {
     let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
+    // Bytes, not chars: a path may carry UTF-8 (hyper accepts it), which is copied untouched.
+    let mut out: Vec<u8> = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] != b'%' {
-            out.push(bytes[i] as char);
+            out.push(bytes[i]);
             i += 1;
             continue;
         }
@@ -137,16 +138,17 @@ fn decode_unreserved(path: &str) -> Result<String, ProxyError> {
         let byte = u8::from_str_radix(hex, 16).map_err(|_| ProxyError::BadRequest)?;
         match byte {
             b'/' | b'\\' | 0 => return Err(ProxyError::BadRequest),
-            b if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => out.push(b as char),
+            b if b.is_ascii_alphanumeric() || b"-._~".contains(&b) => out.push(b),
             // Reserved or non-ASCII: keep the escape, in upper case (one spelling).
             _ => {
-                out.push('%');
-                out.push_str(&hex.to_ascii_uppercase());
+                out.push(b'%');
+                out.extend_from_slice(hex.to_ascii_uppercase().as_bytes());
             }
         }
         i += 3;
     }
-    Ok(out)
+    // Only ASCII was decoded into a valid UTF-8 string, so it stays valid.
+    String::from_utf8(out).map_err(|_| ProxyError::BadRequest)
 }
 
 #[cfg(test)]
@@ -165,6 +167,7 @@ mod tests {
             ("/a/.", "/a/"),
             ("/../..", "/"),
             ("/caf%c3%a9", "/caf%C3%A9"),
+            ("/caf\u{e9}/./menu", "/caf\u{e9}/menu"),
         ] {
             assert_eq!(normalize_path(raw).unwrap(), clean, "{raw}");
         }

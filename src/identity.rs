@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::header::{AUTHORIZATION, COOKIE, HOST};
-use http::{HeaderMap, HeaderName, Method, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use ipnet::IpNet;
 use percent_encoding::percent_decode_str;
 
@@ -352,16 +352,21 @@ pub fn client_ip_from(
         ForwardedHeader::XForwardedFor => "x-forwarded-for",
         ForwardedHeader::Forwarded => "forwarded",
     };
-    let lines: Vec<&str> = headers
+    // Raw bytes: a line with bytes that are not visible ASCII is not skipped (that would let
+    // a client hide the entries a proxy appended); only the entries themselves are judged.
+    let lines: Vec<&[u8]> = headers
         .get_all(name)
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(HeaderValue::as_bytes)
         .collect();
     let mut client = peer;
-    for entry in lines.iter().rev().flat_map(|l| l.rsplit(',')) {
+    for entry in lines.iter().rev().flat_map(|l| l.rsplit(|b| *b == b',')) {
+        let entry = std::str::from_utf8(entry).ok();
         let hop = match header {
-            ForwardedHeader::XForwardedFor => parse_forwarded_ip(entry.trim()),
-            ForwardedHeader::Forwarded => forwarded_for(entry).and_then(parse_forwarded_ip),
+            ForwardedHeader::XForwardedFor => entry.and_then(|e| parse_forwarded_ip(e.trim())),
+            ForwardedHeader::Forwarded => {
+                entry.and_then(forwarded_for).and_then(parse_forwarded_ip)
+            }
         };
         let Some(ip) = hop else {
             // Not an address: what is left of it is client-written and cannot be believed.

@@ -178,7 +178,6 @@ fn the_response_checker_reads_chunked_head_and_interim_responses() {
 /// header value) from the client hides the whole line, including the address the trusted proxy
 /// appended to it, and the walk goes on into older, client-written lines.
 #[test]
-#[ignore = "bug: identity::client_ip_from skips X-Forwarded-For/Forwarded lines that are not visible ASCII instead of stopping the walk (src/identity.rs, `filter_map(|v| v.to_str().ok())`)"]
 fn an_obs_text_byte_in_a_forwarding_line_stops_the_walk() {
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
     // The fuzzer's input, minimised (cargo fuzz tmin): peer ::2, trusted ::/1, the lines `::`
@@ -213,7 +212,6 @@ fn an_obs_text_byte_in_a_forwarding_line_stops_the_walk() {
 /// line and hides the proxy's line behind one 0x80 byte, and so gets a fresh bucket of the
 /// per-IP limit (burst 2) on `/limited`.
 #[test]
-#[ignore = "bug: identity::client_ip_from skips X-Forwarded-For lines that are not visible ASCII: a client behind a trusted proxy mints a fresh per-IP bucket per request"]
 fn hidden_forwarding_lines_do_not_mint_fresh_buckets() {
     let mut data = Vec::new();
     for n in 1..=3 {
@@ -231,7 +229,6 @@ fn hidden_forwarding_lines_do_not_mint_fresh_buckets() {
 /// UTF-8 character (which `http::Uri` and hyper accept in a path) is re-encoded as Latin-1
 /// mojibake: `/café/./menu` becomes `/cafÃ©/menu`, and normalising that again changes it again.
 #[test]
-#[ignore = "bug: guard::normalize_path (decode_unreserved, `out.push(bytes[i] as char)`) mangles non-ASCII path bytes: /caf\u{e9}/./menu -> /caf\u{c3}\u{a9}/menu, not a fixed point"]
 fn normalising_keeps_non_ascii_paths_intact() {
     assert_eq!(
         tollgate::guard::normalize_path("/caf\u{e9}/./menu")
@@ -246,7 +243,6 @@ fn normalising_keeps_non_ascii_paths_intact() {
 
 /// The same bug end to end: the backend receives a different path than the client sent.
 #[test]
-#[ignore = "bug: guard::normalize (via decode_unreserved) forwards /caf\u{e9}/./menu upstream as /caf\u{c3}\u{83}\u{c2}\u{a9}/menu (double-encoded UTF-8)"]
 fn the_backend_receives_the_clients_non_ascii_path() {
     let backend = OneShotBackend::start();
     let config = format!(
@@ -269,7 +265,6 @@ fn the_backend_receives_the_clients_non_ascii_path() {
 /// positive count, so `1e-320/s` (or `1e-300/100000000000000d`) passes, `Rate::token_us()` is
 /// `1e6 / per_sec` = infinity, and `limiter::step` then admits every request: the limit is off.
 #[test]
-#[ignore = "bug: config::values::rate accepts rates so small that Rate::token_us() is infinite (e.g. 1e-320/s); limiter::step then admits everything"]
 fn a_vanishing_rate_is_refused_not_unlimited() {
     harness::values(b"1e-320/s");
     let config = "listeners: [{address: 127.0.0.1:0}]\nroutes:\n  - name: r\n    respond: {}\n    \

@@ -96,6 +96,13 @@ pub fn rate(s: &str) -> Result<RateValue, String> {
         return Err(format!("rate `{s}`: the period must be longer than zero"));
     }
     let value = RateValue { count, per };
+    // Below about one token per 30000 years the arithmetic stops being meaningful (at the extreme
+    // the time per token is infinite and nothing would be limited).
+    if value.per_sec() < 1e-12 {
+        return Err(format!(
+            "rate `{s}` is below one per 30000 years: too small to count"
+        ));
+    }
     if value.per_sec() > 1e6 {
         return Err(format!(
             "rate `{s}` is above 1000000/s, the finest a bucket can count"
@@ -141,5 +148,6 @@ mod tests {
         assert!(rate("-1/s").is_err());
         assert!(rate("10/fortnight").is_err());
         assert!(rate("10/0s").is_err());
+        assert!(rate("1e-320/s").is_err());
     }
 }
