@@ -6,33 +6,14 @@
 #[path = "common/redis.rs"]
 mod redis_helpers;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_helpers::{free_port, RedisCluster};
-use tollgate::identity::{ClientId, KeySpec};
-use tollgate::limiter::local::Buckets;
+use redis_helpers::{free_port, limit, RedisCluster};
+use tollgate::identity::ClientId;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
-use tollgate::limiter::{Check, FailurePolicy, Limit, Rate, Verdict};
+use tollgate::limiter::{Check, Limit, Verdict};
 
 const PREFIX: &str = "tg-test:";
-
-fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> Limit {
-    Limit {
-        name: name.into(),
-        rate: Rate { per_sec, burst },
-        cost,
-        shadow: false,
-        key: KeySpec(Vec::new()),
-        exempt: Vec::new(),
-        on_failure: FailurePolicy::Open,
-        local: Arc::new(Buckets::new(1000)),
-        fallback: Rate {
-            per_sec: 1.0,
-            burst: 1,
-        },
-    }
-}
 
 fn cluster_limiter(urls: Vec<String>, timeout: Duration) -> RedisLimiter {
     let cfg = RedisConfig {
