@@ -335,7 +335,7 @@ fn count(state: &State, trace: &Trace<'_>, status: StatusCode) {
             tracing::info!(
                 route = &*route.name,
                 limit = &*route.limits[r.index].name,
-                "shadow limit exceeded; request admitted (dry run)"
+                "shadow limit exceeded (dry run: not enforced)"
             );
         }
     }

@@ -101,7 +101,7 @@ fn log_changes(old: &Snapshot, new: &Snapshot) {
         "routes and upstreams changed by the reload"
     );
     if old.listeners != new.listeners || old.admin != new.admin {
-        tracing::warn!("listener or admin addresses changed: they apply after a restart");
+        tracing::warn!("listener or admin settings changed (addresses, TLS on or off, limits): they apply after a restart; certificates already follow the reload");
     }
 }
 

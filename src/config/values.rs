@@ -45,7 +45,7 @@ pub fn size(s: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         other => {
             return Err(format!(
-                "size `{s}` has unknown unit `{other}` (B, KiB, MiB, GiB)"
+                "size `{s}` has unknown unit `{other}` (B, KiB, MiB, GiB, KB, MB or GB; whole numbers only)"
             ))
         }
     };
