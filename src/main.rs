@@ -1,6 +1,11 @@
 //! The `tollgate` binary: parse the command line, start logging, hand over to the library.
 
 use std::io::IsTerminal;
+
+/// mimalloc: the request path allocates many small, short-lived buffers (headers, futures),
+/// which glibc's malloc served at about 5% of a forwarded request's time.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 use clap::Parser;
