@@ -344,7 +344,7 @@ pub fn client_ip_from(
     header: ForwardedHeader,
 ) -> IpAddr {
     let peer = peer.to_canonical();
-    let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
+    let is_trusted = |ip: &IpAddr| is_trusted(*ip, trusted);
     if !is_trusted(&peer) {
         return peer;
     }
@@ -378,6 +378,12 @@ pub fn client_ip_from(
         }
     }
     client
+}
+
+/// Whether `ip` (IPv4-mapped IPv6 counted as IPv4) is one of the trusted proxies.
+pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    let ip = ip.to_canonical();
+    trusted.iter().any(|n| n.contains(&ip))
 }
 
 /// The `for=` node of one RFC 7239 element, unquoted and without brackets' port.

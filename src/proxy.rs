@@ -177,7 +177,7 @@ async fn pipeline<'a>(
             let peer = conn.peer.ip().to_canonical();
             let down = Downstream {
                 peer,
-                peer_trusted: snap.trusted_proxies.iter().any(|n| n.contains(&peer)),
+                peer_trusted: identity::is_trusted(peer, &snap.trusted_proxies),
                 tls: conn.tls,
                 client_ip,
                 websocket_allowed: route.websocket,

@@ -213,15 +213,8 @@ impl Connection {
     /// Read the PROXY header and adopt the client address it names. Only trusted proxies may
     /// speak it: anyone else could claim any address. `false`: drop the connection.
     async fn take_proxy_header(&mut self, stream: &mut TcpStream) -> bool {
-        let peer = self.peer.ip().to_canonical();
-        let trusted = self
-            .state
-            .config
-            .load()
-            .trusted_proxies
-            .iter()
-            .any(|n| n.contains(&peer));
-        if !trusted {
+        let trusted = &self.state.config.load().trusted_proxies;
+        if !crate::identity::is_trusted(self.peer.ip(), trusted) {
             tracing::debug!(peer = %self.peer, "PROXY protocol from an untrusted peer: closed");
             return false;
         }

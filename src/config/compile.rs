@@ -119,11 +119,6 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
-        ca_files: raw
-            .upstreams
-            .values()
-            .filter_map(|u| u.tls.as_ref()?.ca.as_ref().map(Into::into))
-            .collect(),
     })
 }
 

@@ -44,8 +44,6 @@ pub struct Snapshot {
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML this snapshot was compiled from (served redacted on the admin `/config`).
     pub source: String,
-    /// CA bundles of https upstreams (watched for changes like the config itself).
-    pub ca_files: Vec<std::path::PathBuf>,
     /// Digest of the config text and of every file it names, read *before* compiling: a file
     /// changed after that is seen as a change by the reload watcher, never missed.
     pub inputs_digest: [u8; 32],

@@ -14,7 +14,7 @@ use std::time::Duration;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 
-use super::{inputs_digest, load, ConfigError, Snapshot};
+use super::{inputs_digest, load, referenced_files, ConfigError, Snapshot};
 use crate::proxy::State;
 
 /// Events closer together than this are one edit.
@@ -159,25 +159,11 @@ async fn run(
     }
 }
 
-/// The files a snapshot was built from besides the config: certificates, keys, CA bundles.
-fn input_files(snapshot: &Snapshot) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for l in &snapshot.listeners {
-        if let Some(tls) = &l.tls {
-            for f in &tls.files {
-                files.push(f.cert.clone());
-                files.push(f.key.clone());
-            }
-        }
-    }
-    files.extend(snapshot.ca_files.iter().cloned());
-    files
-}
-
 /// Also watch the directories of certificates and keys, so a renewed certificate is picked
 /// up without touching the config (a watch added twice is harmless).
 fn watch_inputs(watcher: &mut notify::RecommendedWatcher, snapshot: &Snapshot) {
-    for file in input_files(snapshot) {
+    // The same list the inputs digest covers: the files the snapshot's own text names.
+    for file in referenced_files(&snapshot.source) {
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
         }

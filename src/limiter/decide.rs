@@ -79,11 +79,7 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict
     for ((r, c), v) in checked.zip(checks).zip(verdicts) {
         r.verdict = Some(*v);
         r.fallback = fallback;
-        r.outcome = match (v.admitted, c.limit.shadow) {
-            (true, _) => Outcome::Admitted,
-            (false, true) => Outcome::ShadowLimited,
-            (false, false) => Outcome::Limited,
-        };
+        r.outcome = outcome(v, c.limit);
     }
 }
 
@@ -113,12 +109,17 @@ fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) 
                     retry_after_us: 0.0,
                 });
                 r.verdict = Some(v);
-                match (v.admitted, c.limit.shadow) {
-                    (true, _) => Outcome::Admitted,
-                    (false, true) => Outcome::ShadowLimited,
-                    (false, false) => Outcome::Limited,
-                }
+                outcome(&v, c.limit)
             }
         };
+    }
+}
+
+/// A bucket's verdict as the limit's outcome: a shadow limit's rejection is only reported.
+fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
+    match (v.admitted, limit.shadow) {
+        (true, _) => Outcome::Admitted,
+        (false, true) => Outcome::ShadowLimited,
+        (false, false) => Outcome::Limited,
     }
 }
