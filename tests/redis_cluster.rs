@@ -8,12 +8,10 @@ mod redis_helpers;
 
 use std::time::{Duration, Instant};
 
-use redis_helpers::{free_port, limit, RedisCluster};
+use redis_helpers::{free_port, limit, one, RedisCluster, PREFIX};
 use tollgate::identity::ClientId;
-use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
+use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
 use tollgate::limiter::{Check, Limit, Verdict};
-
-const PREFIX: &str = "tg-test:";
 
 fn cluster_limiter(urls: Vec<String>, timeout: Duration) -> RedisLimiter {
     let cfg = RedisConfig {
@@ -23,14 +21,6 @@ fn cluster_limiter(urls: Vec<String>, timeout: Duration) -> RedisLimiter {
         key_prefix: PREFIX.into(),
     };
     RedisLimiter::new(&cfg).expect("a valid config")
-}
-
-async fn one(l: &RedisLimiter, lim: &Limit, client: u128) -> Result<Verdict, Unavailable> {
-    let checks = [Check {
-        limit: lim,
-        client: ClientId(client),
-    }];
-    Ok(l.check(&checks, &[true]).await?[0])
 }
 
 #[tokio::test]

@@ -9,13 +9,11 @@ mod redis_helpers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_helpers::{free_port, limit, RedisServer};
+use redis_helpers::{free_port, limit, one, RedisServer, PREFIX};
 use tollgate::identity::{ClientId, KeySpec};
 use tollgate::limiter::local::{self, Clock, Item};
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
 use tollgate::limiter::{Check, Limit, Verdict};
-
-const PREFIX: &str = "tg-test:";
 
 fn limiter(url: String, timeout: Duration) -> RedisLimiter {
     let cfg = RedisConfig {
@@ -25,14 +23,6 @@ fn limiter(url: String, timeout: Duration) -> RedisLimiter {
         key_prefix: PREFIX.into(),
     };
     RedisLimiter::new(&cfg).expect("a valid config")
-}
-
-async fn one(l: &RedisLimiter, lim: &Limit, client: u128) -> Result<Verdict, Unavailable> {
-    let checks = [Check {
-        limit: lim,
-        client: ClientId(client),
-    }];
-    Ok(l.check(&checks, &[true]).await?[0])
 }
 
 fn local_one(lim: &Limit, client: u128, clock: &Clock) -> Verdict {

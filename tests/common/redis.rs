@@ -292,3 +292,19 @@ pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limit
         },
     }
 }
+
+/// The key prefix of the limiter tests.
+pub const PREFIX: &str = "tg-test:";
+
+/// Check one bucket of `lim` for `client`.
+pub async fn one(
+    l: &tollgate::limiter::redis::RedisLimiter,
+    lim: &tollgate::limiter::Limit,
+    client: u128,
+) -> Result<tollgate::limiter::Verdict, tollgate::limiter::redis::Unavailable> {
+    let checks = [tollgate::limiter::Check {
+        limit: lim,
+        client: tollgate::identity::ClientId(client),
+    }];
+    Ok(l.check(&checks, &[true]).await?[0])
+}
