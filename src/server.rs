@@ -12,7 +12,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+use atomic_waker::AtomicWaker;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -233,7 +235,7 @@ impl Connection {
         }
     }
 
-    async fn serve<I>(mut self, io: I, tls: bool)
+    async fn serve<I>(self, io: I, tls: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -279,39 +281,82 @@ impl Connection {
         tokio::pin!(connection);
         let open = self.state.metrics.open_connections.clone();
         open.inc();
+        // The timeouts, the shutdown signal and the request cap are watched by a task of their
+        // own, which raises `activity.command` once. This loop polls only the connection and
+        // that one atomic: nothing shared between connections is touched per request.
+        let watchdog = AbortOnDrop(tokio::spawn(watchdog(
+            activity.clone(),
+            self.settings.clone(),
+            self.stop.clone(),
+        )));
         let mut closing = false;
         loop {
-            let idle_check = activity.next_check(&self.settings);
             tokio::select! {
+                biased;
                 result = connection.as_mut() => {
                     if let Err(e) = result {
                         tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
                     }
                     break;
                 }
-                _ = self.stop.changed(), if !closing => closing = true,
-                () = activity.retire.notified(), if !closing => closing = true,
-                // A request ended: the idle deadline starts now.
-                () = activity.went_idle.notified(), if !closing => {}
-                () = tokio::time::sleep_until(idle_check), if !closing => {
-                    match activity.overdue(&self.settings) {
-                        Overdue::No => {}
-                        Overdue::Idle => closing = true,
-                        Overdue::Head => {
-                            // A head that never completes (slowloris): drop the connection.
-                            tracing::debug!(peer = %self.peer, "request head not complete in time");
-                            break;
-                        }
+                command = activity.command(), if !closing => match command {
+                    // Finishes what is in flight, closes when idle; HTTP/2 sends GOAWAY.
+                    Command::Close => {
+                        closing = true;
+                        connection.as_mut().graceful_shutdown();
                     }
-                }
-            }
-            if closing {
-                // Finishes what is in flight, closes when idle; HTTP/2 sends GOAWAY.
-                connection.as_mut().graceful_shutdown();
+                    Command::Drop => {
+                        // A head that never completes (slowloris): drop the connection.
+                        tracing::debug!(peer = %self.peer, "request head not complete in time");
+                        break;
+                    }
+                },
             }
         }
+        drop(watchdog);
         open.dec();
     }
+}
+
+/// Watches one connection: asks it to close gracefully on shutdown, when it has served its
+/// quota of requests or was caught in a rapid reset, or when it sat idle too long; asks it to
+/// drop when a request head did not complete in time. Sleeps until the next deadline and
+/// re-reads the connection's marks only then: requests themselves never wake it.
+async fn watchdog(
+    activity: Arc<Activity>,
+    settings: Arc<ListenerSettings>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let sleep = tokio::time::sleep_until(activity.next_check(&settings));
+    tokio::pin!(sleep);
+    let command = loop {
+        tokio::select! {
+            _ = stop.changed() => break Command::Close,
+            () = activity.retire.notified() => break Command::Close,
+            () = sleep.as_mut() => match activity.overdue(&settings) {
+                Overdue::No => sleep.as_mut().reset(activity.next_check(&settings)),
+                Overdue::Idle => break Command::Close,
+                Overdue::Head => break Command::Drop,
+            },
+        }
+    };
+    activity.raise(command);
+}
+
+/// Aborts the watchdog when its connection ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What the watchdog asks of its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Command {
+    Close,
+    Drop,
 }
 
 /// One request on a connection, from its head until its response body is sent. Dropped
@@ -383,7 +428,9 @@ struct Activity {
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     retire: Notify,
-    went_idle: Notify,
+    /// The watchdog's verdict, once it has one: 0 none, 1 close gracefully, 2 drop.
+    command: AtomicU8,
+    command_waker: AtomicWaker,
 }
 
 #[derive(Clone, Copy)]
@@ -413,7 +460,8 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
-            went_idle: Notify::new(),
+            command: AtomicU8::new(0),
+            command_waker: AtomicWaker::new(),
         }
     }
 
@@ -432,9 +480,7 @@ impl Activity {
             idle_since: Instant::now(),
             head_started: None,
         };
-        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.went_idle.notify_one();
-        }
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
         let mut window = self.window.lock();
         window.0 += 1;
         window.1 += u32::from(!answered);
@@ -447,6 +493,29 @@ impl Activity {
         } else if window.0 >= RESET_WINDOW {
             *window = (0, 0);
         }
+    }
+
+    /// The watchdog's verdict for the connection task (raised once).
+    fn raise(&self, command: Command) {
+        let code = match command {
+            Command::Close => 1,
+            Command::Drop => 2,
+        };
+        self.command.store(code, Ordering::Release);
+        self.command_waker.wake();
+    }
+
+    /// Resolves with the watchdog's verdict. Polling it costs one atomic load and, the first
+    /// time or when the task changed, a waker registration.
+    fn command(&self) -> impl std::future::Future<Output = Command> + '_ {
+        std::future::poll_fn(|cx| {
+            self.command_waker.register(cx.waker());
+            match self.command.load(Ordering::Acquire) {
+                0 => Poll::Pending,
+                1 => Poll::Ready(Command::Close),
+                _ => Poll::Ready(Command::Drop),
+            }
+        })
     }
 
     fn bytes_read(&self) {
@@ -469,11 +538,12 @@ impl Activity {
     }
 
     /// When the watchdog should look next. While a request is in flight nothing can be
-    /// overdue: look again after a full idle period (never a deadline in the past, which would
-    /// spin the loop for as long as a slow request takes).
+    /// overdue: look again after the shorter timeout (never a deadline in the past, which
+    /// would spin for as long as a slow request takes). A request that ends before that look
+    /// leaves a deadline later than it, so the look then finds the exact deadline.
     fn next_check(&self, s: &ListenerSettings) -> Instant {
         if self.inflight.load(Ordering::Acquire) > 0 {
-            return Instant::now() + s.idle_timeout.max(s.header_read_timeout);
+            return Instant::now() + s.idle_timeout.min(s.header_read_timeout);
         }
         self.deadline(s).0
     }
