@@ -77,8 +77,11 @@ impl Sent {
 pub struct Guarded {
     inner: Incoming,
     limits: BodyLimits,
-    idle: Pin<Box<Sleep>>,
+    /// Armed on the first wait for data: a request whose body is already complete (every
+    /// GET) never creates a timer.
+    idle: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
+    deadline_at: Option<Instant>,
     seen: u64,
     failure: Arc<OnceLock<BodyFailure>>,
     sent: Arc<Sent>,
@@ -105,10 +108,9 @@ impl Guarded {
         let body = Self {
             inner,
             limits,
-            idle: Box::pin(tokio::time::sleep(limits.idle)),
-            deadline: limits
-                .request
-                .map(|d| Box::pin(tokio::time::sleep_until(started + d))),
+            idle: None,
+            deadline: None,
+            deadline_at: limits.request.map(|d| started + d),
             seen: 0,
             failure: failure.clone(),
             sent,
@@ -143,8 +145,16 @@ impl Body for Guarded {
                         return self.fail(BodyFailure::TooLarge);
                     }
                 }
-                let next = Instant::now() + self.limits.idle;
-                self.idle.as_mut().reset(next);
+                // Before the timers are armed (data arrived without a wait so far), the
+                // deadline is checked against the clock.
+                let now = Instant::now();
+                if self.deadline.is_none() && self.deadline_at.is_some_and(|at| now >= at) {
+                    return self.fail(BodyFailure::Deadline);
+                }
+                let next = now + self.limits.idle;
+                if let Some(idle) = self.idle.as_mut() {
+                    idle.as_mut().reset(next);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(_))) => self.fail(BodyFailure::Malformed),
@@ -153,7 +163,19 @@ impl Body for Guarded {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(self.idle.as_mut().poll(cx));
+                let this = &mut *self;
+                if let (None, Some(at)) = (&this.deadline, this.deadline_at) {
+                    let mut deadline = Box::pin(tokio::time::sleep_until(at));
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        return this.fail(BodyFailure::Deadline);
+                    }
+                    this.deadline = Some(deadline);
+                }
+                let limit = this.limits.idle;
+                let idle = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                ready!(idle.as_mut().poll(cx));
                 self.fail(BodyFailure::Idle)
             }
         }

@@ -24,16 +24,16 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Headers that describe one hop, never the message (RFC 9110 7.6.1), plus the framing headers
 /// hyper sets itself on the next hop.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    UPGRADE,
 ];
 
 /// A named group of targets with its own connection pool.
@@ -45,6 +45,8 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     pub timeout: Duration,
     next: AtomicUsize,
+    /// The upstream's response-time histogram, looked up once.
+    pub seconds: std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>,
     /// One pool per worker thread: a worker reuses connections whose tasks run on its own
     /// thread, so a request never wakes another core.
     clients: Vec<Client<HttpsConnector<HttpConnector>, Guarded>>,
@@ -140,6 +142,7 @@ impl Upstream {
             connect_timeout: spec.connect_timeout,
             timeout: spec.timeout,
             next: AtomicUsize::new(0),
+            seconds: std::sync::OnceLock::new(),
             clients,
         }
     }
@@ -157,8 +160,10 @@ impl Upstream {
 
 /// What the rewrite needs to know about the downstream connection.
 #[derive(Debug, Clone, Copy)]
-pub struct Downstream {
+pub struct Downstream<'a> {
     pub peer: IpAddr,
+    /// `peer`, rendered once per connection.
+    pub peer_value: &'a HeaderValue,
     pub peer_trusted: bool,
     pub tls: bool,
     /// The client address tollgate decided on (sent as `X-Real-IP`).
@@ -173,7 +178,7 @@ pub struct Downstream {
 pub async fn send(
     upstream: &Upstream,
     mut req: Request<Guarded>,
-    down: Downstream,
+    down: Downstream<'_>,
 ) -> Result<Response<Incoming>, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
@@ -272,7 +277,7 @@ fn rewrite(
     req: &mut Request<Guarded>,
     scheme: Scheme,
     target: Authority,
-    down: Downstream,
+    down: Downstream<'_>,
 ) -> Result<(), ProxyError> {
     // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
     if !req.headers().contains_key(HOST) {
@@ -310,7 +315,9 @@ fn rewrite(
         }
         headers.remove(http::header::FORWARDED);
     }
-    if let Ok(v) = HeaderValue::from_str(&down.client_ip.to_string()) {
+    if down.client_ip == down.peer {
+        headers.insert(X_REAL_IP, down.peer_value.clone());
+    } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
         headers.insert(X_REAL_IP, v);
     }
     forwarded_for(headers, down);
@@ -330,29 +337,32 @@ fn rewrite(
 /// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
 /// believed as far as `identity::client_ip` believes it); from anyone else, replace the header
 /// so a client cannot plant addresses the backend might trust.
-fn forwarded_for(headers: &mut HeaderMap, down: Downstream) {
-    let peer = down.peer.to_canonical().to_string();
-    let value = if down.peer_trusted {
-        let chain: Vec<&str> = headers
+fn forwarded_for(headers: &mut HeaderMap, down: Downstream<'_>) {
+    let chain: Vec<&str> = if down.peer_trusted {
+        headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .collect();
-        if chain.is_empty() {
-            peer
-        } else {
-            format!("{}, {peer}", chain.join(", "))
-        }
+            .collect()
     } else {
-        peer
+        Vec::new()
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    if chain.is_empty() {
+        headers.insert(X_FORWARDED_FOR, down.peer_value.clone());
+        return;
+    }
+    let value = format!("{}, {}", chain.join(", "), down.peer);
+    if let Ok(v) = HeaderValue::try_from(value) {
         headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
 /// Remove hop-by-hop headers, including every header a `Connection` line names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names is cheaper than nine lookups.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -363,7 +373,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -394,6 +404,7 @@ mod tests {
             &mut h,
             Downstream {
                 peer,
+                peer_value: &HeaderValue::from_static("10.0.0.1"),
                 peer_trusted: true,
                 tls: false,
                 client_ip: peer,
@@ -405,6 +416,7 @@ mod tests {
             &mut h,
             Downstream {
                 peer,
+                peer_value: &HeaderValue::from_static("10.0.0.1"),
                 peer_trusted: false,
                 tls: false,
                 client_ip: peer,

@@ -38,6 +38,19 @@ pub struct State {
     pub inflight: AtomicUsize,
 }
 
+impl Conn {
+    pub fn new(peer: SocketAddr, tls: bool, max_uri_bytes: usize) -> Self {
+        let peer_value = http::HeaderValue::try_from(peer.ip().to_canonical().to_string())
+            .unwrap_or(http::HeaderValue::from_static("unknown"));
+        Self {
+            peer,
+            peer_value,
+            tls,
+            max_uri_bytes,
+        }
+    }
+}
+
 impl State {
     pub fn new(snapshot: Snapshot) -> Self {
         Self {
@@ -54,9 +67,11 @@ impl State {
 }
 
 /// The downstream connection a request arrived on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Conn {
     pub peer: SocketAddr,
+    /// The peer's address as a header value (`X-Forwarded-For`, `X-Real-IP`), rendered once.
+    pub peer_value: http::HeaderValue,
     pub tls: bool,
     /// The listener's `max_uri_bytes`.
     pub max_uri_bytes: usize,
@@ -74,7 +89,7 @@ struct Trace<'a> {
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
 /// here and nowhere else.
-pub async fn handle(state: &State, conn: Conn, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
     let snapshot = state.config.load_full();
     // The path is kept only for the access log, and only when it is on.
@@ -130,7 +145,7 @@ impl Drop for Inflight<'_> {
 async fn pipeline<'a>(
     state: &State,
     snap: &'a Snapshot,
-    conn: Conn,
+    conn: &Conn,
     mut req: Request<Incoming>,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
@@ -177,6 +192,7 @@ async fn pipeline<'a>(
             let peer = conn.peer.ip().to_canonical();
             let down = Downstream {
                 peer,
+                peer_value: &conn.peer_value,
                 peer_trusted: identity::is_trusted(peer, &snap.trusted_proxies),
                 tls: conn.tls,
                 client_ip,
@@ -208,7 +224,7 @@ async fn forward_timed(
     state: &State,
     upstream: &forward::Upstream,
     req: Request<Guarded>,
-    down: Downstream,
+    down: Downstream<'_>,
     body_failure: &OnceLock<BodyFailure>,
 ) -> Result<Response<Body>, ProxyError> {
     let sent = Instant::now();
@@ -221,14 +237,20 @@ async fn forward_timed(
             Some(BodyFailure::Malformed) => ProxyError::BadRequest,
             None => e,
         });
-    let name = upstream.name.to_string();
     let kind = match &result {
         Ok(_) => {
-            let labels = UpstreamLabels { upstream: name };
-            state
-                .metrics
-                .upstream_seconds
-                .get_or_create(&labels)
+            upstream
+                .seconds
+                .get_or_init(|| {
+                    let labels = UpstreamLabels {
+                        upstream: upstream.name.to_string(),
+                    };
+                    state
+                        .metrics
+                        .upstream_seconds
+                        .get_or_create(&labels)
+                        .clone()
+                })
                 .observe(sent.elapsed().as_secs_f64());
             None
         }

@@ -102,14 +102,34 @@ pub fn add_headers(
         return;
     };
     let limit = &route.limits[result.index];
+    let rendered = route.rendered.get(result.index);
     if policy.ietf {
-        headers.insert(RATELIMIT_POLICY, policy_value(limit));
+        let policy_header = rendered.map_or_else(|| policy_value(limit), |r| r.policy.clone());
+        headers.insert(RATELIMIT_POLICY, policy_header);
         headers.insert(RATELIMIT, ratelimit_value(limit, &v));
     }
     if policy.x_ratelimit {
-        headers.insert(X_LIMIT, HeaderValue::from(limit.rate.burst));
+        let burst =
+            rendered.map_or_else(|| HeaderValue::from(limit.rate.burst), |r| r.burst.clone());
+        headers.insert(X_LIMIT, burst);
         headers.insert(X_REMAINING, HeaderValue::from(v.remaining));
         headers.insert(X_RESET, HeaderValue::from(secs_up(v.reset_us)));
+    }
+}
+
+/// The parts of a limit's headers that never change, rendered when the config is compiled.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    policy: HeaderValue,
+    burst: HeaderValue,
+}
+
+impl Rendered {
+    pub fn of(limit: &Limit) -> Self {
+        Self {
+            policy: policy_value(limit),
+            burst: HeaderValue::from(limit.rate.burst),
+        }
     }
 }
 
@@ -119,12 +139,15 @@ fn policy_value(limit: &Limit) -> HeaderValue {
 }
 
 fn ratelimit_value(limit: &Limit, v: &Verdict) -> HeaderValue {
-    header(&format!(
-        "\"{}\";r={};t={}",
-        limit.name,
-        v.remaining,
-        secs_up(v.reset_us)
-    ))
+    let mut numbers = itoa::Buffer::new();
+    let mut s = String::with_capacity(limit.name.len() + 32);
+    s.push('"');
+    s.push_str(&limit.name);
+    s.push_str("\";r=");
+    s.push_str(numbers.format(v.remaining));
+    s.push_str(";t=");
+    s.push_str(numbers.format(secs_up(v.reset_us)));
+    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 fn header(s: &str) -> HeaderValue {

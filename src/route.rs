@@ -19,6 +19,8 @@ pub struct Route {
     pub body: crate::body::BodyLimits,
     /// WebSocket upgrades are proxied (limits apply to the handshake request).
     pub websocket: bool,
+    /// The fixed parts of each limit's response headers, in `limits` order.
+    pub rendered: Vec<crate::response::Rendered>,
     /// This route's metric counters, fetched on first use.
     pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
 }
@@ -142,6 +144,7 @@ mod tests {
                 headers: HeaderMap::new(),
             }),
             limits: vec![],
+            rendered: vec![],
             body: crate::body::BodyLimits::default(),
             websocket: false,
             counters: std::sync::OnceLock::new(),

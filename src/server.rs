@@ -239,23 +239,19 @@ impl Connection {
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let conn = Conn {
-            peer: self.peer,
-            tls,
-            max_uri_bytes: self.settings.max_uri_bytes,
-        };
+        let conn = Arc::new(Conn::new(self.peer, tls, self.settings.max_uri_bytes));
         let activity = Arc::new(Activity::new());
         let service = {
             let (state, activity) = (self.state.clone(), activity.clone());
             let max_requests = self.settings.max_requests_per_connection;
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let (state, activity) = (state.clone(), activity.clone());
+                let (state, activity, conn) = (state.clone(), activity.clone(), conn.clone());
                 async move {
                     if req.version() == http::Version::HTTP_2 {
                         activity.http2.store(true, Ordering::Release);
                     }
                     let mut request = InFlight::begin(activity.clone());
-                    let mut res = proxy::handle(&state, conn, req).await;
+                    let mut res = proxy::handle(&state, &conn, req).await;
                     if request.served >= max_requests {
                         // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
                         res.headers_mut()

@@ -564,17 +564,17 @@ impl Pipeline {
     }
 
     fn serve(&self, data: &[u8]) -> Exchange {
-        let conn = Conn {
-            peer: SocketAddr::from(([127, 0, 0, 1], 40_000)),
-            tls: false,
-            max_uri_bytes: self.max_uri_bytes,
-        };
+        let conn = Arc::new(Conn::new(
+            SocketAddr::from(([127, 0, 0, 1], 40_000)),
+            false,
+            self.max_uri_bytes,
+        ));
         let state = self.state.clone();
         let (raw, timed_out) = RUNTIME.block_on(async move {
             let (mut client, server) = tokio::io::duplex(data.len() + (1 << 16));
             let service = service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(proxy::handle(&state, conn, req).await) }
+                let (state, conn) = (state.clone(), conn.clone());
+                async move { Ok::<_, Infallible>(proxy::handle(&state, &conn, req).await) }
             });
             let connection = self
                 .connections

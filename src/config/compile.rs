@@ -658,6 +658,10 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         name: r.name.as_str().into(),
         matcher: matcher?,
         action: action?,
+        rendered: limits
+            .iter()
+            .map(|l| crate::response::Rendered::of(l))
+            .collect(),
         limits,
         body,
         websocket: r.websocket,

@@ -4,9 +4,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::redis::RedisLimiter;
 use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Verdict};
 use crate::identity::RequestView;
+
+/// A route has a handful of limits: per-request scratch lists live on the stack.
+type Small<T> = SmallVec<[T; 4]>;
 
 /// Limit decisions taken without the shared store (open, closed or local fallback), since start.
 pub static DECIDED_WITHOUT_BACKEND: AtomicU64 = AtomicU64::new(0);
@@ -20,7 +25,7 @@ pub async fn decide(
     now: f64,
 ) -> Decision {
     let mut results = Vec::with_capacity(limits.len());
-    let mut checks = Vec::with_capacity(limits.len());
+    let mut checks: Small<Check<'_>> = SmallVec::new();
     for (index, limit) in limits.iter().enumerate() {
         let exempt = view.is_exempt(&limit.exempt);
         let client = (!exempt).then(|| view.resolve(&limit.key));
@@ -43,21 +48,25 @@ pub async fn decide(
     if checks.is_empty() {
         return Decision { results };
     }
-    let enforced: Vec<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
-    let verdicts = match redis {
-        None => Ok(in_process(&checks, &enforced, now, false)),
-        Some(r) => r.check(&checks, &enforced).await,
-    };
-    match verdicts {
-        Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
-        Err(_) => without_backend(&mut results, &checks, now),
+    let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+    match redis {
+        None => record(
+            &mut results,
+            &checks,
+            &in_process(&checks, &enforced, now, false),
+            false,
+        ),
+        Some(r) => match r.check(&checks, &enforced).await {
+            Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
+            Err(_) => without_backend(&mut results, &checks, now),
+        },
     }
     Decision { results }
 }
 
 /// The in-process check, at each limit's own rate or at its stricter fallback rate.
-fn in_process(checks: &[Check<'_>], enforced: &[bool], now: f64, fallback: bool) -> Vec<Verdict> {
-    let items: Vec<local::Item<'_>> = checks
+fn in_process(checks: &[Check<'_>], enforced: &[bool], now: f64, fallback: bool) -> Small<Verdict> {
+    let items: Small<local::Item<'_>> = checks
         .iter()
         .map(|c| local::Item {
             buckets: &c.limit.local,
@@ -87,12 +96,12 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict
 /// are checked together in process (still all-or-nothing among themselves).
 fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
     DECIDED_WITHOUT_BACKEND.fetch_add(1, Ordering::Relaxed);
-    let local: Vec<Check<'_>> = checks
+    let local: Small<Check<'_>> = checks
         .iter()
         .filter(|c| c.limit.on_failure == FailurePolicy::Local)
         .copied()
         .collect();
-    let enforced: Vec<bool> = local.iter().map(|c| !c.limit.shadow).collect();
+    let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
     let mut local_verdicts = in_process(&local, &enforced, now, true).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {

@@ -12,6 +12,7 @@
 //! bucket: a flood of fresh identities then shares one limit instead of exhausting memory or
 //! slipping through unlimited.
 
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -159,15 +160,15 @@ impl Buckets {
 /// Check several buckets as one: every verdict is returned, and tokens are taken from all of
 /// them only if every one of them admits (`enforced[i] == false` marks a shadow bucket, whose
 /// rejection does not block the others and which is only charged when it admits).
-pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Vec<Verdict> {
+pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> SmallVec<[Verdict; 4]> {
     // Locks are taken in slice order; callers always pass a route's limits in route order, and
     // no two items share a `Buckets`, so the order is global and cannot deadlock.
-    let mut slots: Vec<Slot<'_>> = items
+    let mut slots: SmallVec<[Slot<'_>; 4]> = items
         .iter()
         .map(|i| i.buckets.lock(i.client, now))
         .collect();
-    let mut verdicts = Vec::with_capacity(items.len());
-    let mut tats = Vec::with_capacity(items.len());
+    let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
+    let mut tats: SmallVec<[f64; 4]> = SmallVec::new();
     for (item, slot) in items.iter().zip(&slots) {
         let tat = match slot {
             Slot::Map(m) => m.get(&item.client).copied(),
