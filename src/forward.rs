@@ -56,7 +56,19 @@ pub struct Upstream {
 static WORKERS: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
-    static WORKER_ID: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// This thread's worker number; `usize::MAX` on threads that are not workers.
+    static WORKER_ID: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// How many worker threads serve requests.
+pub fn workers() -> usize {
+    WORKERS.load(Ordering::Relaxed)
+}
+
+/// The worker this thread is, if it is one.
+pub fn worker_id() -> Option<usize> {
+    let id = WORKER_ID.with(std::cell::Cell::get);
+    (id != usize::MAX).then_some(id)
 }
 
 /// Set before configs are compiled: how many pools each upstream keeps.
@@ -148,7 +160,7 @@ impl Upstream {
     }
 
     fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Guarded> {
-        let id = WORKER_ID.with(std::cell::Cell::get);
+        let id = worker_id().unwrap_or(0);
         &self.clients[id % self.clients.len()]
     }
 

@@ -155,7 +155,12 @@ struct Failure {
 /// connection, and its breaker and cache only work if everyone uses the same one.
 #[derive(Debug)]
 pub struct RedisLimiter {
+    /// The connection of the thread that built the limiter (readiness probes, tests).
     conn: Conn,
+    /// One connection per worker thread, opened on first use there: its I/O then runs on the
+    /// worker that asks, so a check never wakes another thread.
+    per_worker: Vec<std::sync::OnceLock<Conn>>,
+    cfg: RedisConfig,
     timeout: Duration,
     key_prefix: String,
     clock: Clock,
@@ -179,6 +184,10 @@ impl RedisLimiter {
     pub fn new(cfg: &RedisConfig) -> Result<Self, String> {
         Ok(Self {
             conn: Conn::open(cfg)?,
+            per_worker: (0..crate::forward::workers())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            cfg: cfg.clone(),
             timeout: cfg.timeout,
             key_prefix: cfg.key_prefix.clone(),
             clock: Clock::new(),
@@ -315,6 +324,20 @@ impl RedisLimiter {
         failure.kind
     }
 
+    /// The connection for this thread: its worker's own, else the shared one.
+    fn conn(&self) -> &Conn {
+        let Some(cell) = crate::forward::worker_id().and_then(|id| self.per_worker.get(id)) else {
+            return &self.conn;
+        };
+        if let Some(conn) = cell.get() {
+            return conn;
+        }
+        match Conn::open(&self.cfg) {
+            Ok(conn) => cell.get_or_init(|| conn),
+            Err(_) => &self.conn,
+        }
+    }
+
     /// One script call per slot the buckets live in: one call in total on a single server.
     async fn ask(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
         let now = Instant::now();
@@ -355,7 +378,7 @@ impl RedisLimiter {
         deadline: Instant,
     ) -> Result<::redis::Value, Failure> {
         bump(&self.counters.redis_calls);
-        let run = self.conn.run(&BUCKET_SCRIPT, mode, group.iter().copied());
+        let run = self.conn().run(&BUCKET_SCRIPT, mode, group.iter().copied());
         match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(Failure {

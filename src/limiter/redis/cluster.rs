@@ -114,7 +114,7 @@ impl RedisLimiter {
             .iter()
             .map(|b| (b.key.clone(), b.rate.clone(), b.cost))
             .collect();
-        let (conn, counters, timeout) = (self.conn.clone(), self.counters.clone(), self.timeout);
+        let (conn, counters, timeout) = (self.conn().clone(), self.counters.clone(), self.timeout);
         let (log_gate, clock) = (self.log_gate.clone(), self.clock);
         bump(&counters.redis_calls);
         tokio::spawn(async move {
