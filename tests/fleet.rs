@@ -99,6 +99,60 @@ async fn three_replicas_hand_out_one_burst_not_three() {
     }
 }
 
+/// Concurrent requests share script calls (each worker sends the checks waiting at the same
+/// moment as one call), and the batch changes nothing about what is admitted: two clients with
+/// a burst of 50 each get exactly 50 requests through, however their requests interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_are_batched_and_stay_exact() {
+    const REQUESTS: usize = 300;
+    let redis = RedisServer::start();
+    let backend = MockUpstream::start();
+    let route = |name: &str, burst: u32| {
+        format!(
+            "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    upstream: app\n    limits:\n      - {{ name: {name}, rate: 1/min, burst: {burst}, key: [header:X-API-Key] }}\n"
+        )
+    };
+    let proxy = TestProxy::start(&config(&format!(
+        "{}{}routes:\n{}{}",
+        redis_block(&redis.url(), ""),
+        upstream_app(backend.addr(), "5s"),
+        route("exact", 50),
+        route("roomy", 10_000),
+    )));
+    let burst = |path: &'static str| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..REQUESTS {
+            let (http, url) = (Http::new(), proxy.url(path));
+            let key = if i % 2 == 0 { "a" } else { "b" };
+            tasks.spawn(async move { http.get_with(&url, &[("x-api-key", key)]).await.code() });
+        }
+        async move {
+            let mut codes = Vec::new();
+            while let Some(code) = tasks.join_next().await {
+                codes.push(code.expect("request task"));
+            }
+            codes
+        }
+    };
+    let codes = burst("/exact").await;
+    let ok = codes.iter().filter(|c| **c == 200).count();
+    let limited = codes.iter().filter(|c| **c == 429).count();
+    assert_eq!((ok, limited), (100, REQUESTS - 100), "{codes:?}");
+    assert_eq!(backend.count(), 100);
+
+    // Never rejected, so the negative cache answers none of these: every check needs Redis.
+    let calls = || redis.command_calls("evalsha") + redis.command_calls("eval");
+    let before = calls();
+    let codes = burst("/roomy").await;
+    assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
+    let used = calls() - before;
+    eprintln!("{used} script calls for {REQUESTS} concurrent checks");
+    assert!(
+        used < REQUESTS as u64,
+        "{used} script calls for {REQUESTS} concurrent checks: nothing was batched"
+    );
+}
+
 fn policy_routes() -> String {
     let route = |name: &str, policy: &str| {
         format!(

@@ -12,6 +12,10 @@
 --             "peek"   compute the verdicts, write nothing.
 --             "refund" give back `cost` tokens to every bucket (undo an earlier "check"
 --                      whose request another slot rejected); `tat` never goes below now.
+--             "batch"  several independent "check"s in one call (requests that were waiting
+--                      at the same moment): ARGV[2] is the number of checks, then per check
+--                      its number of buckets n, then its buckets' four values each; the
+--                      checks take KEYS in order, n at a time, and run one after the other.
 -- ARGV[2 + 4*(i-1) ..]  per bucket i, four values:
 --             token_us  microseconds per token (1e6 / rate)
 --             tau_us    burst * token_us
@@ -22,9 +26,12 @@
 --   [1]  1 if every enforced bucket admits, else 0
 --   then per bucket i, four values:
 --        admitted (integer 0/1), remaining whole tokens (integer),
---        reset_us (string, %.17g: microseconds until the bucket is full),
---        retry_after_us (string, %.17g: microseconds until `cost` tokens exist; 0 if admitted)
---   Floats go back as strings on purpose: Redis truncates Lua numbers to integers.
+--        reset_us (integer: microseconds until the bucket is full, rounded up),
+--        retry_after_us (integer: microseconds until `cost` tokens exist, rounded up; 0 if
+--        admitted). Rounded up, not formatted: Redis truncates Lua numbers to integers, and
+--        whole microseconds are plenty for headers in seconds and the negative cache, while
+--        string.format costs more than the rest of a check.
+-- For "batch", the replies of its checks, one after the other (1 + 4n values each).
 -- For "refund", the number of buckets that held a `tat`.
 
 -- Scripts that read TIME and then write must be replicated by effect (the default since
@@ -41,9 +48,13 @@ local time = redis.call('TIME')
 local now = (tonumber(time[1]) - EPOCH) * 1000000 + tonumber(time[2])
 local mode = ARGV[1]
 
-local function bucket_args(i)
-  local a = 2 + 4 * (i - 1)
+-- The four values of the bucket whose arguments start at ARGV[a].
+local function args_at(a)
   return tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
+end
+
+local function bucket_args(i)
+  return args_at(2 + 4 * (i - 1))
 end
 
 -- Store `tat` and let the key vanish when the bucket is full again (at least 1 ms later).
@@ -70,46 +81,89 @@ if mode == 'refund' then
   return refunded
 end
 
-local out = { 1 }
-local new_tats = {}
-local all_admit = true
-for i = 1, #KEYS do
-  local tok, tau, cost, enforced = bucket_args(i)
-  local tat = tonumber(redis.call('GET', KEYS[i]))
-  local base = now
-  if tat and tat > now then
-    base = tat
+-- Buckets are read at most once and written at most once per call, however many checks of a
+-- batch touch them (a busy client's requests often share a batch): `tats` holds what this call
+-- has read or decided (false: no key), `dirty` the keys to write back at the end.
+local tats = {}
+local dirty = {}
+
+local function load(key)
+  local tat = tats[key]
+  if tat == nil then
+    tat = tonumber(redis.call('GET', key)) or false
+    tats[key] = tat
   end
-  local new_tat = base + cost * tok
-  local admitted, reset, retry
-  if new_tat - now <= tau + 1e-6 then
-    admitted, reset, retry = 1, new_tat - now, 0
-    new_tats[i] = new_tat
-  else
-    admitted, reset, retry = 0, base - now, new_tat - now - tau
-    if enforced then
-      all_admit = false
-    end
-  end
-  -- Whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`).
-  local remaining = math.floor((tau - reset) / tok + 1e-9)
-  if remaining < 0 then
-    remaining = 0
-  end
-  local o = 2 + 4 * (i - 1)
-  out[o] = admitted
-  out[o + 1] = remaining
-  out[o + 2] = string.format('%.17g', reset)
-  out[o + 3] = string.format('%.17g', retry)
+  return tat or nil
 end
 
-if not all_admit then
-  out[1] = 0
-elseif mode == 'check' then
-  for i = 1, #KEYS do
-    if new_tats[i] then
-      store(KEYS[i], new_tats[i])
+local function save(key, tat)
+  if not dirty[key] then
+    dirty[key] = true
+    dirty[#dirty + 1] = key
+  end
+  tats[key] = tat
+end
+
+-- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose arguments start at ARGV[a0]; append the
+-- check's reply to `out`; charge the buckets when `write` is set and every enforced one admits.
+local function check(out, k0, a0, n, write)
+  local head = #out + 1
+  out[head] = 1
+  local new_tats = {}
+  local all_admit = true
+  for i = 1, n do
+    local tok, tau, cost, enforced = args_at(a0 + 4 * (i - 1))
+    local tat = load(KEYS[k0 + i])
+    local base = now
+    if tat and tat > now then
+      base = tat
+    end
+    local new_tat = base + cost * tok
+    local admitted, reset, retry
+    if new_tat - now <= tau + 1e-6 then
+      admitted, reset, retry = 1, new_tat - now, 0
+      new_tats[i] = new_tat
+    else
+      admitted, reset, retry = 0, base - now, new_tat - now - tau
+      if enforced then
+        all_admit = false
+      end
+    end
+    -- Whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`).
+    local remaining = math.floor((tau - reset) / tok + 1e-9)
+    if remaining < 0 then
+      remaining = 0
+    end
+    local o = head + 1 + 4 * (i - 1)
+    out[o] = admitted
+    out[o + 1] = remaining
+    out[o + 2] = math.ceil(reset)
+    out[o + 3] = math.ceil(retry)
+  end
+  if not all_admit then
+    out[head] = 0
+  elseif write then
+    for i = 1, n do
+      if new_tats[i] then
+        save(KEYS[k0 + i], new_tats[i])
+      end
     end
   end
+end
+
+local out = {}
+if mode == 'batch' then
+  local k0, a = 0, 3
+  for _ = 1, tonumber(ARGV[2]) do
+    local n = tonumber(ARGV[a])
+    check(out, k0, a + 1, n, true)
+    k0 = k0 + n
+    a = a + 1 + 4 * n
+  end
+else
+  check(out, 0, 2, #KEYS, mode == 'check')
+end
+for i = 1, #dirty do
+  store(dirty[i], tats[dirty[i]])
 end
 return out

@@ -19,6 +19,7 @@
 //! A timed-out call may still run on Redis later and take its tokens: the request is then
 //! counted twice (by Redis and by whatever the failure policy did), which errs toward limiting.
 
+mod batch;
 mod breaker;
 mod cluster;
 mod conn;
@@ -144,6 +145,13 @@ struct Bucket<'a> {
     enforced: bool,
 }
 
+/// A worker's own connection, and (on a single server) its batching queue.
+#[derive(Debug)]
+struct Worker {
+    conn: Conn,
+    batcher: Option<batch::Batcher>,
+}
+
 /// A failed call, with what the log should say about it.
 #[derive(Debug)]
 struct Failure {
@@ -159,7 +167,7 @@ pub struct RedisLimiter {
     conn: Conn,
     /// One connection per worker thread, opened on first use there: its I/O then runs on the
     /// worker that asks, so a check never wakes another thread.
-    per_worker: Vec<std::sync::OnceLock<Conn>>,
+    per_worker: Vec<std::sync::OnceLock<Worker>>,
     cfg: RedisConfig,
     timeout: Duration,
     key_prefix: String,
@@ -324,18 +332,22 @@ impl RedisLimiter {
         failure.kind
     }
 
+    /// This worker thread's connection and batcher, opened on first use; `None` on other
+    /// threads.
+    fn worker(&self) -> Option<&Worker> {
+        let cell = crate::forward::worker_id().and_then(|id| self.per_worker.get(id))?;
+        if let Some(worker) = cell.get() {
+            return Some(worker);
+        }
+        let conn = Conn::open(&self.cfg).ok()?;
+        let batcher = matches!(conn, Conn::Single(_))
+            .then(|| batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout));
+        Some(cell.get_or_init(|| Worker { conn, batcher }))
+    }
+
     /// The connection for this thread: its worker's own, else the shared one.
     fn conn(&self) -> &Conn {
-        let Some(cell) = crate::forward::worker_id().and_then(|id| self.per_worker.get(id)) else {
-            return &self.conn;
-        };
-        if let Some(conn) = cell.get() {
-            return conn;
-        }
-        match Conn::open(&self.cfg) {
-            Ok(conn) => cell.get_or_init(|| conn),
-            Err(_) => &self.conn,
-        }
+        self.worker().map_or(&self.conn, |w| &w.conn)
     }
 
     /// One script call per slot the buckets live in: one call in total on a single server.
@@ -349,6 +361,15 @@ impl RedisLimiter {
             Conn::Cluster(_) => cluster::slot_groups(buckets),
             Conn::Single(_) => Vec::new(),
         };
+        if let Some(batcher) = self.worker().and_then(|w| w.batcher.as_ref()) {
+            let checked = tokio::time::timeout_at(deadline, batcher.check(buckets)).await;
+            return checked.unwrap_or_else(|_| {
+                Err(Failure {
+                    kind: Unavailable::Timeout,
+                    detail: format!("no answer within {:?}", self.timeout),
+                })
+            });
+        }
         if groups.len() <= 1 {
             let all: Vec<&Bucket<'_>> = buckets.iter().collect();
             return self.call(Mode::Check, &all, deadline).await;

@@ -145,6 +145,36 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Run several independent checks as one script call ("batch" mode); `checks` yields each
+    /// check's buckets. The reply is the checks' replies, one after the other.
+    pub(super) async fn run_batch<'b, 'a: 'b, C>(
+        &self,
+        script: &Script,
+        checks: impl Iterator<Item = C> + Clone,
+    ) -> Result<Value, RedisError>
+    where
+        C: ExactSizeIterator<Item = &'b Bucket<'a>>,
+    {
+        let mut call = script.prepare_invoke();
+        call.arg("batch").arg(checks.clone().count());
+        for buckets in checks {
+            call.arg(buckets.len());
+            for b in buckets {
+                call.key(b.key.as_str())
+                    .arg(b.rate.token_us())
+                    .arg(b.rate.window_us())
+                    .arg(b.cost)
+                    .arg(u8::from(b.enforced));
+            }
+        }
+        match self {
+            Conn::Single(m) => call.invoke_async(&mut m.clone()).await,
+            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+        }
+    }
+}
+
 /// What the script answered for a "check" or a "peek".
 #[derive(Debug)]
 pub(super) struct Reply {
@@ -157,6 +187,11 @@ pub(super) fn parse_reply(value: &Value, n: usize) -> Option<Reply> {
     let Value::Array(items) = value else {
         return None;
     };
+    parse_items(items, n)
+}
+
+/// Parse one check's reply (`1 + 4n` values) for `n` buckets.
+pub(super) fn parse_items(items: &[Value], n: usize) -> Option<Reply> {
     if items.len() != 1 + 4 * n {
         return None;
     }
