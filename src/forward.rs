@@ -8,14 +8,13 @@ use std::time::Duration;
 use http::header::{CONNECTION, HOST, UPGRADE};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
+use crate::pool::{Pool, Pooled};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -47,9 +46,11 @@ pub struct Upstream {
     next: AtomicUsize,
     /// The upstream's response-time histogram, looked up once.
     pub seconds: std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>,
+    /// `scheme://target/` of each target, for the connector.
+    target_uris: Vec<Uri>,
     /// One pool per worker thread: a worker reuses connections whose tasks run on its own
     /// thread, so a request never wakes another core.
-    clients: Vec<Client<HttpsConnector<HttpConnector>, Guarded>>,
+    pools: Vec<Arc<Pool>>,
 }
 
 /// Worker threads serving requests (each gets its own upstream pools).
@@ -139,12 +140,22 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let clients = (0..WORKERS.load(Ordering::Relaxed))
+        let pools = (0..WORKERS.load(Ordering::Relaxed))
             .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_timer(TokioTimer::new())
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .build(connector.clone())
+                let idle = Duration::from_secs(90);
+                Arc::new(Pool::new(connector.clone(), spec.targets.len(), idle))
+            })
+            .collect();
+        let target_uris = spec
+            .targets
+            .iter()
+            .map(|t| {
+                Uri::builder()
+                    .scheme(spec.scheme.clone())
+                    .authority(t.clone())
+                    .path_and_query("/")
+                    .build()
+                    .unwrap_or_default()
             })
             .collect();
         Self {
@@ -155,18 +166,19 @@ impl Upstream {
             timeout: spec.timeout,
             next: AtomicUsize::new(0),
             seconds: std::sync::OnceLock::new(),
-            clients,
+            target_uris,
+            pools,
         }
     }
 
-    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Guarded> {
+    fn pool(&self) -> &Arc<Pool> {
         let id = worker_id().unwrap_or(0);
-        &self.clients[id % self.clients.len()]
+        &self.pools[id % self.pools.len()]
     }
 
-    fn pick(&self) -> &Authority {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        &self.targets[i % self.targets.len()]
+    /// The next target, round robin: its index.
+    fn pick(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()
     }
 }
 
@@ -191,12 +203,12 @@ pub async fn send(
     upstream: &Upstream,
     mut req: Request<Guarded>,
     down: Downstream<'_>,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<Pooled>, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
     let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
-    let target = upstream.pick().clone();
-    rewrite(&mut req, upstream.scheme.clone(), target, down)?;
+    let target = upstream.pick();
+    rewrite(&mut req, &upstream.targets[target], down)?;
     if websocket {
         let headers = req.headers_mut();
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
@@ -209,8 +221,10 @@ pub async fn send(
         sent.wait().await;
         tokio::time::sleep(upstream.timeout).await;
     };
-    let mut res = tokio::select! {
-        res = upstream.client().request(req) => res.map_err(|e| classify(&e))?,
+    let pool = upstream.pool();
+    let uri = &upstream.target_uris[target];
+    let (mut res, mut lease) = tokio::select! {
+        res = pool.send(target, uri, req) => res.map_err(|e| classify(e.as_error()))?,
         () = head_deadline => return Err(ProxyError::UpstreamTimeout),
     };
     let upgrade = res.headers().get(UPGRADE).cloned();
@@ -224,7 +238,11 @@ pub async fn send(
         );
         tunnel(client_side, hyper::upgrade::on(&mut res));
     }
-    Ok(res)
+    if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // The connection now belongs to the tunnel (or is useless): never back in the pool.
+        lease = None;
+    }
+    Ok(res.map(|body| Pooled::new(body, lease)))
 }
 
 /// `Connection: upgrade` with `Upgrade: websocket` (HTTP/1.1 only; the limit was already
@@ -264,8 +282,8 @@ fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade
     });
 }
 
-fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+fn classify(e: &(dyn std::error::Error + 'static)) -> ProxyError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             if io.kind() == std::io::ErrorKind::TimedOut {
@@ -287,8 +305,7 @@ fn classify(e: &hyper_util::client::legacy::Error) -> ProxyError {
 
 fn rewrite(
     req: &mut Request<Guarded>,
-    scheme: Scheme,
-    target: Authority,
+    target: &Authority,
     down: Downstream<'_>,
 ) -> Result<(), ProxyError> {
     // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
@@ -300,16 +317,20 @@ fn rewrite(
         }
     }
     let original_host = req.headers().get(HOST).cloned();
-    let path = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(scheme);
-    parts.authority = Some(target);
-    parts.path_and_query = Some(path);
-    *req.uri_mut() = Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)?;
+    if original_host.is_none() {
+        // An HTTP/1.0 request without a host: the upstream still needs one.
+        let value = HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?;
+        req.headers_mut().insert(HOST, value);
+    }
+    // Upstream requests are origin-form: the path and query only.
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(path);
+    }
     *req.version_mut() = Version::HTTP_11;
 
     let headers = req.headers_mut();

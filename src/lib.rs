@@ -33,6 +33,7 @@ pub mod health;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
+pub mod pool;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod response;

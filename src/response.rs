@@ -4,14 +4,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::error::ProxyError;
 use crate::limiter::{Decision, Limit, Verdict};
 use crate::route::Route;
 
 /// Every response body: an upstream's stream, or bytes the proxy made.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<crate::pool::Pooled, Full<Bytes>>;
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

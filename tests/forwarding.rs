@@ -363,3 +363,77 @@ async fn keep_alive_connections_are_reused_on_both_sides() {
         upstream_conns.len()
     );
 }
+
+#[tokio::test]
+async fn upstream_requests_are_origin_form_and_a_closed_connection_is_not_reused() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let http = Http::new();
+    // The upstream ends the connection after each /close: the next request must get a new one.
+    for path in ["/app/close", "/app/a", "/app/close", "/app/b", "/app/c"] {
+        let r = http.get(&proxy.url(path)).await;
+        assert_eq!(r.code(), 200, "{path}");
+    }
+    let seen = up.seen();
+    assert_eq!(seen.len(), 5);
+    for s in &seen {
+        assert!(
+            s.uri.authority().is_none(),
+            "absolute-form upstream: {}",
+            s.uri
+        );
+    }
+    assert_ne!(
+        seen[0].peer, seen[1].peer,
+        "reused a connection the upstream closed"
+    );
+    assert_ne!(
+        seen[2].peer, seen[3].peer,
+        "reused a connection the upstream closed"
+    );
+}
+
+/// An upstream that answers one request per connection and then closes it, without saying so
+/// (no `Connection: close`): the pooled connection dies right after its response.
+#[tokio::test]
+async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = sock
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                    .await;
+                // Closed at once, as if its keep-alive timeout were zero.
+            });
+        }
+    });
+    let proxy = TestProxy::start(&config(&format!(
+        "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
+        upstream_app(addr, "2s")
+    )));
+    let http = Http::new();
+    for i in 0..20 {
+        let r = http.get(&proxy.url(&format!("/r/{i}"))).await;
+        assert_eq!(r.code(), 200, "request {i}");
+        if i % 2 == 0 {
+            // Give the close time to arrive for half of them; the others race it.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 20);
+}

@@ -213,6 +213,12 @@ async fn handle(
             .header("x-up-kept", "yes")
             .body(text("hop\n".into()))
             .expect("response")
+    } else if path.ends_with("/close") {
+        // hyper closes the connection after this response.
+        Response::builder()
+            .header("connection", "close")
+            .body(text("bye\n".into()))
+            .expect("response")
     } else if let Some(code) = after(&path, "/status/") {
         let mut r = Response::new(text(String::new()));
         *r.status_mut() = StatusCode::from_u16(code.parse().expect("/status/CODE")).expect("code");
