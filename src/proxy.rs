@@ -107,7 +107,7 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
         record(state, &trace, &method, &path, res.status(), started);
         return res;
     };
-    let (mut res, close) = match pipeline(state, &snapshot, conn, req, &mut trace).await {
+    let (mut res, close) = match pipeline(state, &snapshot, conn, req, started, &mut trace).await {
         Ok(res) => (res, false),
         Err(err) => {
             tracing::debug!(error = %err, "request failed");
@@ -147,9 +147,9 @@ async fn pipeline<'a>(
     snap: &'a Snapshot,
     conn: &Conn,
     mut req: Request<Incoming>,
+    started: Instant,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
-    let started = Instant::now();
     guard::screen(&mut req, conn.max_uri_bytes)?;
     let route = route::find(&snap.routes, req.method(), req.uri(), req.headers())
         .ok_or(ProxyError::NoRoute)?;
@@ -171,9 +171,11 @@ async fn pipeline<'a>(
         client_ip,
     };
     let redis = snap.redis.as_deref();
-    let asked = Instant::now();
-    let decision = limiter::decide(redis, &route.limits, &view, state.clock.now_us()).await;
-    if redis.is_some() && !route.limits.is_empty() {
+    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
+    let asked = redis.is_some().then(Instant::now);
+    let now_us = state.clock.at_us(asked.unwrap_or(started));
+    let decision = limiter::decide(redis, &route.limits, &view, now_us).await;
+    if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
             .backend_seconds

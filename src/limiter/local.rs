@@ -40,7 +40,12 @@ impl Clock {
 
     /// Microseconds since this clock was made.
     pub fn now_us(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64() * 1e6
+        self.at_us(Instant::now())
+    }
+
+    /// `at` on this clock, in microseconds (for a caller that has just read the time).
+    pub fn at_us(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.origin).as_secs_f64() * 1e6
     }
 }
 
