@@ -192,7 +192,8 @@ fn spawn_worker(
         })
 }
 
-/// Forget full buckets periodically so memory follows the active clients, not all clients ever.
+/// Forget full buckets periodically so memory follows the active clients, not all clients ever,
+/// and close upstream connections that sat idle past their timeout.
 async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
@@ -204,6 +205,11 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         let now = state.clock.now_us();
         for limit in snapshot.limits() {
             limit.local.sweep(now);
+        }
+        for route in &snapshot.routes {
+            if let crate::route::Action::Forward(upstream) = &route.action {
+                upstream.expire_idle();
+            }
         }
     }
 }

@@ -171,6 +171,13 @@ impl Upstream {
         }
     }
 
+    /// Close idle connections past their timeout, in every worker's pool.
+    pub fn expire_idle(&self) {
+        for pool in &self.pools {
+            pool.expire();
+        }
+    }
+
     fn pool(&self) -> &Arc<Pool> {
         let id = worker_id().unwrap_or(0);
         &self.pools[id % self.pools.len()]

@@ -169,6 +169,17 @@ impl Pool {
         Ok(sender)
     }
 
+    /// Close the connections idle for longer than the idle timeout (and forget closed ones).
+    pub fn expire(&self) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        for list in idle.iter_mut() {
+            list.retain(|c| {
+                now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
+            });
+        }
+    }
+
     fn give_back(&self, target: usize, sender: Sender) {
         if sender.is_closed() {
             return;
