@@ -101,7 +101,9 @@ impl Pool {
         loop {
             let (mut sender, reused) = match self.checkout(target) {
                 Some(sender) => (sender, true),
-                None => (self.connect(uri).await?, false),
+                // Boxed: a connect's state (TCP, TLS) is large, and a request future that
+                // carried it inline would be copied in full at every move, connect or not.
+                None => (Box::pin(self.connect(uri)).await?, false),
             };
             if let Err(e) = sender.ready().await {
                 // Closed while it sat idle: try the next one, or a new one.

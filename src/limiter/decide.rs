@@ -56,7 +56,8 @@ pub async fn decide(
             &in_process(&checks, &enforced, now, false),
             false,
         ),
-        Some(r) => match r.check(&checks, &enforced).await {
+        // Boxed so that the Redis call's state does not inflate every request's future.
+        Some(r) => match Box::pin(r.check(&checks, &enforced)).await {
             Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
             Err(_) => without_backend(&mut results, &checks, now),
         },
