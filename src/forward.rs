@@ -43,6 +43,9 @@ pub struct Upstream {
     pub targets: Vec<Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// Identifies the settings it was built from: a reload keeps an upstream (and its warm
+    /// connections) whose fingerprint did not change.
+    pub fingerprint: [u8; 32],
     next: AtomicUsize,
     /// The upstream's response-time histogram, looked up once.
     pub seconds: std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>,
@@ -130,7 +133,7 @@ pub fn client_tls(ca: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConf
 }
 
 impl Upstream {
-    pub fn new(name: &str, spec: UpstreamSpec) -> Self {
+    pub fn new(name: &str, spec: UpstreamSpec, fingerprint: [u8; 32]) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(spec.connect_timeout));
         connector.set_nodelay(true);
@@ -164,6 +167,7 @@ impl Upstream {
             targets: spec.targets,
             connect_timeout: spec.connect_timeout,
             timeout: spec.timeout,
+            fingerprint,
             next: AtomicUsize::new(0),
             seconds: std::sync::OnceLock::new(),
             target_uris,

@@ -583,3 +583,57 @@ async fn an_edit_right_after_startup_is_not_lost() {
     })
     .await;
 }
+
+/// Upstream `app` (timeout as given) behind route `/app/`, and route `/two` answering `two`.
+fn upstream_and_route(up: SocketAddr, timeout: &str, two: &str) -> String {
+    config(&format!(
+        "{}routes:\n  - name: app\n    match: {{ path_prefix: /app/ }}\n    upstream: app\n  \
+         - name: two\n    match: {{ path: /two }}\n    respond: {{ status: 200, body: \"{two}\\n\" }}\n",
+        common::upstream_app(up, timeout)
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_survive_a_reload_that_does_not_change_the_upstream() {
+    bounded(async {
+        let up = common::MockUpstream::start();
+        let proxy = TestProxy::start(&upstream_and_route(up.addr(), "5s", "v1"));
+        let http = Http::new();
+        assert_eq!(http.get(&proxy.url("/app/a")).await.code(), 200);
+
+        std::fs::write(
+            proxy.config_path(),
+            upstream_and_route(up.addr(), "5s", "v2"),
+        )
+        .expect("edit route two");
+        until(&proxy, &proxy.url("/two"), "route two changed", |r| {
+            r.text() == "v2\n"
+        })
+        .await;
+        assert_eq!(http.get(&proxy.url("/app/b")).await.code(), 200);
+
+        // A changed upstream gets a new pool: a new connection.
+        std::fs::write(
+            proxy.config_path(),
+            upstream_and_route(up.addr(), "6s", "v3"),
+        )
+        .expect("change the upstream");
+        until(&proxy, &proxy.url("/two"), "route two changed again", |r| {
+            r.text() == "v3\n"
+        })
+        .await;
+        assert_eq!(http.get(&proxy.url("/app/c")).await.code(), 200);
+
+        let seen = up.seen();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(
+            seen[0].peer, seen[1].peer,
+            "the unchanged upstream's warm connection was dropped by the reload"
+        );
+        assert_ne!(
+            seen[1].peer, seen[2].peer,
+            "a changed upstream kept its old pool"
+        );
+    })
+    .await;
+}

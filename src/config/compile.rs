@@ -73,7 +73,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         raw.shutdown_timeout.as_ref(),
         Duration::from_secs(30),
     );
-    let upstreams = upstreams(&raw.upstreams, &mut p);
+    let upstreams = upstreams(&raw.upstreams, previous, &mut p);
     let old_limits: HashMap<&str, &Arc<Limit>> = previous
         .map(|s| s.limits().map(|l| (&*l.name, l)).collect())
         .unwrap_or_default();
@@ -482,8 +482,21 @@ fn duration_or(
 
 fn upstreams(
     raw: &std::collections::BTreeMap<String, file::Upstream>,
+    previous: Option<&Snapshot>,
     p: &mut Problems,
 ) -> HashMap<String, Option<Arc<Upstream>>> {
+    // The previous config's upstreams: an unchanged one is kept, with its warm connections.
+    let old: HashMap<&str, &Arc<Upstream>> = previous
+        .map(|s| {
+            s.routes
+                .iter()
+                .filter_map(|r| match &r.action {
+                    Action::Forward(u) => Some((&*u.name, u)),
+                    Action::Respond(_) => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let mut out = HashMap::new();
     for (name, u) in raw {
         let path = format!("upstreams.{name}");
@@ -548,11 +561,33 @@ fn upstreams(
                     timeout,
                     tls,
                 };
-                Arc::new(Upstream::new(name, spec))
+                let fingerprint = upstream_fingerprint(&spec, ca);
+                match old.get(name.as_str()) {
+                    Some(kept) if kept.fingerprint == fingerprint => Arc::clone(kept),
+                    _ => Arc::new(Upstream::new(name, spec, fingerprint)),
+                }
             });
         out.insert(name.clone(), upstream);
     }
     out
+}
+
+/// What makes two upstreams the same for a reload: scheme, targets, timeouts, and the bytes of
+/// the CA file (a renewed CA must reach new connections).
+fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(spec.scheme.as_str().as_bytes());
+    for t in &spec.targets {
+        h.update(b"\0");
+        h.update(t.as_str().as_bytes());
+    }
+    h.update(&spec.connect_timeout.as_nanos().to_le_bytes());
+    h.update(&spec.timeout.as_nanos().to_le_bytes());
+    if let Some(ca) = ca {
+        h.update(b"\0ca\0");
+        h.update(&std::fs::read(ca).unwrap_or_default());
+    }
+    *h.finalize().as_bytes()
 }
 
 /// `host:port` or `http://host:port` (http), `https://host[:port]` (https, port 443 by default).
