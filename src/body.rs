@@ -64,6 +64,11 @@ impl Sent {
         }
     }
 
+    /// The whole body has been read (and handed upstream).
+    pub fn is_done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Resolves once the body is fully sent (at once for a request without a body).
     pub async fn wait(&self) {
         while !self.done.load(std::sync::atomic::Ordering::Acquire) {

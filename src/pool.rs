@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::Guarded;
+use crate::body::{Guarded, Sent};
 
 /// Idle connections kept per target and worker; more are closed when they come back.
 const MAX_IDLE: usize = 1024;
@@ -74,6 +74,9 @@ pub struct Lease {
     pool: Arc<Pool>,
     target: usize,
     sender: Sender,
+    /// The request body's progress: a connection whose request is still being uploaded (the
+    /// upstream answered early) is not reusable until that ends, so it is not given back.
+    sent: Arc<Sent>,
 }
 
 impl Pool {
@@ -98,6 +101,7 @@ impl Pool {
         uri: &Uri,
         mut req: Request<Guarded>,
     ) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
+        let sent = req.body().sent();
         loop {
             let (mut sender, reused) = match self.checkout(target) {
                 Some(sender) => (sender, true),
@@ -118,6 +122,7 @@ impl Pool {
                         pool: self.clone(),
                         target,
                         sender,
+                        sent,
                     };
                     return Ok((res, Some(lease)));
                 }
@@ -219,7 +224,9 @@ impl Pooled {
 
     fn release(&mut self) {
         if let Some(l) = self.lease.take() {
-            l.pool.give_back(l.target, l.sender);
+            if l.sent.is_done() {
+                l.pool.give_back(l.target, l.sender);
+            }
         }
     }
 }

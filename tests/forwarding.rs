@@ -437,3 +437,61 @@ async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
     }
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 20);
 }
+
+/// An upstream that answers before it has read the request body (as an early `413` or `401`
+/// would): the connection still carries the rest of an upload, so it must not be handed to the
+/// next request, which would wait behind that upload. One worker, so both requests share a
+/// pool.
+#[tokio::test]
+async fn a_connection_still_uploading_is_not_reused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    // Answer at once, whatever body follows; keep reading whatever comes.
+                    if sock
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = TestProxy::start_with_env(
+        &config(&format!(
+            "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
+            upstream_app(addr, "2s")
+        )),
+        &[("TOLLGATE_WORKERS", "1")],
+    );
+    // An upload that stalls after 10 of its 1000 bytes.
+    let mut uploader = RawConn::open(proxy.addr()).await;
+    uploader
+        .send_raw(b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .await;
+    let res = uploader.read_response().await;
+    assert_eq!(res.status, 200);
+    // The next request must get a connection of its own, not wait behind the upload.
+    let started = Instant::now();
+    let r = Http::new().get(&proxy.url("/next")).await;
+    assert_eq!(r.code(), 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the next request waited {:?} behind a stalled upload",
+        started.elapsed()
+    );
+}

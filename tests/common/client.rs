@@ -240,6 +240,15 @@ impl RawConn {
         self.read_response().await
     }
 
+    /// Write `bytes` as they are (a request in pieces, a body that stalls).
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream
+            .get_mut()
+            .write_all(bytes)
+            .await
+            .expect("write to the proxy");
+    }
+
     /// Read one response, framed by Content-Length, chunked encoding, or the connection's end.
     pub async fn read_response(&mut self) -> RawResponse {
         let mut status_line = String::new();

@@ -63,6 +63,11 @@ impl TestProxy {
     /// Write `yaml` to a temporary file and run the binary on it; return once the first listener
     /// is bound. Panics, with everything the binary wrote, if it does not get that far.
     pub fn start(yaml: &str) -> Self {
+        Self::start_with_env(yaml, &[])
+    }
+
+    /// `start`, with extra environment variables for the binary (such as `TOLLGATE_WORKERS`).
+    pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Self {
         let mut file = tempfile::Builder::new()
             .prefix("tollgate-test-")
             .suffix(".yaml")
@@ -76,6 +81,7 @@ impl TestProxy {
             .args(["--log-level", "info"])
             .env_remove("TOLLGATE_CONFIG")
             .env_remove("TOLLGATE_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
