@@ -58,8 +58,9 @@ fn routing(c: &mut Criterion) {
         let headers = HeaderMap::new();
         c.bench_function(&format!("route find, last of {n}"), |b| {
             b.iter(|| {
-                black_box(tollgate::route::find(
+                black_box(tollgate::route::find_indexed(
                     &snap.routes,
+                    &snap.route_index,
                     &Method::GET,
                     &uri,
                     &headers,

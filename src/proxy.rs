@@ -151,8 +151,14 @@ async fn pipeline<'a>(
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
     guard::screen(&mut req, conn.max_uri_bytes)?;
-    let route = route::find(&snap.routes, req.method(), req.uri(), req.headers())
-        .ok_or(ProxyError::NoRoute)?;
+    let route = route::find_indexed(
+        &snap.routes,
+        &snap.route_index,
+        req.method(),
+        req.uri(),
+        req.headers(),
+    )
+    .ok_or(ProxyError::NoRoute)?;
     trace.route = Some(route);
     if declared_length(&req).is_some_and(|n| n > route.body.max_bytes) {
         return Err(ProxyError::PayloadTooLarge);

@@ -1,5 +1,8 @@
 //! The compiled route table; `find` picks the first route, in file order, that matches.
+//! `Index` narrows a large table down to the routes a request's path can match, so the cost of
+//! a lookup does not grow with the number of routes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -118,6 +121,86 @@ impl Matcher {
     }
 }
 
+/// Below this many routes, trying each in turn is faster than the index.
+const INDEX_FROM: usize = 8;
+
+/// Which routes a request path can match, by the route's path pattern: an exact path, a prefix
+/// that covers a whole first segment (`/api/...` can only match paths whose first segment is
+/// `api`), or anything else (`any`, `/`, `/ap`). Each list is in file order, and every route is
+/// in exactly one, so merging the three lists a path selects gives its candidates in file order.
+#[derive(Debug, Default)]
+pub struct Index {
+    enabled: bool,
+    exact: HashMap<Box<str>, Vec<u32>>,
+    by_segment: HashMap<Box<str>, Vec<u32>>,
+    rest: Vec<u32>,
+}
+
+/// The first segment of `path` (`api` for `/api/v1`), without its slashes.
+fn first_segment(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix('/')?;
+    Some(rest.split('/').next().unwrap_or(rest))
+}
+
+impl Index {
+    pub fn new(routes: &[Route]) -> Self {
+        let mut index = Index {
+            enabled: routes.len() >= INDEX_FROM,
+            ..Index::default()
+        };
+        if !index.enabled {
+            return index;
+        }
+        for (i, r) in routes.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            match &r.matcher.path {
+                PathPattern::Exact(p) => index.exact.entry(p.as_str().into()).or_default().push(i),
+                // `/api/` covers the whole segment `api`; `/api` would also match `/apix`.
+                PathPattern::Prefix(p) if p.len() > 1 && p[1..].contains('/') => {
+                    let segment = first_segment(p).unwrap_or_default();
+                    index.by_segment.entry(segment.into()).or_default().push(i);
+                }
+                _ => index.rest.push(i),
+            }
+        }
+        index
+    }
+}
+
+/// The first route in file order that matches the request, among the candidates `index` gives
+/// for its path (all routes when the table is small).
+pub fn find_indexed<'a>(
+    routes: &'a [Route],
+    index: &Index,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Option<&'a Route> {
+    if !index.enabled {
+        return find(routes, method, uri, headers);
+    }
+    let path = uri.path();
+    let none: &[u32] = &[];
+    let exact = index.exact.get(path).map_or(none, Vec::as_slice);
+    let segment = first_segment(path)
+        .and_then(|s| index.by_segment.get(s))
+        .map_or(none, Vec::as_slice);
+    let mut lists = [exact, segment, index.rest.as_slice()];
+    loop {
+        // The smallest head of the three lists is the next candidate in file order.
+        let (which, next) = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(w, l)| l.first().map(|&i| (w, i)))
+            .min_by_key(|&(_, i)| i)?;
+        lists[which] = &lists[which][1..];
+        let route = routes.get(next as usize)?;
+        if route.matcher.matches(method, uri, headers) {
+            return Some(route);
+        }
+    }
+}
+
 /// The first route in file order that matches the request.
 pub fn find<'a>(
     routes: &'a [Route],
@@ -155,6 +238,75 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::HOST, host.parse().unwrap());
         find(routes, method, &uri.parse().unwrap(), &headers).map(|r| &*r.name)
+    }
+
+    /// The index must pick exactly the route the scan picks, for every kind of path pattern,
+    /// with host and method conditions mixed in and routes shadowing each other.
+    #[test]
+    fn the_index_agrees_with_the_scan() {
+        let mut routes = Vec::new();
+        for i in 0..12 {
+            let seg = ["api", "app", "a", "static", ""][i % 5];
+            let path = match i % 4 {
+                0 => PathPattern::Exact(format!("/{seg}/x{i}")),
+                1 => PathPattern::Prefix(format!("/{seg}/")),
+                2 => PathPattern::Prefix(format!("/{seg}")),
+                _ => PathPattern::Any,
+            };
+            let host = (i % 3 == 0).then(|| HostPattern::Exact("h.test".into()));
+            let methods = (i % 5 == 4).then(|| vec![Method::POST]);
+            routes.push(route(
+                &format!("r{i}"),
+                Matcher {
+                    host,
+                    path,
+                    methods,
+                    ..Matcher::default()
+                },
+            ));
+            routes.push(route(
+                &format!("e{i}"),
+                Matcher {
+                    path: PathPattern::Exact(format!("/e/{i}")),
+                    ..Matcher::default()
+                },
+            ));
+        }
+        let index = Index::new(&routes);
+        assert!(index.enabled);
+        let paths = [
+            "/",
+            "/api",
+            "/api/",
+            "/api/x0",
+            "/api/y",
+            "/apix",
+            "/app/x",
+            "/a",
+            "/a/",
+            "/ab",
+            "/static/x3",
+            "/static",
+            "//",
+            "/e/3",
+            "/e/30",
+            "/x",
+            "/api/x8",
+            "/app/x1",
+        ];
+        for path in paths {
+            for method in [Method::GET, Method::POST] {
+                for host in ["h.test", "other.test"] {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(http::header::HOST, host.parse().unwrap());
+                    let uri: Uri = path.parse().unwrap();
+                    let scan = find(&routes, &method, &uri, &headers).map(|r| &*r.name);
+                    let indexed =
+                        find_indexed(&routes, &index, &method, &uri, &headers).map(|r| &*r.name);
+                    assert_eq!(indexed, scan, "{method} {host}{path}");
+                }
+            }
+        }
     }
 
     #[test]

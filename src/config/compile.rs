@@ -103,6 +103,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         return Err(p.0);
     }
     Ok(Snapshot {
+        route_index: crate::route::Index::new(&routes),
         routes,
         listeners,
         admin,

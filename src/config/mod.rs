@@ -27,6 +27,8 @@ use crate::route::Route;
 #[derive(Debug)]
 pub struct Snapshot {
     pub routes: Vec<Route>,
+    /// `routes` narrowed by path, for large tables.
+    pub route_index: crate::route::Index,
     pub listeners: Vec<Listener>,
     pub admin: Option<SocketAddr>,
     pub trusted_proxies: Vec<IpNet>,
