@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A/B of two tollgate binaries on this machine: which one costs less per request.
+#
+#   benches/ab.sh OLD_BINARY NEW_BINARY
+#
+# Starts on 127.0.0.1 only a backend (nginx, 1 worker, `return 200 "ok\n"`, the config of
+# benches/compare.sh), then, ROUNDS times and alternating, each binary on scenario 1 (forwarded,
+# the limit never reached) and scenario 2 (rejected, every request answered 429). Each run is
+# a 1 s warm-up and DURATION seconds of `wrk -t2 -c64`. Prints req/s, p99, and the proxy's
+# user and system CPU per request (from /proc/PID/stat), which moves less with background load
+# than req/s does. Stops every process it started. For the figures of docs/performance.md,
+# "Before and after". About ROUNDS * 4 * (DURATION + 2) seconds.
+#
+# Environment: ROUNDS [2], DURATION [5].
+set -euo pipefail
+[ $# -eq 2 ] || { echo "usage: benches/ab.sh OLD_BINARY NEW_BINARY" >&2; exit 2; }
+OLD=$(realpath "$1")
+NEW=$(realpath "$2")
+ROUNDS=${ROUNDS:-2}
+DURATION=${DURATION:-5}
+for tool in nginx wrk curl python3; do
+    command -v "$tool" >/dev/null || { echo "ab.sh needs $tool (see benches/compare.sh)" >&2; exit 1; }
+done
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$ROOT/benches/compare
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fill() { # template out key=value...
+    local text
+    text=$(cat "$1")
+    shift
+    local out=$1
+    shift
+    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
+    printf '%s\n' "$text" >"$out"
+}
+
+BACKEND=$(free_port)
+mkdir -p "$TMP/backend"
+fill "$HERE/backend.conf.in" "$TMP/backend/nginx.conf" "DIR=$TMP/backend" "PORT=$BACKEND" "H2_PORT=$(free_port)"
+nginx -c "$TMP/backend/nginx.conf" -p "$TMP/backend" &
+PIDS+=($!)
+
+# Scenario configs: forwarded (never limited) and rejected (one request a day).
+FWD=$(free_port)
+REJ=$(free_port)
+for s in "fwd $FWD 1000000/s 1000000" "rej $REJ 1/day 1"; do
+    set -- $s
+    fill "$HERE/tollgate.yaml.in" "$TMP/$1.yaml" "PORT=$2" "BACKEND_PORT=$BACKEND" \
+        "LIMITER=  backend: local" "HEADERS=true" "RATE=$3" "BURST=$4" "KEY=ip"
+done
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
+
+cpu() { awk '{print $14, $15}' "/proc/$1/stat"; }
+measure() { # label binary config port
+    local label=$1 bin=$2 config=$3 port=$4 pid u0 s0 u1 s1 out n
+    "$bin" run --config "$config" --access-log false --log-level warn &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+    timeout 30 wrk -t2 -c64 -d1s "http://127.0.0.1:$port/" >/dev/null
+    read -r u0 s0 < <(cpu "$pid")
+    out=$(timeout $((DURATION + 30)) wrk -t2 -c64 -d"${DURATION}s" --latency "http://127.0.0.1:$port/")
+    read -r u1 s1 < <(cpu "$pid")
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    n=$(awk '/requests in/{print $1}' <<<"$out")
+    python3 - "$label" "$n" "$u0" "$s0" "$u1" "$s1" "$(getconf CLK_TCK)" \
+        "$(awk '/Requests\/sec/{print $2}' <<<"$out")" "$(awk '/ 99%/{print $2}' <<<"$out")" <<'PY'
+import sys
+label, n, u0, s0, u1, s1, tck, rps, p99 = sys.argv[1:]
+n, tck = int(n), int(tck)
+us = lambda a, b: (int(b) - int(a)) * 1e6 / tck / n
+print(f"{label:<14} {float(rps):>10,.0f} req/s  p99 {p99:>8}  user {us(u0, u1):5.2f} us  system {us(s0, s1):5.2f} us per request")
+PY
+}
+
+echo "A: $OLD"
+echo "B: $NEW"
+for round in $(seq "$ROUNDS"); do
+    for which in A B; do
+        bin=$OLD
+        [ "$which" = B ] && bin=$NEW
+        measure "$which forwarded" "$bin" "$TMP/fwd.yaml" "$FWD"
+        measure "$which rejected" "$bin" "$TMP/rej.yaml" "$REJ"
+    done
+    [ "$round" -lt "$ROUNDS" ] && echo
+done
