@@ -194,6 +194,8 @@ impl Upstream {
 }
 
 /// What the rewrite needs to know about the downstream connection.
+// Four independent facts about one request, not a state machine in disguise.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, Copy)]
 pub struct Downstream<'a> {
     pub peer: IpAddr,
@@ -205,6 +207,8 @@ pub struct Downstream<'a> {
     pub client_ip: IpAddr,
     /// The route proxies WebSocket upgrades.
     pub websocket_allowed: bool,
+    /// Headers with `_` in their names go upstream (else they are dropped).
+    pub underscores: bool,
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -346,6 +350,9 @@ fn rewrite(
 
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
+    if !down.underscores {
+        drop_underscored(headers);
+    }
     if !down.peer_trusted {
         // Whatever an untrusted client says about forwarding is dropped, not passed on to a
         // backend that may believe it.
@@ -376,6 +383,23 @@ fn rewrite(
         };
     }
     Ok(())
+}
+
+/// Remove every header whose name contains `_`. Backends that fold `_` into `-` (CGI, PHP-FPM,
+/// many frameworks: both become `HTTP_X_FORWARDED_FOR`) would otherwise read `X_Forwarded_For`
+/// or `X_Real_IP` as the forwarding headers tollgate controls. nginx drops them by default too.
+fn drop_underscored(headers: &mut HeaderMap) {
+    if !headers.keys().any(|k| k.as_str().contains('_')) {
+        return;
+    }
+    let named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
 }
 
 /// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
@@ -453,6 +477,7 @@ mod tests {
                 tls: false,
                 client_ip: peer,
                 websocket_allowed: false,
+                underscores: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
@@ -465,6 +490,7 @@ mod tests {
                 tls: false,
                 client_ip: peer,
                 websocket_allowed: false,
+                underscores: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");

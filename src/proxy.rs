@@ -205,6 +205,7 @@ async fn pipeline<'a>(
                 tls: conn.tls,
                 client_ip,
                 websocket_allowed: route.websocket,
+                underscores: snap.underscores_in_headers,
             };
             let (parts, body) = req.into_parts();
             let (body, failure) = Guarded::new(body, route.body, started.into());

@@ -495,3 +495,36 @@ async fn a_connection_still_uploading_is_not_reused() {
         started.elapsed()
     );
 }
+
+/// `X_Forwarded_For` and friends would reach a CGI-style backend as `HTTP_X_FORWARDED_FOR`:
+/// headers with `_` in their names are dropped by default, and passed with
+/// `underscores_in_headers: true`.
+#[tokio::test]
+async fn headers_with_underscores_are_dropped_unless_allowed() {
+    let up = MockUpstream::start();
+    let route = "routes:\n  - name: app\n    match: { path_prefix: / }\n    upstream: app\n";
+    let sent = [
+        ("x_forwarded_for", "203.0.113.9"),
+        ("x_real_ip", "203.0.113.9"),
+        ("legacy_token", "t"),
+        ("x-kept", "yes"),
+    ];
+    for (allow, extra) in [(false, ""), (true, "underscores_in_headers: true\n")] {
+        let proxy = TestProxy::start(&config(&format!(
+            "{extra}{}{route}",
+            upstream_app(up.addr(), "2s")
+        )));
+        let r = Http::new().get_with(&proxy.url("/u"), &sent).await;
+        assert_eq!(r.code(), 200);
+        let seen = up.seen().pop().expect("a request upstream");
+        assert_eq!(seen.header("x-kept"), "yes");
+        for (name, _) in &sent[..3] {
+            assert_eq!(
+                seen.headers.contains_key(*name),
+                allow,
+                "{name} with underscores_in_headers: {allow}"
+            );
+        }
+        assert_eq!(seen.header("x-forwarded-for"), "127.0.0.1");
+    }
+}

@@ -116,6 +116,7 @@ pub fn compile(raw: &file::File, previous: Option<&Snapshot>) -> Result<Snapshot
         limiter,
         shutdown_timeout,
         max_inflight: raw.max_inflight.unwrap_or(10_000),
+        underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
         redis: None,
         fingerprints: fingerprints(raw),
         source: String::new(),

@@ -26,6 +26,8 @@ pub struct File {
     pub max_inflight: Option<usize>,
     /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
     pub client_ip_header: Option<String>,
+    /// Pass request headers whose names contain `_` upstream (default: drop them, as nginx).
+    pub underscores_in_headers: Option<bool>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,

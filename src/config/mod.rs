@@ -39,6 +39,9 @@ pub struct Snapshot {
     pub shutdown_timeout: std::time::Duration,
     /// Requests in flight at once before new ones get 503.
     pub max_inflight: usize,
+    /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
+    /// by default they are dropped.
+    pub underscores_in_headers: bool,
     /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
     /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
     pub redis: Option<Arc<RedisLimiter>>,

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -19,6 +19,7 @@ const KEYS: [&str; 10] = [
     "shutdown_timeout",
     "max_inflight",
     "client_ip_header",
+    "underscores_in_headers",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -69,6 +70,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         shutdown_timeout: r.one("shutdown_timeout"),
         max_inflight: r.one("max_inflight"),
         client_ip_header: r.one("client_ip_header"),
+        underscores_in_headers: r.one("underscores_in_headers"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,
