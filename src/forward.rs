@@ -209,6 +209,8 @@ pub struct Downstream<'a> {
     pub websocket_allowed: bool,
     /// Headers with `_` in their names go upstream (else they are dropped).
     pub underscores: bool,
+    /// The connection's place for a WebSocket tunnel.
+    pub tunnel: &'a TunnelSlot,
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -251,7 +253,7 @@ pub async fn send(
             UPGRADE,
             upgrade.unwrap_or(HeaderValue::from_static("websocket")),
         );
-        tunnel(client_side, hyper::upgrade::on(&mut res));
+        tunnel(client_side, hyper::upgrade::on(&mut res), down.tunnel);
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection now belongs to the tunnel (or is useless): never back in the pool.
@@ -276,25 +278,44 @@ fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("websocket"))
 }
 
-/// Once both sides have switched protocols, copy bytes both ways until either closes.
-fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    tokio::spawn(async move {
-        let (client, upstream) = match tokio::join!(client, upstream) {
-            (Ok(c), Ok(u)) => (c, u),
-            (c, u) => {
-                tracing::debug!(
-                    client = c.is_ok(),
-                    upstream = u.is_ok(),
-                    "websocket upgrade failed"
-                );
-                return;
-            }
-        };
-        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            tracing::debug!(error = %e, "websocket tunnel ended with an error");
+/// The two sides of a WebSocket tunnel, once both have switched protocols.
+#[derive(Debug)]
+pub struct Tunnel {
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+}
+
+/// Where a request leaves its tunnel for the connection it arrived on: the connection's task
+/// runs it once hyper hands the socket over, so the tunnel keeps the connection's slot under
+/// `max_connections`, counts as an open connection, and is part of the shutdown drain.
+pub type TunnelSlot = parking_lot::Mutex<Option<Tunnel>>;
+
+/// Leave the tunnel for the connection's task (HTTP/1.1: one request at a time, so one tunnel).
+fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    slot: &TunnelSlot,
+) {
+    *slot.lock() = Some(Tunnel { client, upstream });
+}
+
+/// Copy bytes both ways until either side closes.
+pub async fn run_tunnel(t: Tunnel) {
+    let (client, upstream) = match tokio::join!(t.client, t.upstream) {
+        (Ok(c), Ok(u)) => (c, u),
+        (c, u) => {
+            tracing::debug!(
+                client = c.is_ok(),
+                upstream = u.is_ok(),
+                "websocket upgrade failed"
+            );
+            return;
         }
-    });
+    };
+    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(error = %e, "websocket tunnel ended with an error");
+    }
 }
 
 fn classify(e: &(dyn std::error::Error + 'static)) -> ProxyError {
@@ -478,6 +499,7 @@ mod tests {
                 client_ip: peer,
                 websocket_allowed: false,
                 underscores: false,
+                tunnel: &TunnelSlot::new(None),
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
@@ -491,6 +513,7 @@ mod tests {
                 client_ip: peer,
                 websocket_allowed: false,
                 underscores: false,
+                tunnel: &TunnelSlot::new(None),
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");

@@ -47,6 +47,7 @@ impl Conn {
             peer_value,
             tls,
             max_uri_bytes,
+            tunnel: forward::TunnelSlot::new(None),
         }
     }
 }
@@ -67,7 +68,7 @@ impl State {
 }
 
 /// The downstream connection a request arrived on.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Conn {
     pub peer: SocketAddr,
     /// The peer's address as a header value (`X-Forwarded-For`, `X-Real-IP`), rendered once.
@@ -75,6 +76,8 @@ pub struct Conn {
     pub tls: bool,
     /// The listener's `max_uri_bytes`.
     pub max_uri_bytes: usize,
+    /// A WebSocket tunnel this connection's request set up, for the connection's task to run.
+    pub tunnel: forward::TunnelSlot,
 }
 
 /// What the stages learned about a request, for the access log and metrics.
@@ -206,6 +209,7 @@ async fn pipeline<'a>(
                 client_ip,
                 websocket_allowed: route.websocket,
                 underscores: snap.underscores_in_headers,
+                tunnel: &conn.tunnel,
             };
             let (parts, body) = req.into_parts();
             let (body, failure) = Guarded::new(body, route.body, started.into());

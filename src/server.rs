@@ -242,7 +242,7 @@ impl Connection {
         let conn = Arc::new(Conn::new(self.peer, tls, self.settings.max_uri_bytes));
         let activity = Arc::new(Activity::new());
         let service = {
-            let (state, activity) = (self.state.clone(), activity.clone());
+            let (state, activity, conn) = (self.state.clone(), activity.clone(), conn.clone());
             let max_requests = self.settings.max_requests_per_connection;
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let (state, activity, conn) = (state.clone(), activity.clone(), conn.clone());
@@ -310,6 +310,12 @@ impl Connection {
             }
         }
         drop(watchdog);
+        // A WebSocket handshake hands the socket over: the tunnel runs here, so it keeps this
+        // connection's slot, stays in the open-connections gauge and in the shutdown drain.
+        let tunnel = conn.tunnel.lock().take();
+        if let Some(tunnel) = tunnel {
+            crate::forward::run_tunnel(tunnel).await;
+        }
         open.dec();
     }
 }

@@ -112,3 +112,56 @@ async fn routes_without_websocket_strip_the_upgrade() {
     let (_s, head) = handshake(&proxy, "/other").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
+
+/// An open tunnel is a connection like any other: it keeps its slot under `max_connections`
+/// (a second client is closed at once), and on SIGTERM the drain waits for it, up to
+/// `shutdown_timeout`, before the process exits.
+#[tokio::test]
+async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
+    let backend = echo_backend().await;
+    let mut proxy = TestProxy::start(&format!(
+        "listeners:\n  - address: 127.0.0.1:0\n    max_connections: 1\nshutdown_timeout: 1500ms\n\
+         upstreams:\n  app:\n    targets: [{backend}]\n    timeout: 2s\nroutes:\n  - name: ws\n    \
+         match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n"
+    ));
+    let (mut tunnel, head) = handshake(&proxy, "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tunnel.write_all(b"ping").await.unwrap();
+    let mut echo = [0u8; 4];
+    tunnel.read_exact(&mut echo).await.unwrap();
+
+    // The slot is taken: another connection is accepted by the kernel and closed at once.
+    let mut other = TcpStream::connect(proxy.addr()).await.unwrap();
+    let _ = other
+        .write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), other.read(&mut buf))
+        .await
+        .expect("the extra connection is closed in time");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "a second connection was served: {read:?}"
+    );
+
+    // SIGTERM: the tunnel still works while the drain waits for it, and is cut at the timeout.
+    let sent = std::time::Instant::now();
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tunnel.write_all(b"still").await.unwrap();
+    let mut echo = [0u8; 5];
+    tokio::time::timeout(Duration::from_secs(2), tunnel.read_exact(&mut echo))
+        .await
+        .expect("the tunnel answers during the drain")
+        .unwrap();
+    assert_eq!(&echo, b"still");
+    let status = proxy
+        .wait_exit(Duration::from_secs(10))
+        .expect("the proxy exits after the drain timeout");
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "exited {took:?} after SIGTERM: the open tunnel was not waited for"
+    );
+    assert!(status.success(), "{status:?}");
+}
