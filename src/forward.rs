@@ -1,7 +1,7 @@
 //! Forwarding upstream: target choice, the request rewrite, a pooled keep-alive client, streaming.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,6 +207,8 @@ pub struct Downstream<'a> {
     pub client_ip: IpAddr,
     /// The route proxies WebSocket upgrades.
     pub websocket_allowed: bool,
+    /// The route's idle timeout for an open tunnel.
+    pub websocket_idle: Duration,
     /// Headers with `_` in their names go upstream (else they are dropped).
     pub underscores: bool,
     /// The connection's place for a WebSocket tunnel.
@@ -253,7 +255,12 @@ pub async fn send(
             UPGRADE,
             upgrade.unwrap_or(HeaderValue::from_static("websocket")),
         );
-        tunnel(client_side, hyper::upgrade::on(&mut res), down.tunnel);
+        tunnel(
+            client_side,
+            hyper::upgrade::on(&mut res),
+            down.websocket_idle,
+            down.tunnel,
+        );
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection now belongs to the tunnel (or is useless): never back in the pool.
@@ -283,6 +290,8 @@ fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 pub struct Tunnel {
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
+    /// Closed after this long without a byte either way.
+    idle: Duration,
 }
 
 /// Where a request leaves its tunnel for the connection it arrived on: the connection's task
@@ -294,12 +303,18 @@ pub type TunnelSlot = parking_lot::Mutex<Option<Tunnel>>;
 fn tunnel(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
+    idle: Duration,
     slot: &TunnelSlot,
 ) {
-    *slot.lock() = Some(Tunnel { client, upstream });
+    *slot.lock() = Some(Tunnel {
+        client,
+        upstream,
+        idle,
+    });
 }
 
-/// Copy bytes both ways until either side closes.
+/// Copy bytes both ways until either side closes, or nothing moved for the route's
+/// `timeouts.websocket_idle`.
 pub async fn run_tunnel(t: Tunnel) {
     let (client, upstream) = match tokio::join!(t.client, t.upstream) {
         (Ok(c), Ok(u)) => (c, u),
@@ -312,9 +327,89 @@ pub async fn run_tunnel(t: Tunnel) {
             return;
         }
     };
-    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
-    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(error = %e, "websocket tunnel ended with an error");
+    let started = tokio::time::Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let mut client = Active::new(TokioIo::new(client), started, &last);
+    let mut upstream = Active::new(TokioIo::new(upstream), started, &last);
+    let idle = async {
+        loop {
+            let since = Duration::from_millis(last.load(Ordering::Relaxed));
+            let deadline = started + since + t.idle;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    };
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            if let Err(e) = copied {
+                tracing::debug!(error = %e, "websocket tunnel ended with an error");
+            }
+        }
+        () = idle => tracing::debug!(idle = ?t.idle, "websocket tunnel idle: closed"),
+    }
+}
+
+/// One side of a tunnel, noting (in milliseconds since the tunnel opened) when bytes last
+/// moved on it, for the tunnel's idle timeout.
+struct Active<I> {
+    inner: I,
+    started: tokio::time::Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<I> Active<I> {
+    fn new(inner: I, started: tokio::time::Instant, last: &Arc<AtomicU64>) -> Self {
+        Self {
+            inner,
+            started,
+            last: last.clone(),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Active<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.touch();
+        }
+        polled
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Active<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -498,6 +593,7 @@ mod tests {
                 tls: false,
                 client_ip: peer,
                 websocket_allowed: false,
+                websocket_idle: Duration::from_secs(3600),
                 underscores: false,
                 tunnel: &TunnelSlot::new(None),
             },
@@ -512,6 +608,7 @@ mod tests {
                 tls: false,
                 client_ip: peer,
                 websocket_allowed: false,
+                websocket_idle: Duration::from_secs(3600),
                 underscores: false,
                 tunnel: &TunnelSlot::new(None),
             },

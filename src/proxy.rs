@@ -208,6 +208,7 @@ async fn pipeline<'a>(
                 tls: conn.tls,
                 client_ip,
                 websocket_allowed: route.websocket,
+                websocket_idle: route.websocket_idle,
                 underscores: snap.underscores_in_headers,
                 tunnel: &conn.tunnel,
             };

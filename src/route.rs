@@ -22,6 +22,8 @@ pub struct Route {
     pub body: crate::body::BodyLimits,
     /// WebSocket upgrades are proxied (limits apply to the handshake request).
     pub websocket: bool,
+    /// An open tunnel with no traffic either way for this long is closed.
+    pub websocket_idle: std::time::Duration,
     /// The fixed parts of each limit's response headers, in `limits` order.
     pub rendered: Vec<crate::response::Rendered>,
     /// This route's metric counters, fetched on first use.
@@ -230,6 +232,7 @@ mod tests {
             rendered: vec![],
             body: crate::body::BodyLimits::default(),
             websocket: false,
+            websocket_idle: std::time::Duration::from_secs(3600),
             counters: std::sync::OnceLock::new(),
         }
     }

@@ -165,3 +165,38 @@ async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
     );
     assert!(status.success(), "{status:?}");
 }
+
+/// `timeouts.websocket_idle`: a tunnel with traffic stays open past it; one without is closed.
+#[tokio::test]
+async fn an_idle_tunnel_is_closed_after_its_timeout() {
+    let backend = echo_backend().await;
+    let proxy = TestProxy::start(&config(&format!(
+        "upstreams:\n  app:\n    targets: [{backend}]\n    timeout: 2s\nroutes:\n  - name: ws\n    \
+         match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n    \
+         timeouts: {{ websocket_idle: 400ms }}\n"
+    )));
+    let (mut tunnel, head) = handshake(&proxy, "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // Traffic every 150 ms for 900 ms: more than twice the timeout, never idle for it.
+    for _ in 0..6 {
+        tunnel.write_all(b"tick").await.unwrap();
+        let mut echo = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(2), tunnel.read_exact(&mut echo))
+            .await
+            .expect("the echo in time")
+            .expect("the tunnel is open while in use");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Then silence: closed after the timeout.
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), tunnel.read(&mut buf))
+        .await
+        .expect("the idle tunnel is closed in time");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200),
+        "closed after {waited:?}, before its idle timeout"
+    );
+}

@@ -702,8 +702,23 @@ fn route(r: &file::Route, path: &str, ctx: &mut RouteCtx<'_>, p: &mut Problems) 
         limits,
         body,
         websocket: r.websocket,
+        websocket_idle: websocket_idle(r, path, p),
         counters: std::sync::OnceLock::new(),
     })
+}
+
+fn websocket_idle(r: &file::Route, path: &str, p: &mut Problems) -> Duration {
+    let key = format!("{path}.timeouts.websocket_idle");
+    let idle = duration_or(
+        p,
+        key.clone(),
+        r.timeouts.as_ref().and_then(|t| t.websocket_idle.as_ref()),
+        Duration::from_secs(3600),
+    );
+    if idle.is_zero() {
+        p.add(key, "must be longer than zero");
+    }
+    idle
 }
 
 fn body_limits(r: &file::Route, path: &str, p: &mut Problems) -> BodyLimits {

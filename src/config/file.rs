@@ -203,6 +203,8 @@ pub struct RouteTimeouts {
     pub body_idle: Option<String>,
     /// Whole request, body included; `0s` turns it off (for long uploads and streams).
     pub request: Option<String>,
+    /// An open WebSocket tunnel with no byte either way for this long is closed.
+    pub websocket_idle: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
