@@ -35,9 +35,13 @@ fn proxy_for(up: &MockUpstream) -> TestProxy {
 
 /// Poll until a TCP connect to `addr` is refused; the time that took from `since`.
 async fn refused(addr: SocketAddr, since: Instant, within: Duration) -> Duration {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     loop {
         match TcpStream::connect(addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return since.elapsed(),
+            Err(e) if e.kind() == ConnectionRefused => return since.elapsed(),
+            // The kernel completed a handshake into a listener's backlog just as the listener
+            // closed, and reset it: the listener is going away, not yet gone. Try again.
+            Err(e) if matches!(e.kind(), ConnectionReset | ConnectionAborted) => {}
             Err(e) => panic!("connect to {addr}: {e}"),
             Ok(accepted) => drop(accepted),
         }
