@@ -1,7 +1,9 @@
 //! Token buckets in Redis: the same GCRA as `local`, shared by every proxy of a fleet.
 //!
-//! One check is one round trip (on a cluster, one per slot its buckets live in: see `cluster`):
-//! a Lua script (`bucket.lua`) reads all the request's buckets, decides on Redis's own clock
+//! One check is at most one round trip (on a cluster, one per slot its buckets live in: see
+//! `cluster`; on a single server, shared with the checks waiting at the same moment on the same
+//! worker: see `batch`): a Lua script (`bucket.lua`) reads all the request's buckets, decides on
+//! Redis's own clock
 //! (so proxies with skewed clocks agree), and charges them only if every enforced bucket
 //! admits, exactly like `local::check`. A bucket is one string key,
 //! `<key_prefix><limit name>:{<client digest hex>}`, that expires when the bucket is full again;
@@ -159,8 +161,9 @@ struct Failure {
     detail: String,
 }
 
-/// The Redis backend. Share it (`Arc`) between all requests: it holds one multiplexed
-/// connection, and its breaker and cache only work if everyone uses the same one.
+/// The Redis backend. Share it (`Arc`) between all requests: it holds a multiplexed
+/// connection per worker thread (and one for other threads), and its breaker and cache only
+/// work if everyone uses the same one.
 #[derive(Debug)]
 pub struct RedisLimiter {
     /// The connection of the thread that built the limiter (readiness probes, tests).

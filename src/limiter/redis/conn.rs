@@ -39,7 +39,8 @@ impl Mode {
     }
 }
 
-/// One multiplexed connection shared by every request; cloning it is cheap (an `Arc`).
+/// One multiplexed connection, shared by the requests of one worker thread; cloning it is
+/// cheap (an `Arc`).
 #[derive(Clone)]
 pub(super) enum Conn {
     Single(ConnectionManager),
