@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //! The request's path is the architecture: `server` accepts, `proxy::handle` loads the config
-//! snapshot once and runs `route::find`, `identity`, `limiter`, then `forward::send` or a
+//! snapshot once and runs `route::find_indexed`, `identity`, `limiter`, then `forward::send` or a
 //! response of its own.
 //!
 //! - `cli`: the command line (`run`, `check`, `health`); `health`: the container health probe.
@@ -13,10 +13,11 @@
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
 //! - `guard`: refuses smuggling shapes and normalises the path before routing.
 //! - `body`: request bodies streamed upstream with idle, deadline and size limits.
-//! - `route`: the compiled route table and first-match lookup.
+//! - `route`: the compiled route table, its path index, and first-match lookup.
 //! - `identity`: client address behind trusted proxies; the digest a limit counts under.
 //! - `limiter`: token-bucket arithmetic, decisions, the in-process (and Redis) backends.
-//! - `forward`: the upstream rewrite and pooled, streaming client.
+//! - `forward`: the upstream rewrite, streaming, WebSocket tunnels.
+//! - `pool`: keep-alive upstream connections, one pool per worker thread and target.
 //! - `response`: 429 and the error responses, with the rate-limit headers.
 //! - `error`: request-path errors and their statuses.
 //! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it.
