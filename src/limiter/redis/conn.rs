@@ -6,7 +6,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, RedisError, Script, Value};
+use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
 
 use super::{Bucket, RedisConfig};
 use crate::limiter::Verdict;
@@ -130,23 +130,10 @@ impl Conn {
     ) -> Result<Value, RedisError> {
         let mut call = script.prepare_invoke();
         call.arg(mode.as_str());
-        for b in buckets {
-            // f64 arguments are written with ryu: the shortest string that parses back to the
-            // same double, so Lua computes with exactly the numbers `limiter::step` uses.
-            call.key(b.key.as_str())
-                .arg(b.rate.token_us())
-                .arg(b.rate.window_us())
-                .arg(b.cost)
-                .arg(u8::from(b.enforced));
-        }
-        match self {
-            Conn::Single(m) => call.invoke_async(&mut m.clone()).await,
-            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
-        }
+        push_buckets(&mut call, buckets);
+        self.invoke(&call).await
     }
-}
 
-impl Conn {
     /// Run several independent checks as one script call ("batch" mode); `checks` yields each
     /// check's buckets. The reply is the checks' replies, one after the other.
     pub(super) async fn run_batch<'b, 'a: 'b, C>(
@@ -161,18 +148,32 @@ impl Conn {
         call.arg("batch").arg(checks.clone().count());
         for buckets in checks {
             call.arg(buckets.len());
-            for b in buckets {
-                call.key(b.key.as_str())
-                    .arg(b.rate.token_us())
-                    .arg(b.rate.window_us())
-                    .arg(b.cost)
-                    .arg(u8::from(b.enforced));
-            }
+            push_buckets(&mut call, buckets);
         }
+        self.invoke(&call).await
+    }
+
+    async fn invoke(&self, call: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
         match self {
             Conn::Single(m) => call.invoke_async(&mut m.clone()).await,
             Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
         }
+    }
+}
+
+/// Each bucket's key and its four script arguments (see `bucket.lua`).
+fn push_buckets<'b, 'a: 'b>(
+    call: &mut ScriptInvocation<'_>,
+    buckets: impl Iterator<Item = &'b Bucket<'a>>,
+) {
+    for b in buckets {
+        // f64 arguments are written with ryu: the shortest string that parses back to the
+        // same double, so Lua computes with exactly the numbers `limiter::step` uses.
+        call.key(b.key.as_str())
+            .arg(b.rate.token_us())
+            .arg(b.rate.window_us())
+            .arg(b.cost)
+            .arg(u8::from(b.enforced));
     }
 }
 
