@@ -467,19 +467,17 @@ fn rewrite(
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
     if !down.underscores {
-        drop_underscored(headers);
+        // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
+        // `HTTP_X_FORWARDED_FOR`) would read `X_Forwarded_For` or `X_Real_IP` as the
+        // forwarding headers tollgate controls. nginx drops them by default too.
+        remove_where(headers, |k| k.as_str().contains('_'));
     }
     if !down.peer_trusted {
         // Whatever an untrusted client says about forwarding is dropped, not passed on to a
         // backend that may believe it.
-        let planted: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| k.as_str().starts_with("x-forwarded-") && **k != X_FORWARDED_FOR)
-            .cloned()
-            .collect();
-        for name in planted {
-            headers.remove(name);
-        }
+        remove_where(headers, |k| {
+            k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR
+        });
         headers.remove(http::header::FORWARDED);
     }
     if down.client_ip == down.peer {
@@ -501,19 +499,13 @@ fn rewrite(
     Ok(())
 }
 
-/// Remove every header whose name contains `_`. Backends that fold `_` into `-` (CGI, PHP-FPM,
-/// many frameworks: both become `HTTP_X_FORWARDED_FOR`) would otherwise read `X_Forwarded_For`
-/// or `X_Real_IP` as the forwarding headers tollgate controls. nginx drops them by default too.
-fn drop_underscored(headers: &mut HeaderMap) {
-    if !headers.keys().any(|k| k.as_str().contains('_')) {
+/// Remove every header whose name satisfies `doomed` (nothing is collected when none does).
+fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
+    if !headers.keys().any(&doomed) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().contains('_'))
-        .cloned()
-        .collect();
-    for name in named {
+    let names: Vec<HeaderName> = headers.keys().filter(|k| doomed(k)).cloned().collect();
+    for name in names {
         headers.remove(name);
     }
 }
