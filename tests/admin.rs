@@ -4,7 +4,6 @@
 mod common;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{config, Http, Reply, TestProxy};
@@ -26,27 +25,9 @@ fn with_admin(extra: &str) -> TestProxy {
     TestProxy::start(&config(&format!("admin:\n  address: 127.0.0.1:0\n{extra}")))
 }
 
-/// The admin listener's address, from the `admin endpoints address=` log line.
-fn admin_addr(proxy: &TestProxy) -> SocketAddr {
-    const MARKER: &str = "admin endpoints address=";
-    assert!(
-        proxy.wait_for_log(MARKER, Duration::from_secs(5)),
-        "no admin listener logged: {:#?}",
-        proxy.logs()
-    );
-    proxy
-        .logs()
-        .iter()
-        .find_map(|l| {
-            let rest = &l[l.find(MARKER)? + MARKER.len()..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .expect("an address after the marker")
-}
-
 async fn admin_get(proxy: &TestProxy, path: &str) -> Reply {
     Http::new()
-        .get(&format!("http://{}{path}", admin_addr(proxy)))
+        .get(&format!("http://{}{path}", proxy.admin_addr()))
         .await
 }
 

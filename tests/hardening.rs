@@ -1112,24 +1112,6 @@ async fn an_upstream_that_never_accepts_is_504_at_connect_timeout() {
 // ---------------------------------------------------------------------------------------------
 // Connections
 
-/// The admin listener's address, from the `admin endpoints address=` log line.
-fn admin_addr(proxy: &TestProxy) -> SocketAddr {
-    const MARKER: &str = "admin endpoints address=";
-    assert!(
-        proxy.wait_for_log(MARKER, WAIT),
-        "no admin listener logged: {:#?}",
-        proxy.logs()
-    );
-    proxy
-        .logs()
-        .iter()
-        .find_map(|l| {
-            let rest = &l[l.find(MARKER)? + MARKER.len()..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .expect("an address after the marker")
-}
-
 async fn metric(admin: SocketAddr, name: &str) -> f64 {
     let r = Http::new().get(&format!("http://{admin}/metrics")).await;
     assert_eq!(r.code(), 200);
@@ -1148,7 +1130,7 @@ async fn connections_beyond_max_connections_are_closed_at_once() {
         "admin:\n  address: 127.0.0.1:0\n",
         CATCH_ALL,
     );
-    let admin = admin_addr(&proxy);
+    let admin = proxy.admin_addr();
     let mut conns = Vec::new();
     for _ in 0..40 {
         conns.push(Raw::open(proxy.addr()).await);

@@ -189,12 +189,9 @@ impl Drop for Proc {
 }
 
 fn logged_addr(lines: &[String], marker: &str) -> SocketAddr {
-    lines
-        .iter()
-        .find_map(|l| {
-            let rest = &l[l.find(marker)? + marker.len()..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
+    common::proxy::logged_addrs(lines, marker)
+        .into_iter()
+        .next()
         .unwrap_or_else(|| panic!("no `{marker}` in the logs: {lines:#?}"))
 }
 

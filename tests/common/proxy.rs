@@ -16,6 +16,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// The log marker `app::run` writes once per bound listener.
 const LISTENING: &str = "listening address=";
 
+/// The log marker `app::run` writes for the admin listener.
+const ADMIN: &str = "admin endpoints address=";
+
 /// The stderr lines of a child, shared with the thread that reads them.
 #[derive(Default)]
 struct Log {
@@ -149,6 +152,19 @@ impl TestProxy {
         self.log.snapshot()
     }
 
+    /// The admin listener's address, from its log line (waited for up to 5 s).
+    pub fn admin_addr(&self) -> SocketAddr {
+        assert!(
+            self.wait_for_log(ADMIN, Duration::from_secs(5)),
+            "no admin listener logged: {:#?}",
+            self.logs()
+        );
+        logged_addrs(&self.logs(), ADMIN)
+            .into_iter()
+            .next()
+            .expect("an address after the marker")
+    }
+
     /// Wait until a stderr line contains `needle`. False on timeout or if the process exited.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
         self.log
@@ -204,10 +220,15 @@ impl Drop for TestProxy {
 }
 
 fn listening_addrs(lines: &[String]) -> Vec<SocketAddr> {
+    logged_addrs(lines, LISTENING)
+}
+
+/// Every address logged right after `marker` (such as `listening address=`), in log order.
+pub fn logged_addrs(lines: &[String], marker: &str) -> Vec<SocketAddr> {
     lines
         .iter()
         .filter_map(|l| {
-            let rest = &l[l.find(LISTENING)? + LISTENING.len()..];
+            let rest = &l[l.find(marker)? + marker.len()..];
             rest.split_whitespace().next()?.parse().ok()
         })
         .collect()
