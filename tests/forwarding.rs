@@ -393,35 +393,51 @@ async fn upstream_requests_are_origin_form_and_a_closed_connection_is_not_reused
     );
 }
 
-/// An upstream that answers one request per connection and then closes it, without saying so
-/// (no `Connection: close`): the pooled connection dies right after its response.
-#[tokio::test]
-async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
+/// A raw upstream that answers `200 ok` (3 bytes) as soon as a request head has arrived,
+/// without reading any body. With `keep_alive`, it answers every head on a connection (bytes in
+/// between, such as an unread body, are skipped); without, it closes each connection after its
+/// first answer, without saying so. Returns its address and the count of heads answered.
+async fn raw_upstream(
+    keep_alive: bool,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = served.clone();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = answered.clone();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
             let count = count.clone();
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                let mut buf = [0u8; 4096];
+                loop {
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n";
+                    if sock.write_all(answer).await.is_err() || !keep_alive {
+                        return;
                     }
                 }
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let _ = sock
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                    .await;
-                // Closed at once, as if its keep-alive timeout were zero.
             });
         }
     });
+    (addr, answered)
+}
+
+/// An upstream that answers one request per connection and then closes it, without saying so
+/// (no `Connection: close`): the pooled connection dies right after its response.
+#[tokio::test]
+async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
+    let (addr, served) = raw_upstream(false).await;
     let proxy = TestProxy::start(&config(&format!(
         "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
         upstream_app(addr, "2s")
@@ -444,33 +460,7 @@ async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
 /// pool.
 #[tokio::test]
 async fn a_connection_still_uploading_is_not_reused() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let mut head = Vec::new();
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    // Answer at once, whatever body follows; keep reading whatever comes.
-                    if sock
-                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let (addr, _) = raw_upstream(true).await;
     let proxy = TestProxy::start_with_env(
         &config(&format!(
             "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
