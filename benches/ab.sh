@@ -31,16 +31,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-fill() { # template out key=value...
-    local text
-    text=$(cat "$1")
-    shift
-    local out=$1
-    shift
-    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
-    printf '%s\n' "$text" >"$out"
-}
+# shellcheck source=benches/lib.sh
+. "$ROOT/benches/lib.sh"
 
 BACKEND=$(free_port)
 mkdir -p "$TMP/backend"

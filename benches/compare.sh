@@ -38,6 +38,8 @@ KEEP_TMP=${KEEP_TMP:-0}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$ROOT/benches/compare
 cd "$ROOT"
+# shellcheck source=benches/lib.sh
+. "$ROOT/benches/lib.sh"
 RESULTS=${RESULTS:-$ROOT/target/compare/results-$(date +%Y%m%d-%H%M%S).md}
 started_at=$SECONDS
 LOAD_BEFORE=$(cut -d" " -f1-3 /proc/loadavg)
@@ -124,11 +126,6 @@ stop() {
     PIDS=("${keep[@]}")
 }
 
-# A port nothing listens on: bind :0 and let the kernel pick.
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 # Wait until 127.0.0.1:PORT accepts, failing early if PID died.
 wait_port() {
     local port=$1 pid=$2 what=$3
@@ -156,14 +153,6 @@ reset_peak_rss() {
     for p in "$1" $(pgrep -P "$1" || true); do
         echo 5 >"/proc/$p/clear_refs" 2>/dev/null || true
     done
-}
-
-fill() { # fill TEMPLATE OUT KEY=VALUE...
-    local in=$1 out=$2 kv text
-    text=$(<"$in")
-    shift 2
-    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
-    printf '%s\n' "$text" >"$out"
 }
 
 start_backend() {

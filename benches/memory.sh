@@ -23,7 +23,8 @@ TMP=$(mktemp -d)
 PID=
 cleanup() { [ -z "$PID" ] || kill "$PID" 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=benches/lib.sh
+. benches/lib.sh
 PORT=$(free_port)
 ADMIN=$(free_port)
 cat >"$TMP/tollgate.yaml" <<YAML
