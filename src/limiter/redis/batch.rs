@@ -25,7 +25,9 @@ const MAX_BATCH: usize = 128;
 
 /// One request's check, waiting for its batch.
 struct Job {
-    buckets: Vec<(String, Rate, u32, bool)>,
+    /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
+    keys: Vec<String>,
+    args: Vec<(Rate, u32, bool)>,
     reply: oneshot::Sender<Result<Reply, Failure>>,
 }
 
@@ -48,9 +50,10 @@ impl Batcher {
     pub(super) async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            buckets: buckets
+            keys: buckets.iter().map(|b| b.key.clone()).collect(),
+            args: buckets
                 .iter()
-                .map(|b| (b.key.clone(), b.rate.clone(), b.cost, b.enforced))
+                .map(|b| (b.rate.clone(), b.cost, b.enforced))
                 .collect(),
             reply,
         };
@@ -88,15 +91,20 @@ async fn collect(
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
-async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     bump(&counters.redis_calls);
+    let keys: Vec<Vec<String>> = batch
+        .iter_mut()
+        .map(|job| std::mem::take(&mut job.keys))
+        .collect();
     let buckets: Vec<Vec<Bucket<'_>>> = batch
         .iter()
-        .map(|job| {
-            job.buckets
-                .iter()
-                .map(|(key, rate, cost, enforced)| Bucket {
-                    key: key.clone(),
+        .zip(keys)
+        .map(|(job, keys)| {
+            keys.into_iter()
+                .zip(&job.args)
+                .map(|(key, (rate, cost, enforced))| Bucket {
+                    key,
                     rate,
                     cost: *cost,
                     enforced: *enforced,
@@ -120,6 +128,7 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
             detail: format!("no answer within {timeout:?}"),
         }),
     };
+    drop(buckets);
     let items = match outcome {
         Ok(items) => items,
         Err(failure) => {
@@ -134,7 +143,7 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
     };
     let mut at = 0;
     for job in batch {
-        let n = job.buckets.len();
+        let n = job.args.len();
         let part = items.get(at..at + 1 + 4 * n);
         at += 1 + 4 * n;
         let reply = part.and_then(|p| parse_items(p, n)).ok_or_else(|| Failure {
