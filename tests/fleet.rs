@@ -153,6 +153,38 @@ async fn concurrent_checks_are_batched_and_stay_exact() {
     );
 }
 
+/// Checks of several limits batch as groups of identical checks (one per client here), and
+/// each check stays all-or-nothing across its limits: with a per-key burst of 40, a global
+/// burst of 60 and a shadow limit that rejects nearly everything, 300 concurrent requests of
+/// three clients admit exactly 60, no client more than 40, and the shadow limit blocks none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_checks_of_several_limits_stay_exact() {
+    const REQUESTS: usize = 300;
+    let redis = RedisServer::start();
+    let backend = MockUpstream::start();
+    let proxy = TestProxy::start(&config(&format!(
+        "{}{}routes:\n  - name: multi\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 40, key: [header:X-API-Key] }}\n      - {{ name: all, rate: 1/min, burst: 60, key: [global] }}\n      - {{ name: dry, rate: 1/min, burst: 1, key: [global], shadow: true }}\n",
+        redis_block(&redis.url(), ""),
+        upstream_app(backend.addr(), "5s"),
+    )));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..REQUESTS {
+        let (http, url) = (Http::new(), proxy.url("/"));
+        let key = ["a", "b", "c"][i % 3];
+        tasks.spawn(async move { (key, http.get_with(&url, &[("x-api-key", key)]).await.code()) });
+    }
+    let mut admitted = std::collections::HashMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (key, code) = done.expect("request task");
+        assert!(code == 200 || code == 429, "{key}: {code}");
+        *admitted.entry(key).or_insert(0) += usize::from(code == 200);
+    }
+    let total: usize = admitted.values().sum();
+    assert_eq!(total, 60, "{admitted:?}");
+    assert!(admitted.values().all(|n| *n <= 40), "{admitted:?}");
+    assert_eq!(backend.count(), 60);
+}
+
 fn policy_routes() -> String {
     let route = |name: &str, policy: &str| {
         format!(

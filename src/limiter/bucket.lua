@@ -13,9 +13,12 @@
 --             "refund" give back `cost` tokens to every bucket (undo an earlier "check"
 --                      whose request another slot rejected); `tat` never goes below now.
 --             "batch"  several independent "check"s in one call (requests that were waiting
---                      at the same moment): ARGV[2] is the number of checks, then per check
---                      its number of buckets n, then its buckets' four values each; the
---                      checks take KEYS in order, n at a time, and run one after the other.
+--                      at the same moment), sent as groups of identical checks (the same
+--                      buckets with the same values: one hot client, or a limit every client
+--                      shares): ARGV[2] is the number of groups, then per group the number m
+--                      of checks in it, its number of buckets n, then its buckets' four values
+--                      each. A group takes n KEYS, in order; its m checks run one after the
+--                      other, as m "check" calls would, and the groups run in order.
 -- ARGV[2 + 4*(i-1) ..]  per bucket i, four values:
 --             token_us  microseconds per token (1e6 / rate)
 --             tau_us    burst * token_us
@@ -31,7 +34,7 @@
 --        admitted). Rounded up, not formatted: Redis truncates Lua numbers to integers, and
 --        whole microseconds are plenty for headers in seconds and the negative cache, while
 --        string.format costs more than the rest of a check.
--- For "batch", the replies of its checks, one after the other (1 + 4n values each).
+-- For "batch", the replies of its checks, group by group (m replies of 1 + 4n values each).
 -- For "refund", the number of buckets that held a `tat`.
 
 -- Scripts that read TIME and then write must be replicated by effect (the default since
@@ -44,6 +47,8 @@ end
 -- 1e-6 tolerance of the admit test; counting from 2023-11-14 keeps `tat` some 20 times finer
 -- for decades. Part of the stored format: changing it invalidates every bucket.
 local EPOCH = 1700000000
+-- Globals are table lookups in Lua 5.1: the ones used per bucket are made locals.
+local tonumber, floor, ceil, max = tonumber, math.floor, math.ceil, math.max
 local time = redis.call('TIME')
 local now = (tonumber(time[1]) - EPOCH) * 1000000 + tonumber(time[2])
 local mode = ARGV[1]
@@ -57,9 +62,19 @@ local function bucket_args(i)
   return args_at(2 + 4 * (i - 1))
 end
 
+-- The values of n buckets whose arguments start at ARGV[a], parsed once for all the checks
+-- that use them: {token_us, tau_us, cost, enforced} per bucket, flat.
+local function parse(a, n)
+  local spec = {}
+  for i = 0, 4 * n - 1, 4 do
+    spec[i + 1], spec[i + 2], spec[i + 3], spec[i + 4] = args_at(a + i)
+  end
+  return spec
+end
+
 -- Store `tat` and let the key vanish when the bucket is full again (at least 1 ms later).
 local function store(key, tat)
-  local ttl_ms = math.max(1, math.ceil((tat - now) / 1000))
+  local ttl_ms = max(1, ceil((tat - now) / 1000))
   redis.call('SET', key, string.format('%.17g', tat), 'PX', ttl_ms)
 end
 
@@ -104,15 +119,17 @@ local function save(key, tat)
   tats[key] = tat
 end
 
--- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose arguments start at ARGV[a0]; append the
--- check's reply to `out`; charge the buckets when `write` is set and every enforced one admits.
-local function check(out, k0, a0, n, write)
+-- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values `spec` holds (see `parse`); append
+-- the check's reply to `out`; charge the buckets when `write` is set and every enforced one
+-- admits.
+local function check(out, k0, spec, n, write)
   local head = #out + 1
   out[head] = 1
   local new_tats = {}
   local all_admit = true
   for i = 1, n do
-    local tok, tau, cost, enforced = args_at(a0 + 4 * (i - 1))
+    local s = 4 * (i - 1)
+    local tok, tau, cost, enforced = spec[s + 1], spec[s + 2], spec[s + 3], spec[s + 4]
     local tat = load(KEYS[k0 + i])
     local base = now
     if tat and tat > now then
@@ -130,15 +147,15 @@ local function check(out, k0, a0, n, write)
       end
     end
     -- Whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`).
-    local remaining = math.floor((tau - reset) / tok + 1e-9)
+    local remaining = floor((tau - reset) / tok + 1e-9)
     if remaining < 0 then
       remaining = 0
     end
     local o = head + 1 + 4 * (i - 1)
     out[o] = admitted
     out[o + 1] = remaining
-    out[o + 2] = math.ceil(reset)
-    out[o + 3] = math.ceil(retry)
+    out[o + 2] = ceil(reset)
+    out[o + 3] = ceil(retry)
   end
   if not all_admit then
     out[head] = 0
@@ -151,17 +168,59 @@ local function check(out, k0, a0, n, write)
   end
 end
 
+-- A group of m checks of one bucket each (a route with one limit, the common case): the steps
+-- of `check`, with the bucket kept in locals from one check to the next.
+local function check_one(out, key, spec, m)
+  local tok, tau, cost, enforced = spec[1], spec[2], spec[3], spec[4]
+  local tat = load(key)
+  local charged = false
+  local o = #out
+  for _ = 1, m do
+    local base = now
+    if tat and tat > now then
+      base = tat
+    end
+    local new_tat = base + cost * tok
+    local all, admitted, reset, retry = 1, 1, new_tat - now, 0
+    if new_tat - now <= tau + 1e-6 then
+      tat, charged = new_tat, true
+    else
+      admitted, reset, retry = 0, base - now, new_tat - now - tau
+      if enforced then
+        all = 0
+      end
+    end
+    local remaining = floor((tau - reset) / tok + 1e-9)
+    if remaining < 0 then
+      remaining = 0
+    end
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+      all, admitted, remaining, ceil(reset), ceil(retry)
+    o = o + 5
+  end
+  if charged then
+    save(key, tat)
+  end
+end
+
 local out = {}
 if mode == 'batch' then
   local k0, a = 0, 3
   for _ = 1, tonumber(ARGV[2]) do
-    local n = tonumber(ARGV[a])
-    check(out, k0, a + 1, n, true)
+    local m, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    local spec = parse(a + 2, n)
+    if n == 1 then
+      check_one(out, KEYS[k0 + 1], spec, m)
+    else
+      for _ = 1, m do
+        check(out, k0, spec, n, true)
+      end
+    end
     k0 = k0 + n
-    a = a + 1 + 4 * n
+    a = a + 2 + 4 * n
   end
 else
-  check(out, 0, 2, #KEYS, mode == 'check')
+  check(out, 0, parse(2, #KEYS), #KEYS, mode == 'check')
 end
 for i = 1, #dirty do
   store(dirty[i], tats[dirty[i]])

@@ -364,13 +364,8 @@ impl RedisLimiter {
             Conn::Single(_) => Vec::new(),
         };
         if let Some(batcher) = self.worker().and_then(|w| w.batcher.as_ref()) {
-            let checked = tokio::time::timeout_at(deadline, batcher.check(buckets)).await;
-            return checked.unwrap_or_else(|_| {
-                Err(Failure {
-                    kind: Unavailable::Timeout,
-                    detail: format!("no answer within {:?}", self.timeout),
-                })
-            });
+            // The batch answers by the deadline (see `batch`): no timer per request.
+            return batcher.check(buckets, deadline).await;
         }
         if groups.len() <= 1 {
             let all: Vec<&Bucket<'_>> = buckets.iter().collect();

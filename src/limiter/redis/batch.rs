@@ -9,12 +9,21 @@
 //!
 //! The checks of a batch run one after the other inside one atomic script, so each keeps the
 //! semantics of a "check" call of its own: charged all-or-nothing, and a later check of the
-//! batch sees what an earlier one took from a shared bucket.
+//! batch sees what an earlier one took from a shared bucket. Identical checks (one busy
+//! client, or a limit all clients share) go as one group: their keys and values are sent and
+//! parsed once, and the script runs the group's checks one after the other.
+//!
+//! A check carries its deadline: a call is bounded by the earliest of its checks', and a check
+//! still queued past its own fails without being sent. The request waits on its answer alone,
+//! with no timer of its own.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::conn::{parse_items, Conn, Reply};
 use super::{bump, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
@@ -28,6 +37,8 @@ struct Job {
     /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
     keys: Vec<String>,
     args: Vec<(Rate, u32, bool)>,
+    /// Past this, the check fails as timed out.
+    deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
 }
 
@@ -38,16 +49,20 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Start the batching task on the current runtime. `timeout` bounds one call; callers
-    /// apply their own (the same) deadline as well.
+    /// Start the batching task on the current runtime. `timeout` is what the failures of
+    /// timed-out checks report.
     pub(super) fn start(conn: Conn, counters: Arc<Counters>, timeout: Duration) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
         tokio::spawn(collect(conn, queue, counters, timeout));
         Self { jobs }
     }
 
-    /// Check `buckets` as one, like a "check" call, in the next batch.
-    pub(super) async fn check(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
+    /// Check `buckets` as one, like a "check" call, in the next batch; answered by `deadline`.
+    pub(super) async fn check(
+        &self,
+        buckets: &[Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<Reply, Failure> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             keys: buckets.iter().map(|b| b.key.clone()).collect(),
@@ -55,6 +70,7 @@ impl Batcher {
                 .iter()
                 .map(|b| (b.rate.clone(), b.cost, b.enforced))
                 .collect(),
+            deadline,
             reply,
         };
         if self.jobs.send(job).is_err() {
@@ -91,18 +107,28 @@ async fn collect(
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
-async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+    let now = Instant::now();
+    let (mut batch, late): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.deadline > now);
+    for job in late {
+        let _ = job.reply.send(Err(timed_out(timeout)));
+    }
+    let Some(deadline) = batch.iter().map(|j| j.deadline).min() else {
+        return;
+    };
     bump(&counters.redis_calls);
-    let keys: Vec<Vec<String>> = batch
-        .iter_mut()
-        .map(|job| std::mem::take(&mut job.keys))
+    let groups = group(&batch);
+    // Each group's buckets, with the keys of its first check moved into the call.
+    let keys: Vec<Vec<String>> = groups
+        .iter()
+        .map(|members| std::mem::take(&mut batch[members[0]].keys))
         .collect();
-    let buckets: Vec<Vec<Bucket<'_>>> = batch
+    let buckets: Vec<Vec<Bucket<'_>>> = groups
         .iter()
         .zip(keys)
-        .map(|(job, keys)| {
+        .map(|(members, keys)| {
             keys.into_iter()
-                .zip(&job.args)
+                .zip(&batch[members[0]].args)
                 .map(|(key, (rate, cost, enforced))| Bucket {
                     key,
                     rate,
@@ -112,8 +138,14 @@ async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout:
                 .collect()
         })
         .collect();
-    let call = conn.run_batch(&BUCKET_SCRIPT, buckets.iter().map(|b| b.iter()));
-    let outcome = match tokio::time::timeout(timeout, call).await {
+    let call = conn.run_batch(
+        &BUCKET_SCRIPT,
+        groups
+            .iter()
+            .zip(&buckets)
+            .map(|(m, b)| (m.len(), b.iter())),
+    );
+    let outcome = match tokio::time::timeout_at(deadline, call).await {
         Ok(Ok(::redis::Value::Array(items))) => Ok(items),
         Ok(Ok(_)) => Err(Failure {
             kind: Unavailable::Error,
@@ -123,17 +155,17 @@ async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout:
             kind: Unavailable::Error,
             detail: e.to_string(),
         }),
-        Err(_) => Err(Failure {
-            kind: Unavailable::Timeout,
-            detail: format!("no answer within {timeout:?}"),
-        }),
+        Err(_) => Err(timed_out(timeout)),
     };
+    let sizes: Vec<usize> = buckets.iter().map(Vec::len).collect();
     drop(buckets);
+    let mut replies: Vec<Option<oneshot::Sender<_>>> =
+        batch.into_iter().map(|job| Some(job.reply)).collect();
     let items = match outcome {
         Ok(items) => items,
         Err(failure) => {
-            for job in batch {
-                let _ = job.reply.send(Err(Failure {
+            for reply in replies.into_iter().flatten() {
+                let _ = reply.send(Err(Failure {
                     kind: failure.kind,
                     detail: failure.detail.clone(),
                 }));
@@ -142,14 +174,45 @@ async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout:
         }
     };
     let mut at = 0;
-    for job in batch {
-        let n = job.args.len();
-        let part = items.get(at..at + 1 + 4 * n);
-        at += 1 + 4 * n;
-        let reply = part.and_then(|p| parse_items(p, n)).ok_or_else(|| Failure {
-            kind: Unavailable::Error,
-            detail: "unexpected reply from the bucket script".into(),
-        });
-        let _ = job.reply.send(reply);
+    for (members, n) in groups.iter().zip(sizes) {
+        for &member in members {
+            let part = items.get(at..at + 1 + 4 * n);
+            at += 1 + 4 * n;
+            let reply = part.and_then(|p| parse_items(p, n)).ok_or_else(|| Failure {
+                kind: Unavailable::Error,
+                detail: "unexpected reply from the bucket script".into(),
+            });
+            if let Some(sender) = replies[member].take() {
+                let _ = sender.send(reply);
+            }
+        }
+    }
+}
+
+/// The batch's checks in groups of identical ones (the same keys, rates, costs and
+/// enforcement), in the order each group first appears; each group lists its checks in order.
+fn group(batch: &[Job]) -> Vec<SmallVec<[usize; 4]>> {
+    let mut groups: Vec<SmallVec<[usize; 4]>> = Vec::new();
+    let mut by_keys: HashMap<&[String], SmallVec<[usize; 1]>> = HashMap::new();
+    for (j, job) in batch.iter().enumerate() {
+        let same_keys = by_keys.entry(job.keys.as_slice()).or_default();
+        match same_keys
+            .iter()
+            .find(|&&g| batch[groups[g][0]].args == job.args)
+        {
+            Some(&g) => groups[g].push(j),
+            None => {
+                same_keys.push(groups.len());
+                groups.push(SmallVec::from_elem(j, 1));
+            }
+        }
+    }
+    groups
+}
+
+fn timed_out(timeout: Duration) -> Failure {
+    Failure {
+        kind: Unavailable::Timeout,
+        detail: format!("no answer within {timeout:?}"),
     }
 }

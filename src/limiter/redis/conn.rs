@@ -134,20 +134,21 @@ impl Conn {
         self.invoke(&call).await
     }
 
-    /// Run several independent checks as one script call ("batch" mode); `checks` yields each
-    /// check's buckets. The reply is the checks' replies, one after the other.
+    /// Run several independent checks as one script call ("batch" mode). `groups` yields
+    /// groups of identical checks: how many checks, and their buckets. The reply is the
+    /// checks' replies, group by group.
     pub(super) async fn run_batch<'b, 'a: 'b, C>(
         &self,
         script: &Script,
-        checks: impl Iterator<Item = C> + Clone,
+        groups: impl Iterator<Item = (usize, C)> + Clone,
     ) -> Result<Value, RedisError>
     where
         C: ExactSizeIterator<Item = &'b Bucket<'a>>,
     {
         let mut call = script.prepare_invoke();
-        call.arg("batch").arg(checks.clone().count());
-        for buckets in checks {
-            call.arg(buckets.len());
+        call.arg("batch").arg(groups.clone().count());
+        for (checks, buckets) in groups {
+            call.arg(checks).arg(buckets.len());
             push_buckets(&mut call, buckets);
         }
         self.invoke(&call).await
