@@ -52,7 +52,11 @@ impl Breaker {
     }
 
     pub(super) fn success(&self) {
-        self.failures.store(0, Ordering::Release);
+        // Read first: every answered check lands here, from every worker, and a store to a
+        // line all workers read would bounce it between the cores on each request.
+        if self.failures.load(Ordering::Acquire) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
     }
 
     pub(super) fn failure(&self, now_us: u64) {

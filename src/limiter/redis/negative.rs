@@ -21,6 +21,7 @@
 //! and the numbers of the rejecting bucket are exact.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -29,6 +30,10 @@ use crate::limiter::{step, Verdict};
 
 /// How often a full map may be swept (µs): a sweep walks the whole map under the lock.
 const SWEEP_EVERY_US: f64 = 100_000.0;
+
+/// A map this small is also swept by lookups (as often), so that it empties when the clients
+/// it holds stop being rejected.
+const SMALL_SWEEP: usize = 1024;
 
 /// What the cache knows about one bucket, and under which numbers it was learnt.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +64,9 @@ struct Map {
 pub(super) struct NegativeCache {
     cap: usize,
     map: Mutex<Map>,
+    /// The map's length as of its last change: while it is 0 (no client is being rejected),
+    /// a check skips the lock that every worker would otherwise take on every request.
+    held: AtomicUsize,
 }
 
 impl NegativeCache {
@@ -66,13 +74,22 @@ impl NegativeCache {
         Self {
             cap,
             map: Mutex::new(Map::default()),
+            held: AtomicUsize::new(0),
         }
     }
 
     /// The verdicts for `buckets` at `now_us` when an enforced one of them is known to reject;
     /// `None` when Redis has to be asked.
     pub(super) fn answer(&self, buckets: &[Bucket<'_>], now_us: f64) -> Option<Vec<Verdict>> {
-        let map = self.map.lock();
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut map = self.map.lock();
+        if map.entries.len() <= SMALL_SWEEP {
+            // Once the floods are over, the map empties and checks skip the lock again.
+            Self::sweep(&mut map, now_us);
+            self.held.store(map.entries.len(), Ordering::Relaxed);
+        }
         if map.entries.is_empty() {
             return None;
         }
@@ -124,6 +141,7 @@ impl NegativeCache {
             };
             map.entries.insert(b.key.clone(), known);
         }
+        self.held.store(map.entries.len(), Ordering::Relaxed);
     }
 
     /// Drop the buckets that are full again (at most once per `SWEEP_EVERY_US`).
@@ -191,6 +209,22 @@ mod tests {
             burst: 1,
         };
         assert!(cache.answer(&[bucket("k", &other, true)], 0.0).is_none());
+    }
+
+    #[test]
+    fn the_map_empties_once_its_buckets_are_full_again() {
+        let cache = NegativeCache::new(100);
+        let rate = Rate {
+            per_sec: 1.0,
+            burst: 2,
+        };
+        let b = [bucket("k", &rate, true)];
+        cache.remember(&b, &[step(Some(2e6), 0.0, &rate, 1).0], 0.0);
+        assert_eq!(cache.held.load(Ordering::Relaxed), 1);
+        assert!(cache.answer(&b, 0.5e6).is_some());
+        // Full again at 2 s: the next lookup drops it, and later ones skip the lock.
+        assert!(cache.answer(&b, 2.5e6).is_none());
+        assert_eq!((cache.len(), cache.held.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[test]
