@@ -3,9 +3,11 @@
 //! runs one script (one command, one read, one write) for all of them instead of one each.
 //!
 //! There is no timer and no waiting for a batch to fill: a worker's requests queue their
-//! checks as they run, and the batching task takes everything queued when it next runs (after
-//! the requests of that turn of the event loop). A lone request goes alone, at once. Calls are
-//! not serialised: a batch is sent while earlier ones are still out.
+//! checks as they run, and the batching task, once it has a check, lets the worker's event
+//! loop turn a few times (`GATHER_TURNS`: each turn polls the sockets and runs the requests
+//! that became ready) and then takes everything queued. A lone request goes alone after those
+//! few idle turns (microseconds). Calls are not serialised: a batch is sent while earlier ones
+//! are still out.
 //!
 //! The checks of a batch run one after the other inside one atomic script, so each keeps the
 //! semantics of a "check" call of its own: charged all-or-nothing, and a later check of the
@@ -31,6 +33,12 @@ use crate::limiter::Rate;
 
 /// At most this many checks share one call.
 const MAX_BATCH: usize = 128;
+
+/// Turns of the worker's event loop (each polls its sockets once) a batch gathers checks for
+/// once its first check is queued. Measured (benches, wrk -c64, one Redis): 0 turns made 0.119
+/// script calls per request and cost Redis 4.1 us per request; 4 turns, 0.066 calls and 2.9 us,
+/// with the same p50 and a lower p99; 8 turns gained nothing more.
+const GATHER_TURNS: usize = 4;
 
 /// One request's check, waiting for its batch.
 struct Job {
@@ -95,6 +103,11 @@ async fn collect(
     timeout: Duration,
 ) {
     while let Some(first) = queue.recv().await {
+        // Let the worker poll its sockets a few more times first: the requests that become
+        // ready meanwhile join this call. Each turn is microseconds on an idle worker.
+        for _ in 0..GATHER_TURNS {
+            tokio::task::yield_now().await;
+        }
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
