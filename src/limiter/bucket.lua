@@ -25,16 +25,17 @@
 --             cost      tokens this request takes
 --             enforced  1, or 0 for a shadow bucket (its rejection blocks nothing)
 --
--- Returns, for "check" and "peek", a flat array:
---   [1]  1 if every enforced bucket admits, else 0
---   then per bucket i, four values:
---        admitted (integer 0/1), remaining whole tokens (integer),
+-- Returns, for "check" and "peek", a flat array of three values per bucket i:
+--        remaining whole tokens (integer),
 --        reset_us (integer: microseconds until the bucket is full, rounded up),
 --        retry_after_us (integer: microseconds until `cost` tokens exist, rounded up; 0 if
---        admitted). Rounded up, not formatted: Redis truncates Lua numbers to integers, and
---        whole microseconds are plenty for headers in seconds and the negative cache, while
---        string.format costs more than the rest of a check.
--- For "batch", the replies of its checks, group by group (m replies of 1 + 4n values each).
+--        and only if the bucket admits: a rejection is always at least 1). Rounded up, not
+--        formatted: Redis truncates Lua numbers to integers, and whole microseconds are
+--        plenty for headers in seconds and the negative cache, while string.format costs
+--        more than the rest of a check.
+-- The check as a whole admits when every enforced bucket does: the caller, who knows which
+-- buckets are enforced, tells from the retry values (so the reply carries no flags).
+-- For "batch", the replies of its checks, group by group (m replies of 3n values each).
 -- For "refund", the number of buckets that held a `tat`.
 
 -- Scripts that read TIME and then write must be replicated by effect (the default since
@@ -123,8 +124,7 @@ end
 -- the check's reply to `out`; charge the buckets when `write` is set and every enforced one
 -- admits.
 local function check(out, k0, spec, n, write)
-  local head = #out + 1
-  out[head] = 1
+  local o = #out
   local new_tats = {}
   local all_admit = true
   for i = 1, n do
@@ -136,12 +136,12 @@ local function check(out, k0, spec, n, write)
       base = tat
     end
     local new_tat = base + cost * tok
-    local admitted, reset, retry
+    local reset, retry
     if new_tat - now <= tau + 1e-6 then
-      admitted, reset, retry = 1, new_tat - now, 0
+      reset, retry = new_tat - now, 0
       new_tats[i] = new_tat
     else
-      admitted, reset, retry = 0, base - now, new_tat - now - tau
+      reset, retry = base - now, new_tat - now - tau
       if enforced then
         all_admit = false
       end
@@ -151,15 +151,10 @@ local function check(out, k0, spec, n, write)
     if remaining < 0 then
       remaining = 0
     end
-    local o = head + 1 + 4 * (i - 1)
-    out[o] = admitted
-    out[o + 1] = remaining
-    out[o + 2] = ceil(reset)
-    out[o + 3] = ceil(retry)
+    out[o + 1], out[o + 2], out[o + 3] = remaining, ceil(reset), ceil(retry)
+    o = o + 3
   end
-  if not all_admit then
-    out[head] = 0
-  elseif write then
+  if all_admit and write then
     for i = 1, n do
       if new_tats[i] then
         save(KEYS[k0 + i], new_tats[i])
@@ -171,7 +166,7 @@ end
 -- A group of m checks of one bucket each (a route with one limit, the common case): the steps
 -- of `check`, with the bucket kept in locals from one check to the next.
 local function check_one(out, key, spec, m)
-  local tok, tau, cost, enforced = spec[1], spec[2], spec[3], spec[4]
+  local tok, tau, cost = spec[1], spec[2], spec[3]
   local tat = load(key)
   local charged = false
   local o = #out
@@ -181,22 +176,18 @@ local function check_one(out, key, spec, m)
       base = tat
     end
     local new_tat = base + cost * tok
-    local all, admitted, reset, retry = 1, 1, new_tat - now, 0
+    local reset, retry = new_tat - now, 0
     if new_tat - now <= tau + 1e-6 then
       tat, charged = new_tat, true
     else
-      admitted, reset, retry = 0, base - now, new_tat - now - tau
-      if enforced then
-        all = 0
-      end
+      reset, retry = base - now, new_tat - now - tau
     end
     local remaining = floor((tau - reset) / tok + 1e-9)
     if remaining < 0 then
       remaining = 0
     end
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
-      all, admitted, remaining, ceil(reset), ceil(retry)
-    o = o + 5
+    out[o + 1], out[o + 2], out[o + 3] = remaining, ceil(reset), ceil(retry)
+    o = o + 3
   end
   if charged then
     save(key, tat)

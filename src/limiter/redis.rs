@@ -382,7 +382,7 @@ impl RedisLimiter {
         deadline: Instant,
     ) -> Result<Reply, Failure> {
         let value = self.send(mode, group, deadline).await?;
-        parse_reply(&value, group.len()).ok_or_else(|| Failure {
+        parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(|| Failure {
             kind: Unavailable::Error,
             detail: "unexpected reply from the bucket script".into(),
         })

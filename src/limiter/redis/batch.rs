@@ -170,7 +170,10 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
         }),
         Err(_) => Err(timed_out(timeout)),
     };
-    let sizes: Vec<usize> = buckets.iter().map(Vec::len).collect();
+    let enforced: Vec<Vec<bool>> = buckets
+        .iter()
+        .map(|b| b.iter().map(|b| b.enforced).collect())
+        .collect();
     drop(buckets);
     let mut replies: Vec<Option<oneshot::Sender<_>>> =
         batch.into_iter().map(|job| Some(job.reply)).collect();
@@ -187,14 +190,17 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
         }
     };
     let mut at = 0;
-    for (members, n) in groups.iter().zip(sizes) {
+    for (members, enforced) in groups.iter().zip(&enforced) {
         for &member in members {
-            let part = items.get(at..at + 1 + 4 * n);
-            at += 1 + 4 * n;
-            let reply = part.and_then(|p| parse_items(p, n)).ok_or_else(|| Failure {
-                kind: Unavailable::Error,
-                detail: "unexpected reply from the bucket script".into(),
-            });
+            let n = 3 * enforced.len();
+            let part = items.get(at..at + n);
+            at += n;
+            let reply = part
+                .and_then(|p| parse_items(p, enforced.iter().copied()))
+                .ok_or_else(|| Failure {
+                    kind: Unavailable::Error,
+                    detail: "unexpected reply from the bucket script".into(),
+                });
             if let Some(sender) = replies[member].take() {
                 let _ = sender.send(reply);
             }

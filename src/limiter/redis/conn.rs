@@ -185,32 +185,45 @@ pub(super) struct Reply {
     pub(super) verdicts: Vec<Verdict>,
 }
 
-/// Parse the script's reply for `n` buckets; `None` if it is not what the script returns.
-pub(super) fn parse_reply(value: &Value, n: usize) -> Option<Reply> {
+/// Parse the script's reply for buckets whose enforcement `enforced` yields, in order;
+/// `None` if it is not what the script returns.
+pub(super) fn parse_reply(
+    value: &Value,
+    enforced: impl ExactSizeIterator<Item = bool>,
+) -> Option<Reply> {
     let Value::Array(items) = value else {
         return None;
     };
-    parse_items(items, n)
+    parse_items(items, enforced)
 }
 
-/// Parse one check's reply (`1 + 4n` values) for `n` buckets.
-pub(super) fn parse_items(items: &[Value], n: usize) -> Option<Reply> {
-    if items.len() != 1 + 4 * n {
+/// Parse one check's reply (`3n` values) for the `n` buckets whose enforcement `enforced`
+/// yields. A bucket admits when its retry time is 0; the check, when every enforced one does.
+pub(super) fn parse_items(
+    items: &[Value],
+    enforced: impl ExactSizeIterator<Item = bool>,
+) -> Option<Reply> {
+    if items.len() != 3 * enforced.len() {
         return None;
     }
-    let verdicts = items[1..]
-        .chunks_exact(4)
-        .map(|v| {
+    let mut all_admitted = true;
+    let verdicts = items
+        .chunks_exact(3)
+        .zip(enforced)
+        .map(|(v, enforced)| {
+            let retry_after_us = float(&v[2])?;
+            let admitted = retry_after_us == 0.0;
+            all_admitted &= admitted || !enforced;
             Some(Verdict {
-                admitted: int(&v[0])? == 1,
-                remaining: u64::try_from(int(&v[1])?).ok()?,
-                reset_us: float(&v[2])?,
-                retry_after_us: float(&v[3])?,
+                admitted,
+                remaining: u64::try_from(int(&v[0])?).ok()?,
+                reset_us: float(&v[1])?,
+                retry_after_us,
             })
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Reply {
-        all_admitted: int(&items[0])? == 1,
+        all_admitted,
         verdicts,
     })
 }
@@ -243,23 +256,26 @@ mod tests {
     #[test]
     fn parses_the_scripts_reply() {
         let reply = Value::Array(vec![
-            Value::Int(0),
-            Value::Int(1),
             Value::Int(4),
-            bulk("333333.33333333331"),
-            bulk("0"),
+            bulk("333334"),
             Value::Int(0),
             Value::Int(0),
             bulk("1000000"),
-            bulk("250000.5"),
+            Value::Int(250_001),
         ]);
-        let r = parse_reply(&reply, 2).unwrap();
+        let r = parse_reply(&reply, [true, true].into_iter()).unwrap();
         assert!(!r.all_admitted);
         assert!(r.verdicts[0].admitted && r.verdicts[0].remaining == 4);
-        assert!((r.verdicts[0].reset_us - 1e6 / 3.0).abs() < 1e-9);
+        assert!((r.verdicts[0].reset_us - 333_334.0).abs() < 1e-9);
         assert!(!r.verdicts[1].admitted);
-        assert!((r.verdicts[1].retry_after_us - 250_000.5).abs() < 1e-9);
-        assert!(parse_reply(&reply, 3).is_none());
-        assert!(parse_reply(&Value::Okay, 0).is_none());
+        assert!((r.verdicts[1].retry_after_us - 250_001.0).abs() < 1e-9);
+        // A shadow bucket's rejection does not reject the check.
+        assert!(
+            parse_reply(&reply, [true, false].into_iter())
+                .unwrap()
+                .all_admitted
+        );
+        assert!(parse_reply(&reply, [true; 3].into_iter()).is_none());
+        assert!(parse_reply(&Value::Okay, [].into_iter()).is_none());
     }
 }
