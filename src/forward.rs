@@ -189,6 +189,10 @@ impl Upstream {
 
     /// The next target, round robin: its index.
     fn pick(&self) -> usize {
+        // One target (the common case): no write to a counter every worker shares.
+        if self.targets.len() == 1 {
+            return 0;
+        }
         self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()
     }
 }
