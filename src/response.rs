@@ -115,6 +115,9 @@ pub fn add_headers(
     };
     let limit = &route.limits[result.index];
     let rendered = route.rendered.get(result.index);
+    // Room for all of them at once: an upstream's map, sized for its own headers, would
+    // otherwise grow (and rehash) on the way.
+    headers.reserve(2 * usize::from(policy.ietf) + 3 * usize::from(policy.x_ratelimit));
     if policy.ietf {
         let policy_header = rendered.map_or_else(|| policy_value(limit), |r| r.policy.clone());
         headers.insert(RATELIMIT_POLICY, policy_header);
