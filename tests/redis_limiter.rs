@@ -102,6 +102,34 @@ async fn a_rejection_by_one_limit_takes_nothing_from_the_other() {
     assert_eq!(one(&l, &a, 7).await.unwrap().remaining, 6);
 }
 
+/// The script reads a call's keys with MGET in chunks: a check of 9000 buckets (more than
+/// Lua's `unpack` can take at once) is decided, charged all-or-nothing, and read back right.
+#[tokio::test]
+async fn a_check_of_thousands_of_buckets_reads_them_all() {
+    let server = RedisServer::start();
+    let l = limiter(server.url(), Duration::from_secs(5));
+    let limits: Vec<Limit> = (0..9000)
+        .map(|i| limit(&format!("l{i}"), 0.01, 2, 1))
+        .collect();
+    let checks: Vec<Check<'_>> = limits
+        .iter()
+        .map(|limit| Check {
+            limit,
+            client: ClientId(3),
+        })
+        .collect();
+    let enforced = vec![true; checks.len()];
+    for remaining in [1, 0] {
+        let v = l.check(&checks, &enforced).await.expect("redis answers");
+        assert!(v.iter().all(|v| v.admitted && v.remaining == remaining));
+    }
+    assert_eq!(server.keys().len(), 9000);
+    let v = l.check(&checks, &enforced).await.expect("redis answers");
+    assert!(v.iter().all(|v| !v.admitted), "every bucket is empty");
+    // The last bucket alone: it was charged twice, like the first.
+    assert!(!one(&l, &limits[8999], 3).await.unwrap().admitted);
+}
+
 #[tokio::test]
 async fn keys_are_digests_and_expire_when_the_bucket_is_full() {
     let server = RedisServer::start();

@@ -195,12 +195,14 @@ local function check_one(out, key, spec, m)
   end
 end
 
--- Every key of the call in one MGET: one command inside Redis instead of one GET per bucket,
--- which is most of what a check of a distinct client costs.
-if #KEYS > 0 then
-  local values = redis.call('MGET', unpack(KEYS))
-  for i = 1, #KEYS do
-    tats[KEYS[i]] = tonumber(values[i]) or false
+-- Every key of the call read by MGET: one command inside Redis instead of one GET per bucket.
+-- In chunks, as `unpack` is bounded by Lua's C stack (8000 values).
+local CHUNK = 1000
+for first = 1, #KEYS, CHUNK do
+  local last = math.min(first + CHUNK - 1, #KEYS)
+  local values = redis.call('MGET', unpack(KEYS, first, last))
+  for i = first, last do
+    tats[KEYS[i]] = tonumber(values[i - first + 1]) or false
   end
 end
 
