@@ -164,6 +164,10 @@ mod tests {
     use super::*;
     use crate::limiter::Rate;
 
+    fn rate_of(per_sec: f64, burst: u32) -> Rate {
+        Rate { per_sec, burst }
+    }
+
     fn bucket<'a>(key: &str, rate: &'a Rate, enforced: bool) -> Bucket<'a> {
         Bucket {
             key: key.to_owned(),
@@ -176,10 +180,7 @@ mod tests {
     #[test]
     fn a_known_rejection_is_replayed_until_a_token_is_back() {
         let cache = NegativeCache::new(100);
-        let rate = Rate {
-            per_sec: 1.0,
-            burst: 2,
-        };
+        let rate = rate_of(1.0, 2);
         let b = [bucket("k", &rate, true)];
         assert!(cache.answer(&b, 0.0).is_none());
         // Redis said: empty, full again in 2 s, a token in 1 s.
@@ -197,27 +198,18 @@ mod tests {
     #[test]
     fn only_an_enforced_bucket_with_the_same_numbers_blocks() {
         let cache = NegativeCache::new(100);
-        let rate = Rate {
-            per_sec: 1.0,
-            burst: 1,
-        };
+        let rate = rate_of(1.0, 1);
         let v = step(Some(1e6), 0.0, &rate, 1).0;
         cache.remember(&[bucket("k", &rate, true)], &[v], 0.0);
         assert!(cache.answer(&[bucket("k", &rate, false)], 0.0).is_none());
-        let other = Rate {
-            per_sec: 2.0,
-            burst: 1,
-        };
+        let other = rate_of(2.0, 1);
         assert!(cache.answer(&[bucket("k", &other, true)], 0.0).is_none());
     }
 
     #[test]
     fn the_map_empties_once_its_buckets_are_full_again() {
         let cache = NegativeCache::new(100);
-        let rate = Rate {
-            per_sec: 1.0,
-            burst: 2,
-        };
+        let rate = rate_of(1.0, 2);
         let b = [bucket("k", &rate, true)];
         cache.remember(&b, &[step(Some(2e6), 0.0, &rate, 1).0], 0.0);
         assert_eq!(cache.held.load(Ordering::Relaxed), 1);
@@ -230,10 +222,7 @@ mod tests {
     #[test]
     fn memory_is_capped() {
         let cache = NegativeCache::new(10);
-        let rate = Rate {
-            per_sec: 1.0,
-            burst: 1,
-        };
+        let rate = rate_of(1.0, 1);
         let v = step(Some(1e6), 0.0, &rate, 1).0;
         for i in 0..100 {
             cache.remember(&[bucket(&i.to_string(), &rate, true)], &[v], 0.0);
