@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use crate::body::Guarded;
 use crate::error::ProxyError;
 use crate::pool::{Pool, Pooled};
+use crate::server::ReadNoted;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -331,10 +332,18 @@ pub async fn run_tunnel(t: Tunnel) {
             return;
         }
     };
+    // When bytes last moved either way, in milliseconds since the tunnel opened.
     let started = tokio::time::Instant::now();
     let last = Arc::new(AtomicU64::new(0));
-    let mut client = Active::new(TokioIo::new(client), started, &last);
-    let mut upstream = Active::new(TokioIo::new(upstream), started, &last);
+    let touch = || {
+        let last = last.clone();
+        move || {
+            let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            last.store(ms, Ordering::Relaxed);
+        }
+    };
+    let mut client = ReadNoted::new(TokioIo::new(client), touch());
+    let mut upstream = ReadNoted::new(TokioIo::new(upstream), touch());
     let idle = async {
         loop {
             let since = Duration::from_millis(last.load(Ordering::Relaxed));
@@ -352,68 +361,6 @@ pub async fn run_tunnel(t: Tunnel) {
             }
         }
         () = idle => tracing::debug!(idle = ?t.idle, "websocket tunnel idle: closed"),
-    }
-}
-
-/// One side of a tunnel, noting (in milliseconds since the tunnel opened) when bytes last
-/// moved on it, for the tunnel's idle timeout.
-struct Active<I> {
-    inner: I,
-    started: tokio::time::Instant,
-    last: Arc<AtomicU64>,
-}
-
-impl<I> Active<I> {
-    fn new(inner: I, started: tokio::time::Instant, last: &Arc<AtomicU64>) -> Self {
-        Self {
-            inner,
-            started,
-            last: last.clone(),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Relaxed);
-    }
-}
-
-impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Active<I> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            self.touch();
-        }
-        polled
-    }
-}
-
-impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Active<I> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -267,9 +267,10 @@ impl Connection {
                 }
             })
         };
-        let io = Tracked {
-            inner: io,
-            activity: activity.clone(),
+        // Bytes arriving mark a request head in progress for the watchdog.
+        let io = {
+            let activity = activity.clone();
+            ReadNoted::new(io, move || activity.bytes_read())
         };
         let connection = self
             .builder
@@ -563,14 +564,20 @@ impl Activity {
     }
 }
 
-/// The connection's socket, noting when bytes arrive so the watchdog can tell a head in
-/// progress from an idle connection.
-struct Tracked<I> {
+/// A socket that calls `noted` whenever a read brings bytes: the connection watchdog's view of
+/// a request head in progress, and a WebSocket tunnel's idle clock.
+pub(crate) struct ReadNoted<I, F> {
     inner: I,
-    activity: Arc<Activity>,
+    noted: F,
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+impl<I, F: Fn()> ReadNoted<I, F> {
+    pub(crate) fn new(inner: I, noted: F) -> Self {
+        Self { inner, noted }
+    }
+}
+
+impl<I: AsyncRead + Unpin, F: Fn() + Unpin> AsyncRead for ReadNoted<I, F> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -579,13 +586,13 @@ impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.bytes_read();
+            (self.noted)();
         }
         polled
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+impl<I: AsyncWrite + Unpin, F: Unpin> AsyncWrite for ReadNoted<I, F> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
