@@ -89,17 +89,14 @@ pub fn too_many_requests(
     body.push_str("\",\"retry_after\":");
     body.push_str(retry_text);
     body.push_str("}\n");
-    // Sized for all seven headers at once: growing the map on the way costs a rehash.
-    let mut headers = HeaderMap::with_capacity(8);
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+    let mut res = fixed(
+        StatusCode::TOO_MANY_REQUESTS,
+        "application/problem+json",
+        body,
     );
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-    add_headers(&mut headers, route, decision, policy);
-    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
-    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    *res.headers_mut() = headers;
+    res.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry));
+    add_headers(res.headers_mut(), route, decision, policy);
     res
 }
 
