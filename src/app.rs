@@ -206,10 +206,8 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         for limit in snapshot.limits() {
             limit.local.sweep(now);
         }
-        for route in &snapshot.routes {
-            if let crate::route::Action::Forward(upstream) = &route.action {
-                upstream.expire_idle();
-            }
+        for upstream in snapshot.upstreams() {
+            upstream.expire_idle();
         }
     }
 }

@@ -489,15 +489,7 @@ fn upstreams(
 ) -> HashMap<String, Option<Arc<Upstream>>> {
     // The previous config's upstreams: an unchanged one is kept, with its warm connections.
     let old: HashMap<&str, &Arc<Upstream>> = previous
-        .map(|s| {
-            s.routes
-                .iter()
-                .filter_map(|r| match &r.action {
-                    Action::Forward(u) => Some((&*u.name, u)),
-                    Action::Respond(_) => None,
-                })
-                .collect()
-        })
+        .map(|s| s.upstreams().map(|u| (&*u.name, u)).collect())
         .unwrap_or_default();
     let mut out = HashMap::new();
     for (name, u) in raw {

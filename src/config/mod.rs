@@ -74,6 +74,18 @@ impl Snapshot {
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         self.routes.iter().flat_map(|r| r.limits.iter())
     }
+
+    /// Every upstream a route forwards to, once each (routes may share one), in file order.
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<crate::forward::Upstream>> {
+        let mut seen = std::collections::HashSet::new();
+        self.routes
+            .iter()
+            .filter_map(|r| match &r.action {
+                crate::route::Action::Forward(u) => Some(u),
+                crate::route::Action::Respond(_) => None,
+            })
+            .filter(move |u| seen.insert(Arc::as_ptr(u)))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
