@@ -4,14 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use super::redis::RedisLimiter;
-use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Verdict};
+use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
 use crate::identity::RequestView;
-
-/// A route has a handful of limits: per-request scratch lists live on the stack.
-type Small<T> = SmallVec<[T; 4]>;
 
 /// Limit decisions taken without the shared store (open, closed or local fallback), since start.
 pub static DECIDED_WITHOUT_BACKEND: AtomicU64 = AtomicU64::new(0);
@@ -25,7 +20,7 @@ pub async fn decide(
     now: f64,
 ) -> Decision {
     let mut results = Vec::with_capacity(limits.len());
-    let mut checks: Small<Check<'_>> = SmallVec::new();
+    let mut checks: Small<Check<'_>> = Small::new();
     for (index, limit) in limits.iter().enumerate() {
         let exempt = view.is_exempt(&limit.exempt);
         let client = (!exempt).then(|| view.resolve(&limit.key));

@@ -12,7 +12,6 @@
 //! bucket: a flood of fresh identities then shares one limit instead of exhausting memory or
 //! slipping through unlimited.
 
-use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +19,7 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::{step, Rate, Verdict};
+use super::{step, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
 const SHARDS: usize = 64;
@@ -165,15 +164,15 @@ impl Buckets {
 /// Check several buckets as one: every verdict is returned, and tokens are taken from all of
 /// them only if every one of them admits (`enforced[i] == false` marks a shadow bucket, whose
 /// rejection does not block the others and which is only charged when it admits).
-pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> SmallVec<[Verdict; 4]> {
+pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> {
     // Locks are taken in slice order; callers always pass a route's limits in route order, and
     // no two items share a `Buckets`, so the order is global and cannot deadlock.
-    let mut slots: SmallVec<[Slot<'_>; 4]> = items
+    let mut slots: Small<Slot<'_>> = items
         .iter()
         .map(|i| i.buckets.lock(i.client, now))
         .collect();
-    let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
-    let mut tats: SmallVec<[f64; 4]> = SmallVec::new();
+    let mut verdicts: Small<Verdict> = Small::new();
+    let mut tats: Small<f64> = Small::new();
     for (item, slot) in items.iter().zip(&slots) {
         let tat = match slot {
             Slot::Map(m) => m.get(&item.client).copied(),

@@ -25,6 +25,9 @@ use std::sync::Arc;
 
 use crate::identity::{ClientId, KeySpec};
 
+/// A route has a handful of limits: per-request lists of them live on the stack.
+pub type Small<T> = smallvec::SmallVec<[T; 4]>;
+
 /// What to do with a limit when the shared store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailurePolicy {
