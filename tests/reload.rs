@@ -85,6 +85,12 @@ async fn until(
     }
 }
 
+/// Write `config` over the proxy's file and wait until `/two` answers `body`: the reload took.
+async fn reload_until_two(proxy: &TestProxy, config: String, body: &str, what: &str) {
+    std::fs::write(proxy.config_path(), config).expect(what);
+    until(proxy, &proxy.url("/two"), what, |r| r.text() == body).await;
+}
+
 /// Write `text` to a sibling of `path` and rename it over `path`, as editors and `kubectl cp` do.
 fn replace_by_rename(path: &Path, text: &str) {
     let name = path.file_name().expect("a file name").to_string_lossy();
@@ -475,14 +481,12 @@ async fn limiter_state_survives_an_unrelated_reload() {
         let one = proxy.url("/one");
         assert_eq!(http.statuses(3, &one, &[]).await, [200, 200, 429]);
 
-        std::fs::write(
-            proxy.config_path(),
+        reload_until_two(
+            &proxy,
             two_routes("rate: 1/min, burst: 2", "two-v2"),
+            "two-v2\n",
+            "route two changed",
         )
-        .expect("edit route two");
-        until(&proxy, &proxy.url("/two"), "route two changed", |r| {
-            r.text() == "two-v2\n"
-        })
         .await;
         let r = http.get(&one).await;
         assert_eq!(r.code(), 429, "the exhausted bucket survived the reload");
@@ -490,14 +494,12 @@ async fn limiter_state_survives_an_unrelated_reload() {
         assert!(proxy.wait_for_log(r#"changed=["route two"]"#, Duration::from_secs(1)));
 
         // A changed limit starts with fresh buckets.
-        std::fs::write(
-            proxy.config_path(),
+        reload_until_two(
+            &proxy,
             two_routes("rate: 2/min, burst: 2", "two-v3"),
+            "two-v3\n",
+            "route two changed again",
         )
-        .expect("change the limit");
-        until(&proxy, &proxy.url("/two"), "route two changed again", |r| {
-            r.text() == "two-v3\n"
-        })
         .await;
         assert_eq!(http.statuses(3, &one, &[]).await, [200, 200, 429]);
     })
@@ -598,26 +600,22 @@ async fn upstream_connections_survive_a_reload_that_does_not_change_the_upstream
         let http = Http::new();
         assert_eq!(http.get(&proxy.url("/app/a")).await.code(), 200);
 
-        std::fs::write(
-            proxy.config_path(),
+        reload_until_two(
+            &proxy,
             upstream_and_route(up.addr(), "5s", "v2"),
+            "v2\n",
+            "route two changed",
         )
-        .expect("edit route two");
-        until(&proxy, &proxy.url("/two"), "route two changed", |r| {
-            r.text() == "v2\n"
-        })
         .await;
         assert_eq!(http.get(&proxy.url("/app/b")).await.code(), 200);
 
         // A changed upstream gets a new pool: a new connection.
-        std::fs::write(
-            proxy.config_path(),
+        reload_until_two(
+            &proxy,
             upstream_and_route(up.addr(), "6s", "v3"),
+            "v3\n",
+            "route two changed again",
         )
-        .expect("change the upstream");
-        until(&proxy, &proxy.url("/two"), "route two changed again", |r| {
-            r.text() == "v3\n"
-        })
         .await;
         assert_eq!(http.get(&proxy.url("/app/c")).await.code(), 200);
 

@@ -75,6 +75,19 @@ async fn handshake(proxy: &TestProxy, path: &str) -> (TcpStream, String) {
     (s, head)
 }
 
+/// Send `bytes` through a tunnel and read them back from the echo backend within `within`.
+async fn echo(s: &mut TcpStream, bytes: &[u8], within: Duration, what: &str) {
+    s.write_all(bytes)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: write: {e}"));
+    let mut back = vec![0u8; bytes.len()];
+    tokio::time::timeout(within, s.read_exact(&mut back))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no echo within {within:?}"))
+        .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+    assert_eq!(back, bytes, "{what}");
+}
+
 #[tokio::test]
 async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
     let proxy = proxy(echo_backend().await);
@@ -84,13 +97,7 @@ async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
         head.to_ascii_lowercase().contains("upgrade: websocket"),
         "{head}"
     );
-    s.write_all(b"frame bytes").await.unwrap();
-    let mut echo = [0u8; 11];
-    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
-        .await
-        .expect("the echo in time")
-        .unwrap();
-    assert_eq!(&echo, b"frame bytes");
+    echo(&mut s, b"frame bytes", Duration::from_secs(5), "the echo").await;
 
     let (_second, head) = handshake(&proxy, "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
@@ -100,10 +107,7 @@ async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
         "burst 2: the third handshake is limited: {head}"
     );
     // The open tunnel is not affected by the limit.
-    s.write_all(b"again").await.unwrap();
-    let mut echo = [0u8; 5];
-    s.read_exact(&mut echo).await.unwrap();
-    assert_eq!(&echo, b"again");
+    echo(&mut s, b"again", Duration::from_secs(5), "the open tunnel").await;
 }
 
 #[tokio::test]
@@ -126,9 +130,7 @@ async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
     ));
     let (mut tunnel, head) = handshake(&proxy, "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    tunnel.write_all(b"ping").await.unwrap();
-    let mut echo = [0u8; 4];
-    tunnel.read_exact(&mut echo).await.unwrap();
+    echo(&mut tunnel, b"ping", Duration::from_secs(5), "the tunnel").await;
 
     // The slot is taken: another connection is accepted by the kernel and closed at once.
     let mut other = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -148,13 +150,8 @@ async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
     let sent = std::time::Instant::now();
     proxy.signal("TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    tunnel.write_all(b"still").await.unwrap();
-    let mut echo = [0u8; 5];
-    tokio::time::timeout(Duration::from_secs(2), tunnel.read_exact(&mut echo))
-        .await
-        .expect("the tunnel answers during the drain")
-        .unwrap();
-    assert_eq!(&echo, b"still");
+    let during_drain = "the tunnel answers during the drain";
+    echo(&mut tunnel, b"still", Duration::from_secs(2), during_drain).await;
     let status = proxy
         .wait_exit(Duration::from_secs(10))
         .expect("the proxy exits after the drain timeout");
@@ -179,12 +176,8 @@ async fn an_idle_tunnel_is_closed_after_its_timeout() {
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     // Traffic every 150 ms for 900 ms: more than twice the timeout, never idle for it.
     for _ in 0..6 {
-        tunnel.write_all(b"tick").await.unwrap();
-        let mut echo = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(2), tunnel.read_exact(&mut echo))
-            .await
-            .expect("the echo in time")
-            .expect("the tunnel is open while in use");
+        let in_use = "the tunnel is open while in use";
+        echo(&mut tunnel, b"tick", Duration::from_secs(2), in_use).await;
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     // Then silence: closed after the timeout.
