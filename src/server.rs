@@ -12,13 +12,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use atomic_waker::AtomicWaker;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -279,12 +278,14 @@ impl Connection {
         let open = self.state.metrics.open_connections.clone();
         open.inc();
         // The timeouts, the shutdown signal and the request cap are watched by a task of their
-        // own, which raises `activity.command` once. This loop polls only the connection and
-        // that one atomic: nothing shared between connections is touched per request.
+        // own, which sends its verdict once. This loop polls only the connection and that
+        // channel: nothing shared between connections is touched per request.
+        let (verdict_tx, mut verdict) = oneshot::channel();
         let watchdog = AbortOnDrop(tokio::spawn(watchdog(
             activity.clone(),
             self.settings.clone(),
             self.stop.clone(),
+            verdict_tx,
         )));
         let mut closing = false;
         loop {
@@ -296,17 +297,20 @@ impl Connection {
                     }
                     break;
                 }
-                command = activity.command(), if !closing => match command {
+                command = &mut verdict, if !closing => match command {
                     // Finishes what is in flight, closes when idle; HTTP/2 sends GOAWAY.
-                    Command::Close => {
+                    Ok(Command::Close) => {
                         closing = true;
                         connection.as_mut().graceful_shutdown();
                     }
-                    Command::Drop => {
+                    Ok(Command::Drop) => {
                         // A head that never completes (slowloris): drop the connection.
                         tracing::debug!(peer = %self.peer, "request head not complete in time");
                         break;
                     }
+                    // The watchdog is gone without a verdict (it only ends with one): there is
+                    // nothing more to wait for.
+                    Err(_) => closing = true,
                 },
             }
         }
@@ -329,6 +333,7 @@ async fn watchdog(
     activity: Arc<Activity>,
     settings: Arc<ListenerSettings>,
     mut stop: watch::Receiver<bool>,
+    verdict: oneshot::Sender<Command>,
 ) {
     let sleep = tokio::time::sleep_until(activity.next_check(&settings));
     tokio::pin!(sleep);
@@ -343,7 +348,7 @@ async fn watchdog(
             },
         }
     };
-    activity.raise(command);
+    let _ = verdict.send(command);
 }
 
 /// Aborts the watchdog when its connection ends.
@@ -431,9 +436,6 @@ struct Activity {
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     retire: Notify,
-    /// The watchdog's verdict, once it has one: 0 none, 1 close gracefully, 2 drop.
-    command: AtomicU8,
-    command_waker: AtomicWaker,
 }
 
 #[derive(Clone, Copy)]
@@ -463,8 +465,6 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
-            command: AtomicU8::new(0),
-            command_waker: AtomicWaker::new(),
         }
     }
 
@@ -496,29 +496,6 @@ impl Activity {
         } else if window.0 >= RESET_WINDOW {
             *window = (0, 0);
         }
-    }
-
-    /// The watchdog's verdict for the connection task (raised once).
-    fn raise(&self, command: Command) {
-        let code = match command {
-            Command::Close => 1,
-            Command::Drop => 2,
-        };
-        self.command.store(code, Ordering::Release);
-        self.command_waker.wake();
-    }
-
-    /// Resolves with the watchdog's verdict. Polling it costs one atomic load and, the first
-    /// time or when the task changed, a waker registration.
-    fn command(&self) -> impl std::future::Future<Output = Command> + '_ {
-        std::future::poll_fn(|cx| {
-            self.command_waker.register(cx.waker());
-            match self.command.load(Ordering::Acquire) {
-                0 => Poll::Pending,
-                1 => Poll::Ready(Command::Close),
-                _ => Poll::Ready(Command::Drop),
-            }
-        })
     }
 
     fn bytes_read(&self) {
