@@ -247,7 +247,9 @@ impl RedisLimiter {
             return Ok(Vec::new());
         }
         let buckets = self.buckets(checks, enforced);
-        let sent_us = self.clock.now_us();
+        // One clock read: the local time the negative cache and breaker use, and the deadline.
+        let sent = Instant::now();
+        let sent_us = self.clock.at_us(sent.into_std());
         if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
             tracing::trace!("rejected from the negative cache, without asking Redis");
@@ -260,7 +262,7 @@ impl RedisLimiter {
                 detail: "not asking Redis during the breaker's cooldown".into(),
             }));
         }
-        match self.ask(&buckets).await {
+        match self.ask(&buckets, sent).await {
             Ok(reply) => {
                 self.breaker.success();
                 if !reply.all_admitted {
@@ -353,8 +355,8 @@ impl RedisLimiter {
     }
 
     /// One script call per slot the buckets live in: one call in total on a single server.
-    async fn ask(&self, buckets: &[Bucket<'_>]) -> Result<Reply, Failure> {
-        let now = Instant::now();
+    /// The deadline counts from `now`, when the check started.
+    async fn ask(&self, buckets: &[Bucket<'_>], now: Instant) -> Result<Reply, Failure> {
         // A nonsensical timeout (Duration::MAX) must not panic on the request path.
         let deadline = now
             .checked_add(self.timeout)
