@@ -154,10 +154,43 @@ struct Worker {
 }
 
 /// A failed call, with what the log should say about it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Failure {
     kind: Unavailable,
     detail: String,
+}
+
+impl Failure {
+    fn timed_out(timeout: Duration) -> Self {
+        Self {
+            kind: Unavailable::Timeout,
+            detail: format!("no answer within {timeout:?}"),
+        }
+    }
+
+    fn unexpected_reply() -> Self {
+        Self {
+            kind: Unavailable::Error,
+            detail: "unexpected reply from the bucket script".into(),
+        }
+    }
+}
+
+/// `call` cut at `deadline` (`timeout` after the check started): its error or its lateness as
+/// a `Failure`.
+async fn by_deadline<T>(
+    deadline: Instant,
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<T, ::redis::RedisError>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(Failure {
+            kind: Unavailable::Error,
+            detail: e.to_string(),
+        }),
+        Err(_) => Err(Failure::timed_out(timeout)),
+    }
 }
 
 /// The Redis backend. Share it (`Arc`) between all requests: it holds a multiplexed
@@ -384,10 +417,7 @@ impl RedisLimiter {
         deadline: Instant,
     ) -> Result<Reply, Failure> {
         let value = self.send(mode, group, deadline).await?;
-        parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(|| Failure {
-            kind: Unavailable::Error,
-            detail: "unexpected reply from the bucket script".into(),
-        })
+        parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(Failure::unexpected_reply)
     }
 
     /// Run the script on `group` before `deadline`.
@@ -399,17 +429,7 @@ impl RedisLimiter {
     ) -> Result<::redis::Value, Failure> {
         bump(&self.counters.redis_calls);
         let run = self.conn().run(&BUCKET_SCRIPT, mode, group.iter().copied());
-        match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(Failure {
-                kind: Unavailable::Error,
-                detail: e.to_string(),
-            }),
-            Err(_) => Err(Failure {
-                kind: Unavailable::Timeout,
-                detail: format!("no answer within {:?}", self.timeout),
-            }),
-        }
+        by_deadline(deadline, self.timeout, run).await
     }
 }
 

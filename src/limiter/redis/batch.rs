@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::conn::{parse_items, Conn, Reply};
-use super::{bump, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
+use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
 
 /// At most this many checks share one call.
@@ -122,26 +122,29 @@ async fn collect(
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
 async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
-    let (mut batch, late): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.deadline > now);
+    let (batch, late): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.deadline > now);
     for job in late {
-        let _ = job.reply.send(Err(timed_out(timeout)));
+        let _ = job.reply.send(Err(Failure::timed_out(timeout)));
     }
     let Some(deadline) = batch.iter().map(|j| j.deadline).min() else {
         return;
     };
     bump(&counters.redis_calls);
     let groups = group(&batch);
+    let (mut keys, mut args, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+    for job in batch {
+        keys.push(job.keys);
+        args.push(job.args);
+        replies.push(Some(job.reply));
+    }
     // Each group's buckets, with the keys of its first check moved into the call.
-    let keys: Vec<Vec<String>> = groups
-        .iter()
-        .map(|members| std::mem::take(&mut batch[members[0]].keys))
-        .collect();
     let buckets: Vec<Vec<Bucket<'_>>> = groups
         .iter()
-        .zip(keys)
-        .map(|(members, keys)| {
-            keys.into_iter()
-                .zip(&batch[members[0]].args)
+        .map(|members| {
+            let first = members[0];
+            std::mem::take(&mut keys[first])
+                .into_iter()
+                .zip(&args[first])
                 .map(|(key, (rate, cost, enforced))| Bucket {
                     key,
                     rate,
@@ -158,49 +161,32 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
             .zip(&buckets)
             .map(|(m, b)| (m.len(), b.iter())),
     );
-    let outcome = match tokio::time::timeout_at(deadline, call).await {
-        Ok(Ok(::redis::Value::Array(items))) => Ok(items),
-        Ok(Ok(_)) => Err(Failure {
-            kind: Unavailable::Error,
-            detail: "unexpected reply from the bucket script".into(),
-        }),
-        Ok(Err(e)) => Err(Failure {
-            kind: Unavailable::Error,
-            detail: e.to_string(),
-        }),
-        Err(_) => Err(timed_out(timeout)),
-    };
-    let enforced: Vec<Vec<bool>> = buckets
-        .iter()
-        .map(|b| b.iter().map(|b| b.enforced).collect())
-        .collect();
-    drop(buckets);
-    let mut replies: Vec<Option<oneshot::Sender<_>>> =
-        batch.into_iter().map(|job| Some(job.reply)).collect();
+    let outcome = by_deadline(deadline, timeout, call)
+        .await
+        .and_then(|value| match value {
+            ::redis::Value::Array(items) => Ok(items),
+            _ => Err(Failure::unexpected_reply()),
+        });
     let items = match outcome {
         Ok(items) => items,
         Err(failure) => {
             for reply in replies.into_iter().flatten() {
-                let _ = reply.send(Err(Failure {
-                    kind: failure.kind,
-                    detail: failure.detail.clone(),
-                }));
+                let _ = reply.send(Err(failure.clone()));
             }
             return;
         }
     };
     let mut at = 0;
-    for (members, enforced) in groups.iter().zip(&enforced) {
+    for members in &groups {
+        // A group's checks are identical: each reply is 3 values per bucket of its first.
+        let bucket_args = &args[members[0]];
+        let n = 3 * bucket_args.len();
         for &member in members {
-            let n = 3 * enforced.len();
-            let part = items.get(at..at + n);
+            let reply = items
+                .get(at..at + n)
+                .and_then(|part| parse_items(part, bucket_args.iter().map(|a| a.2)))
+                .ok_or_else(Failure::unexpected_reply);
             at += n;
-            let reply = part
-                .and_then(|p| parse_items(p, enforced.iter().copied()))
-                .ok_or_else(|| Failure {
-                    kind: Unavailable::Error,
-                    detail: "unexpected reply from the bucket script".into(),
-                });
             if let Some(sender) = replies[member].take() {
                 let _ = sender.send(reply);
             }
@@ -227,11 +213,4 @@ fn group(batch: &[Job]) -> Vec<SmallVec<[usize; 4]>> {
         }
     }
     groups
-}
-
-fn timed_out(timeout: Duration) -> Failure {
-    Failure {
-        kind: Unavailable::Timeout,
-        detail: format!("no answer within {timeout:?}"),
-    }
 }
