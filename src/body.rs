@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -49,31 +50,48 @@ impl Default for BodyLimits {
     }
 }
 
-/// Set once the whole request body has gone upstream: the upstream's response-head timeout
-/// counts from then, so a slow upload is judged by the body limits, not by `timeout`.
+/// How far a request body got: all of it gone upstream (the upstream's response-head timeout
+/// counts from then, so a slow upload is judged by the body limits, not by `timeout`), or why it
+/// failed. A request whose body was complete on arrival (every GET) shares nothing: no
+/// allocation, always done, never failed.
+#[derive(Debug, Clone, Default)]
+pub struct Sent(Option<Arc<Progress>>);
+
 #[derive(Debug, Default)]
-pub struct Sent {
-    done: std::sync::atomic::AtomicBool,
+struct Progress {
+    done: AtomicBool,
     notify: tokio::sync::Notify,
+    failure: OnceLock<BodyFailure>,
 }
 
 impl Sent {
     fn mark(&self) {
-        if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            self.notify.notify_one();
+        if let Some(p) = &self.0 {
+            if !p.done.swap(true, Ordering::AcqRel) {
+                p.notify.notify_one();
+            }
         }
     }
 
     /// The whole body has been read (and handed upstream).
     pub fn is_done(&self) -> bool {
-        self.done.load(std::sync::atomic::Ordering::Acquire)
+        self.0
+            .as_ref()
+            .is_none_or(|p| p.done.load(Ordering::Acquire))
     }
 
     /// Resolves once the body is fully sent (at once for a request without a body).
     pub async fn wait(&self) {
-        while !self.done.load(std::sync::atomic::Ordering::Acquire) {
-            self.notify.notified().await;
+        if let Some(p) = &self.0 {
+            while !p.done.load(Ordering::Acquire) {
+                p.notify.notified().await;
+            }
         }
+    }
+
+    /// Why the body failed, if it did.
+    pub fn failure(&self) -> Option<BodyFailure> {
+        self.0.as_ref().and_then(|p| p.failure.get().copied())
     }
 }
 
@@ -88,43 +106,33 @@ pub struct Guarded {
     deadline: Option<Pin<Box<Sleep>>>,
     deadline_at: Option<Instant>,
     seen: u64,
-    failure: Arc<OnceLock<BodyFailure>>,
-    sent: Arc<Sent>,
+    sent: Sent,
 }
 
 impl Guarded {
-    /// The signal that the whole body has been read (and so handed upstream).
-    pub fn sent(&self) -> Arc<Sent> {
+    /// The body's progress, shared with whoever needs to know when it is sent or why it failed.
+    pub fn sent(&self) -> Sent {
         self.sent.clone()
     }
 
     /// Wrap `inner`; `started` is when the request arrived (the deadline counts from there).
-    /// The returned cell says why the body failed, if it did.
-    pub fn new(
-        inner: Incoming,
-        limits: BodyLimits,
-        started: Instant,
-    ) -> (Self, Arc<OnceLock<BodyFailure>>) {
-        let failure = Arc::new(OnceLock::new());
-        let sent = Arc::new(Sent::default());
-        if inner.is_end_stream() {
-            sent.mark();
-        }
-        let body = Self {
+    pub fn new(inner: Incoming, limits: BodyLimits, started: Instant) -> Self {
+        let sent = Sent((!inner.is_end_stream()).then(Arc::default));
+        Self {
             inner,
             limits,
             idle: None,
             deadline: None,
             deadline_at: limits.request.map(|d| started + d),
             seen: 0,
-            failure: failure.clone(),
             sent,
-        };
-        (body, failure)
+        }
     }
 
     fn fail(&self, why: BodyFailure) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let _ = self.failure.set(why);
+        if let Some(p) = &self.sent.0 {
+            let _ = p.failure.set(why);
+        }
         Poll::Ready(Some(Err(BodyError(why))))
     }
 }

@@ -14,27 +14,14 @@ use hyper_util::rt::TokioIo;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
-use crate::pool::{Pool, Pooled};
+use crate::limiter::Small;
+use crate::pool::{Connector, Pool, Pooled};
 use crate::server::ReadNoted;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-/// Headers that describe one hop, never the message (RFC 9110 7.6.1), plus the framing headers
-/// hyper sets itself on the next hop.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    http::header::PROXY_AUTHENTICATE,
-    http::header::PROXY_AUTHORIZATION,
-    http::header::TE,
-    http::header::TRAILER,
-    http::header::TRANSFER_ENCODING,
-    UPGRADE,
-];
 
 /// A named group of targets with its own connection pool.
 #[derive(Debug)]
@@ -135,15 +122,22 @@ pub fn client_tls(ca: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConf
 
 impl Upstream {
     pub fn new(name: &str, spec: UpstreamSpec, fingerprint: [u8; 32]) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(spec.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config((*spec.tls).clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(spec.connect_timeout));
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        // A plain-text upstream gets plain sockets: no TLS-or-not wrapper on every read.
+        let connector = if spec.scheme == Scheme::HTTPS {
+            Connector::Tls(
+                HttpsConnectorBuilder::new()
+                    .with_tls_config((*spec.tls).clone())
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(tcp),
+            )
+        } else {
+            Connector::Plain(tcp)
+        };
         let pools = (0..WORKERS.load(Ordering::Relaxed))
             .map(|_| {
                 let idle = Duration::from_secs(90);
@@ -248,6 +242,8 @@ pub async fn send(
     let pool = upstream.pool();
     let uri = &upstream.target_uris[target];
     let (mut res, mut lease) = tokio::select! {
+        // The response first: no random draw per poll.
+        biased;
         res = pool.send(target, uri, req) => res.map_err(|e| classify(e.as_error()))?,
         () = head_deadline => return Err(ProxyError::UpstreamTimeout),
     };
@@ -390,46 +386,54 @@ fn rewrite(
     target: &Authority,
     down: Downstream<'_>,
 ) -> Result<(), ProxyError> {
-    // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`.
-    if !req.headers().contains_key(HOST) {
-        if let Some(authority) = req.uri().authority() {
-            let value =
-                HeaderValue::from_str(authority.as_str()).map_err(|_| ProxyError::BadRequest)?;
-            req.headers_mut().insert(HOST, value);
-        }
-    }
-    let original_host = req.headers().get(HOST).cloned();
-    if original_host.is_none() {
-        // An HTTP/1.0 request without a host: the upstream still needs one.
-        let value = HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?;
-        req.headers_mut().insert(HOST, value);
-    }
     // Upstream requests are origin-form: the path and query only.
-    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+    let authority = if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let authority = req.uri().authority().cloned();
         let path = req
             .uri()
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(path);
-    }
+        authority
+    } else {
+        None
+    };
     *req.version_mut() = Version::HTTP_11;
-
     let headers = req.headers_mut();
-    strip_hop_by_hop(headers);
-    if !down.underscores {
+    // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`; an
+    // HTTP/1.0 request without either still needs one (the target's).
+    let original_host = match headers.get(HOST) {
+        Some(host) => Some(host.clone()),
+        None => {
+            let from_authority = authority
+                .map(|a| HeaderValue::from_str(a.as_str()))
+                .transpose()
+                .map_err(|_| ProxyError::BadRequest)?;
+            let host = match &from_authority {
+                Some(host) => host.clone(),
+                None => {
+                    HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?
+                }
+            };
+            headers.insert(HOST, host);
+            from_authority
+        }
+    };
+    // One pass over the names finds everything to drop; most requests have nothing.
+    let doomed = doomed_names(headers, |k| {
         // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
         // `HTTP_X_FORWARDED_FOR`) would read `X_Forwarded_For` or `X_Real_IP` as the
         // forwarding headers tollgate controls. nginx drops them by default too.
-        remove_where(headers, |k| k.as_str().contains('_'));
-    }
-    if !down.peer_trusted {
-        // Whatever an untrusted client says about forwarding is dropped, not passed on to a
-        // backend that may believe it.
-        remove_where(headers, |k| {
-            k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR
-        });
-        headers.remove(http::header::FORWARDED);
+        (!down.underscores && k.as_str().contains('_'))
+            // Whatever an untrusted client says about forwarding is dropped, not passed on to
+            // a backend that may believe it (X-Forwarded-For is replaced below).
+            || (!down.peer_trusted
+                && (*k == http::header::FORWARDED
+                    || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)))
+    });
+    for name in &doomed {
+        headers.remove(name);
     }
     if down.client_ip == down.peer {
         headers.insert(X_REAL_IP, down.peer_value.clone());
@@ -437,6 +441,7 @@ fn rewrite(
         headers.insert(X_REAL_IP, v);
     }
     forwarded_for(headers, down);
+    // From an untrusted peer these were just removed: no need to look.
     if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         let proto = if down.tls { "https" } else { "http" };
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -448,17 +453,6 @@ fn rewrite(
         };
     }
     Ok(())
-}
-
-/// Remove every header whose name satisfies `doomed` (nothing is collected when none does).
-fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
-    if !headers.keys().any(&doomed) {
-        return;
-    }
-    let names: Vec<HeaderName> = headers.keys().filter(|k| doomed(k)).cloned().collect();
-    for name in names {
-        headers.remove(name);
-    }
 }
 
 /// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
@@ -484,23 +478,62 @@ fn forwarded_for(headers: &mut HeaderMap, down: Downstream<'_>) {
     }
 }
 
+/// Whether `name` (lower case) describes one hop, never the message (RFC 9110 7.6.1), or is a
+/// framing header hyper sets itself on the next hop.
+fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// The names to remove from `headers` before the message goes on: the hop-by-hop headers, every
+/// header a `Connection` line names, and whatever `also` picks. One pass over the names (a
+/// `match` on each), so a message that has none of them costs no lookup and no allocation.
+fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Small<HeaderName> {
+    let mut doomed = Small::new();
+    let mut connection = false;
+    for k in headers.keys() {
+        if is_hop_by_hop(k.as_str()) {
+            connection |= *k == CONNECTION;
+            doomed.push(k.clone());
+        } else if also(k) {
+            doomed.push(k.clone());
+        }
+    }
+    if connection {
+        // Options such as `close` or `keep-alive` name no header, or one already doomed: only
+        // names the message actually has are added.
+        let options = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|o| !o.is_empty());
+        for option in options {
+            if let Some(k) = headers
+                .keys()
+                .find(|k| k.as_str().eq_ignore_ascii_case(option) && !doomed.contains(k))
+            {
+                doomed.push(k.clone());
+            }
+        }
+    }
+    doomed
+}
+
 /// Remove hop-by-hop headers, including every header a `Connection` line names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none: one pass over the names is cheaper than nine lookups.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
-        return;
-    }
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in &HOP_BY_HOP {
+    for name in doomed_names(headers, |_| false) {
         headers.remove(name);
     }
 }

@@ -204,21 +204,27 @@ pub struct RequestView<'a> {
 impl<'a> RequestView<'a> {
     /// The value of one source, or `None` when the request does not carry it (empty values
     /// count as absent: an empty API key identifies nobody).
-    fn value(&self, source: &Source) -> Option<Cow<'a, [u8]>> {
-        let v: Cow<'a, [u8]> = match source {
-            Source::Ip(v6_prefix) => Cow::Owned(ip_octets(self.client_ip, *v6_prefix)),
-            Source::Header(name) => Cow::Borrowed(self.headers.get(name)?.as_bytes()),
-            Source::Query(name) => query_param(self.uri.query()?, name)?,
-            Source::Cookie(name) => Cow::Borrowed(cookie(self.headers, name)?.as_bytes()),
-            Source::Bearer => Cow::Borrowed(bearer(self.headers)?.as_bytes()),
-            Source::Global => Cow::Borrowed(b"global"),
-            Source::Host => Cow::Owned(
+    fn value(&self, source: &Source) -> Option<Value<'a>> {
+        let v = match source {
+            Source::Ip(v6_prefix) => {
+                let (bytes, len) = ip_octets(self.client_ip, *v6_prefix);
+                Value::Octets(bytes, len)
+            }
+            Source::Header(name) => Value::Borrowed(self.headers.get(name)?.as_bytes()),
+            Source::Query(name) => match query_param(self.uri.query()?, name)? {
+                Cow::Borrowed(v) => Value::Borrowed(v),
+                Cow::Owned(v) => Value::Owned(v),
+            },
+            Source::Cookie(name) => Value::Borrowed(cookie(self.headers, name)?.as_bytes()),
+            Source::Bearer => Value::Borrowed(bearer(self.headers)?.as_bytes()),
+            Source::Global => Value::Borrowed(b"global"),
+            Source::Host => Value::Owned(
                 host(self.uri, self.headers)?
                     .to_ascii_lowercase()
                     .into_bytes(),
             ),
-            Source::Method => Cow::Borrowed(self.method.as_str().as_bytes()),
-            Source::Path => Cow::Borrowed(self.uri.path().as_bytes()),
+            Source::Method => Value::Borrowed(self.method.as_str().as_bytes()),
+            Source::Path => Value::Borrowed(self.uri.path().as_bytes()),
         };
         (!v.is_empty()).then_some(v)
     }
@@ -227,15 +233,19 @@ impl<'a> RequestView<'a> {
     /// or the `anonymous` bucket.
     pub fn resolve(&self, spec: &KeySpec) -> ClientId {
         'alternatives: for (i, alt) in spec.0.iter().enumerate() {
+            if let [Source::Ip(v6_prefix)] = alt.0[..] {
+                // The most common key: the same address again and again (every request of a
+                // connection), so its digest is remembered.
+                let (bytes, len) = ip_octets(self.client_ip, v6_prefix);
+                return ip_digest(i as u8, bytes, len);
+            }
             let mut h = blake3::Hasher::new();
             h.update(&[i as u8]);
             for source in &alt.0 {
                 let Some(v) = self.value(source) else {
                     continue 'alternatives;
                 };
-                h.update(&[source.tag()]);
-                h.update(&(v.len() as u64).to_le_bytes());
-                h.update(&v);
+                digest_source(&mut h, source.tag(), &v);
             }
             return ClientId::from_hasher(&h);
         }
@@ -253,15 +263,93 @@ impl<'a> RequestView<'a> {
     }
 }
 
-fn ip_octets(ip: IpAddr, v6_prefix: u8) -> Vec<u8> {
+/// The value of one source: borrowed from the request, or made for it (an address fits inline,
+/// so the common `ip` key allocates nothing).
+enum Value<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+    Octets([u8; 16], usize),
+}
+
+impl std::ops::Deref for Value<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Value::Borrowed(v) => v,
+            Value::Owned(v) => v,
+            Value::Octets(v, len) => &v[..*len],
+        }
+    }
+}
+
+impl AsRef<[u8]> for Value<'_> {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// One source's part of an alternative's digest.
+fn digest_source(h: &mut blake3::Hasher, tag: u8, value: &[u8]) {
+    h.update(&[tag]);
+    h.update(&(value.len() as u64).to_le_bytes());
+    h.update(value);
+}
+
+/// Entries of the per-thread memo of address digests (direct-mapped by address).
+const IP_MEMO: usize = 64;
+
+type IpMemo = [Option<(u8, [u8; 16], usize, ClientId)>; IP_MEMO];
+
+thread_local! {
+    /// Recent digests of alternatives that are an address alone, by alternative number and
+    /// address. A digest costs more than the rest of an in-process check, and a client's
+    /// requests repeat its address. Exact: an entry is used only for the very same input.
+    static IP_DIGESTS: std::cell::RefCell<IpMemo> = const { std::cell::RefCell::new([None; IP_MEMO]) };
+}
+
+/// The digest of alternative number `alt` when it is the `ip` source alone, with value
+/// `bytes[..len]`.
+fn ip_digest(alt: u8, bytes: [u8; 16], len: usize) -> ClientId {
+    let compute = || {
+        let mut h = blake3::Hasher::new();
+        h.update(&[alt]);
+        digest_source(&mut h, Source::Ip(0).tag(), &bytes[..len]);
+        ClientId::from_hasher(&h)
+    };
+    let fold = u128::from_le_bytes(bytes) ^ u128::from(alt);
+    let slot = ((fold as u64 ^ (fold >> 64) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58)
+        as usize
+        % IP_MEMO;
+    IP_DIGESTS
+        .try_with(|memo| {
+            let mut memo = memo.borrow_mut();
+            match memo[slot] {
+                Some((a, b, l, id)) if a == alt && b == bytes && l == len => id,
+                _ => {
+                    let id = compute();
+                    memo[slot] = Some((alt, bytes, len, id));
+                    id
+                }
+            }
+        })
+        .unwrap_or_else(|_| compute())
+}
+
+/// The address as the `ip` source counts it (IPv6 cut to its prefix): the first `len` bytes.
+fn ip_octets(ip: IpAddr, v6_prefix: u8) -> ([u8; 16], usize) {
     match ip.to_canonical() {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V4(v4) => {
+            let mut octets = [0u8; 16];
+            octets[..4].copy_from_slice(&v4.octets());
+            (octets, 4)
+        }
         IpAddr::V6(v6) => {
             let bits = u128::from(v6);
             let mask = u128::MAX
                 .checked_shl(128 - u32::from(v6_prefix))
                 .unwrap_or(0);
-            (bits & mask).to_be_bytes().to_vec()
+            ((bits & mask).to_be_bytes(), 16)
         }
     }
 }
@@ -504,6 +592,46 @@ mod tests {
         assert_ne!(a, ClientId::anonymous());
         let joined = KeySpec(vec![Alternative::parse("header:X-Tenant+ip").unwrap()]);
         assert_eq!(view(&m, &u, &none).resolve(&joined), ClientId::anonymous());
+    }
+
+    #[test]
+    fn remembered_address_digests_are_the_digests() {
+        // What a lone `ip` alternative hashes, written out: the memo must give exactly this,
+        // for every address and alternative number, however often and in whatever order.
+        fn expected(alt: u8, octets: &[u8]) -> ClientId {
+            let mut h = blake3::Hasher::new();
+            h.update(&[alt, 1]);
+            h.update(&(octets.len() as u64).to_le_bytes());
+            h.update(octets);
+            ClientId::from_hasher(&h)
+        }
+        let spec = KeySpec(vec![
+            Alternative::parse("header:X-API-Key").unwrap(),
+            Alternative::parse("ip").unwrap(),
+        ]);
+        let (m, u, h) = (Method::GET, Uri::from_static("/x"), HeaderMap::new());
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        // The same leading bytes as the IPv4 address, as a /64: a different identity.
+        let v6: IpAddr = "c000:201::".parse().unwrap();
+        for _ in 0..3 {
+            for i in 0..300u32 {
+                let ip = IpAddr::from([10, 0, (i >> 8) as u8, i as u8]);
+                let mut v = view(&m, &u, &h);
+                v.client_ip = ip;
+                let IpAddr::V4(four) = ip else { unreachable!() };
+                assert_eq!(v.resolve(&spec), expected(1, &four.octets()));
+            }
+            let mut v = view(&m, &u, &h);
+            v.client_ip = v4;
+            assert_eq!(v.resolve(&spec), expected(1, &[192, 0, 2, 1]));
+            v.client_ip = v6;
+            let mut prefix = [0u8; 16];
+            prefix[..4].copy_from_slice(&[0xc0, 0, 2, 1]);
+            assert_eq!(v.resolve(&spec), expected(1, &prefix));
+            assert_ne!(v.resolve(&spec), expected(1, &[192, 0, 2, 1]));
+            let alone = KeySpec(vec![Alternative::parse("ip").unwrap()]);
+            assert_eq!(v.resolve(&alone), expected(0, &prefix));
+        }
     }
 
     #[test]

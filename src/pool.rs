@@ -53,10 +53,19 @@ impl SendError {
     }
 }
 
+/// How new connections to an upstream's targets are made.
+#[derive(Debug, Clone)]
+pub enum Connector {
+    /// `http://`: TCP only.
+    Plain(HttpConnector),
+    /// `https://`: TCP, then TLS.
+    Tls(HttpsConnector<HttpConnector>),
+}
+
 /// One worker's connections to every target of one upstream.
 #[derive(Debug)]
 pub struct Pool {
-    connector: HttpsConnector<HttpConnector>,
+    connector: Connector,
     /// Per target (by index), oldest first.
     idle: Mutex<Vec<VecDeque<Idle>>>,
     idle_timeout: Duration,
@@ -76,15 +85,11 @@ pub struct Lease {
     sender: Sender,
     /// The request body's progress: a connection whose request is still being uploaded (the
     /// upstream answered early) is not reusable until that ends, so it is not given back.
-    sent: Arc<Sent>,
+    sent: Sent,
 }
 
 impl Pool {
-    pub fn new(
-        connector: HttpsConnector<HttpConnector>,
-        targets: usize,
-        idle_timeout: Duration,
-    ) -> Self {
+    pub fn new(connector: Connector, targets: usize, idle_timeout: Duration) -> Self {
         Self {
             connector,
             idle: Mutex::new((0..targets).map(|_| VecDeque::new()).collect()),
@@ -156,24 +161,10 @@ impl Pool {
 
     /// A new connection to `uri`, its task spawned on this worker.
     async fn connect(&self, uri: &Uri) -> Result<Sender, SendError> {
-        let mut connector = self.connector.clone();
-        std::future::poll_fn(|cx| connector.poll_ready(cx))
-            .await
-            .map_err(SendError::Connect)?;
-        let io = connector
-            .call(uri.clone())
-            .await
-            .map_err(SendError::Connect)?;
-        let (sender, connection) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(SendError::Exchange)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+        match &self.connector {
+            Connector::Plain(c) => handshake(c.clone(), uri).await,
+            Connector::Tls(c) => handshake(c.clone(), uri).await,
+        }
     }
 
     /// Close the connections idle for longer than the idle timeout (and forget closed ones).
@@ -202,6 +193,32 @@ impl Pool {
             });
         }
     }
+}
+
+/// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker.
+async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Sender, SendError>
+where
+    C: Service<Uri>,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    C::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    std::future::poll_fn(|cx| connector.poll_ready(cx))
+        .await
+        .map_err(|e| SendError::Connect(e.into()))?;
+    let io = connector
+        .call(uri.clone())
+        .await
+        .map_err(|e| SendError::Connect(e.into()))?;
+    let (sender, connection) = http1::Builder::new()
+        .handshake(io)
+        .await
+        .map_err(SendError::Exchange)?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.with_upgrades().await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 /// An upstream response body that returns its connection to the pool once read to the end.

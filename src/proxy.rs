@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use http::{Request, Response, StatusCode, Version};
@@ -12,7 +11,7 @@ use http_body::Body as _;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use crate::body::{BodyFailure, Guarded};
+use crate::body::{BodyFailure, Guarded, Sent};
 use crate::config::reload::ReloadStats;
 use crate::config::Snapshot;
 use crate::error::ProxyError;
@@ -213,10 +212,11 @@ async fn pipeline<'a>(
                 tunnel: &conn.tunnel,
             };
             let (parts, body) = req.into_parts();
-            let (body, failure) = Guarded::new(body, route.body, started.into());
+            let body = Guarded::new(body, route.body, started.into());
+            let sent = body.sent();
             trace.body_taken = true;
             let req = Request::from_parts(parts, body);
-            forward_timed(state, upstream, req, down, &failure).await?
+            forward_timed(state, upstream, req, down, &sent).await?
         }
         Action::Respond(r) => respond(r),
     };
@@ -239,13 +239,16 @@ async fn forward_timed(
     upstream: &forward::Upstream,
     req: Request<Guarded>,
     down: Downstream<'_>,
-    body_failure: &OnceLock<BodyFailure>,
+    body: &Sent,
 ) -> Result<Response<Body>, ProxyError> {
     let sent = Instant::now();
     // A request whose own body failed is the client's fault, not the upstream's.
-    let result = forward::send(upstream, req, down)
+    // Boxed: the exchange's state is about 2 KB, and every future that held it inline (this
+    // one, the pipeline's, the request's) would be copied in full each time one is created
+    // and moved: memcpy was the largest user-space item of a forwarded request's profile.
+    let result = Box::pin(forward::send(upstream, req, down))
         .await
-        .map_err(|e| match body_failure.get() {
+        .map_err(|e| match body.failure() {
             Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
             Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
             Some(BodyFailure::Malformed) => ProxyError::BadRequest,

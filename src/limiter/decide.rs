@@ -19,7 +19,7 @@ pub async fn decide(
     view: &RequestView<'_>,
     now: f64,
 ) -> Decision {
-    let mut results = Vec::with_capacity(limits.len());
+    let mut results = smallvec::SmallVec::with_capacity(limits.len());
     let mut checks: Small<Check<'_>> = Small::new();
     for (index, limit) in limits.iter().enumerate() {
         let exempt = view.is_exempt(&limit.exempt);

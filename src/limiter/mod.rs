@@ -170,7 +170,8 @@ pub struct LimitResult {
 /// The whole answer for one request, carrying the numbers headers, logs and metrics use.
 #[derive(Debug, Clone, Default)]
 pub struct Decision {
-    pub results: Vec<LimitResult>,
+    /// Inline for routes of up to two limits (most): no allocation per request.
+    pub results: smallvec::SmallVec<[LimitResult; 2]>,
 }
 
 impl Decision {
