@@ -217,10 +217,12 @@ pub struct Downstream<'a> {
 /// Send `req` to one of the upstream's targets and return its response head, the body still
 /// streaming. Connection refused is `UpstreamUnreachable` (502); no response head within the
 /// upstream's `timeout`, or no connection within `connect_timeout`, is `UpstreamTimeout` (504).
+/// `now`: about now (a request without a body is sent from then on).
 pub async fn send(
     upstream: &Upstream,
     mut req: Request<Guarded>,
     down: Downstream<'_>,
+    now: tokio::time::Instant,
 ) -> Result<Response<Pooled>, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
@@ -234,17 +236,22 @@ pub async fn send(
     }
     let sent = req.body().sent();
     // `timeout` runs from the moment the request is fully sent: until then the route's body
-    // limits judge the client, and the connect timeout the connection.
+    // limits judge the client, and the connect timeout the connection. A request without a
+    // body is sent now: no clock read.
     let head_deadline = async {
-        sent.wait().await;
-        tokio::time::sleep(upstream.timeout).await;
+        if sent.is_done() {
+            tokio::time::sleep_until(now + upstream.timeout).await;
+        } else {
+            sent.wait().await;
+            tokio::time::sleep(upstream.timeout).await;
+        }
     };
     let pool = upstream.pool();
     let uri = &upstream.target_uris[target];
     let (mut res, mut lease) = tokio::select! {
         // The response first: no random draw per poll.
         biased;
-        res = pool.send(target, uri, req) => res.map_err(|e| classify(e.as_error()))?,
+        res = pool.send(target, uri, req, now) => res.map_err(|e| classify(e.as_error()))?,
         () = head_deadline => return Err(ProxyError::UpstreamTimeout),
     };
     let upgrade = res.headers().get(UPGRADE).cloned();

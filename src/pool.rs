@@ -98,17 +98,19 @@ impl Pool {
     }
 
     /// Send `req` (origin-form URI, `Host` set) to target number `target`, reached at `uri`
-    /// (`scheme://authority/`). Returns the response head, and the connection's lease unless
-    /// the connection cannot be reused.
+    /// (`scheme://authority/`). `now`: about now (the request's arrival will do), for idle
+    /// expiry. Returns the response head, and the connection's lease unless the connection
+    /// cannot be reused.
     pub async fn send(
         self: &Arc<Self>,
         target: usize,
         uri: &Uri,
         mut req: Request<Guarded>,
+        now: Instant,
     ) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
         let sent = req.body().sent();
         loop {
-            let (mut sender, reused) = match self.checkout(target) {
+            let (mut sender, reused) = match self.checkout(target, now) {
                 Some(sender) => (sender, true),
                 // Boxed: a connect's state (TCP, TLS) is large, and a request future that
                 // carried it inline would be copied in full at every move, connect or not.
@@ -140,11 +142,11 @@ impl Pool {
         }
     }
 
-    /// The most recently used live idle connection to `target`, dropping expired ones.
-    fn checkout(&self, target: usize) -> Option<Sender> {
+    /// The most recently used live idle connection to `target`, dropping the ones expired at
+    /// `now`.
+    fn checkout(&self, target: usize, now: Instant) -> Option<Sender> {
         let mut idle = self.idle.lock();
         let list = idle.get_mut(target)?;
-        let now = Instant::now();
         while list
             .front()
             .is_some_and(|c| now.duration_since(c.since) >= self.idle_timeout)

@@ -216,7 +216,14 @@ async fn pipeline<'a>(
             let sent = body.sent();
             trace.body_taken = true;
             let req = Request::from_parts(parts, body);
-            forward_timed(state, upstream, req, down, &sent).await?
+            // Goes upstream now: with the in-process limiter that is microseconds after its
+            // arrival (no clock read); a Redis check may have taken milliseconds.
+            let now = if redis.is_some() {
+                Instant::now()
+            } else {
+                started
+            };
+            forward_timed(state, upstream, req, down, &sent, now).await?
         }
         Action::Respond(r) => respond(r),
     };
@@ -240,13 +247,13 @@ async fn forward_timed(
     req: Request<Guarded>,
     down: Downstream<'_>,
     body: &Sent,
+    now: Instant,
 ) -> Result<Response<Body>, ProxyError> {
-    let sent = Instant::now();
     // A request whose own body failed is the client's fault, not the upstream's.
     // Boxed: the exchange's state is about 2 KB, and every future that held it inline (this
     // one, the pipeline's, the request's) would be copied in full each time one is created
     // and moved: memcpy was the largest user-space item of a forwarded request's profile.
-    let result = Box::pin(forward::send(upstream, req, down))
+    let result = Box::pin(forward::send(upstream, req, down, now.into()))
         .await
         .map_err(|e| match body.failure() {
             Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
@@ -268,7 +275,7 @@ async fn forward_timed(
                         .get_or_create(&labels)
                         .clone()
                 })
-                .observe(sent.elapsed().as_secs_f64());
+                .observe(now.elapsed().as_secs_f64());
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),

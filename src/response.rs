@@ -94,8 +94,7 @@ pub fn too_many_requests(
         "application/problem+json",
         body,
     );
-    res.headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry));
+    res.headers_mut().insert(RETRY_AFTER, number(retry));
     add_headers(res.headers_mut(), route, decision, policy);
     res
 }
@@ -124,9 +123,26 @@ pub fn add_headers(
         let burst =
             rendered.map_or_else(|| HeaderValue::from(limit.rate.burst), |r| r.burst.clone());
         headers.insert(X_LIMIT, burst);
-        headers.insert(X_REMAINING, HeaderValue::from(v.remaining));
-        headers.insert(X_RESET, HeaderValue::from(secs_up(v.reset_us)));
+        headers.insert(X_REMAINING, number(v.remaining));
+        headers.insert(X_RESET, number(secs_up(v.reset_us)));
     }
+}
+
+/// `n` as a header value. The values up to `SMALL_NUMBERS` are made once, from static text, so
+/// a response does not allocate for them (nor share a reference count between workers): the
+/// seconds until a bucket is full again, and what is left of most bursts, are small.
+fn number(n: u64) -> HeaderValue {
+    const SMALL_NUMBERS: usize = 1024;
+    static SMALL: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        // Leaked on purpose: 1024 short strings, once per process, for `from_static`.
+        (0..SMALL_NUMBERS)
+            .map(|n| HeaderValue::from_static(Box::leak(n.to_string().into_boxed_str())))
+            .collect()
+    });
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| SMALL.get(i))
+        .map_or_else(|| HeaderValue::from(n), Clone::clone)
 }
 
 /// The parts of a limit's headers that never change, rendered when the config is compiled.
@@ -170,6 +186,13 @@ fn header(s: &str) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::secs_up;
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 7, 999, 1023, 1024, 65_536, u64::MAX] {
+            assert_eq!(super::number(n).to_str().unwrap(), n.to_string());
+        }
+    }
 
     #[test]
     fn seconds_round_up() {

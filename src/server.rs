@@ -238,24 +238,28 @@ impl Connection {
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let conn = Arc::new(Conn::new(self.peer, tls, self.settings.max_uri_bytes));
-        let activity = Arc::new(Activity::new());
+        let shared = Arc::new(Shared {
+            state: self.state.clone(),
+            conn: Conn::new(self.peer, tls, self.settings.max_uri_bytes),
+            activity: Activity::new(),
+        });
         let service = {
-            let (state, activity, conn) = (self.state.clone(), activity.clone(), conn.clone());
+            let shared = shared.clone();
             let max_requests = self.settings.max_requests_per_connection;
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let (state, activity, conn) = (state.clone(), activity.clone(), conn.clone());
+                // One reference count per request, on this connection's own allocation.
+                let mut request = InFlight::begin(shared.clone());
                 async move {
+                    let s = &*request.shared;
                     if req.version() == http::Version::HTTP_2 {
-                        activity.http2.store(true, Ordering::Release);
+                        s.activity.http2.store(true, Ordering::Release);
                     }
-                    let mut request = InFlight::begin(activity.clone());
-                    let mut res = proxy::handle(&state, &conn, req).await;
+                    let mut res = proxy::handle(&s.state, &s.conn, req).await;
                     if request.served >= max_requests {
                         // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
                         res.headers_mut()
                             .insert(CONNECTION, HeaderValue::from_static("close"));
-                        activity.retire.notify_one();
+                        s.activity.retire.notify_one();
                     }
                     request.answered = true;
                     // In flight until the response body is sent: a long download is not idle.
@@ -268,8 +272,8 @@ impl Connection {
         };
         // Bytes arriving mark a request head in progress for the watchdog.
         let io = {
-            let activity = activity.clone();
-            ReadNoted::new(io, move || activity.bytes_read())
+            let shared = shared.clone();
+            ReadNoted::new(io, move || shared.activity.bytes_read())
         };
         let connection = self
             .builder
@@ -282,7 +286,7 @@ impl Connection {
         // channel: nothing shared between connections is touched per request.
         let (verdict_tx, mut verdict) = oneshot::channel();
         let watchdog = AbortOnDrop(tokio::spawn(watchdog(
-            activity.clone(),
+            shared.clone(),
             self.settings.clone(),
             self.stop.clone(),
             verdict_tx,
@@ -317,7 +321,7 @@ impl Connection {
         drop(watchdog);
         // A WebSocket handshake hands the socket over: the tunnel runs here, so it keeps this
         // connection's slot, stays in the open-connections gauge and in the shutdown drain.
-        let tunnel = conn.tunnel.lock().take();
+        let tunnel = shared.conn.tunnel.lock().take();
         if let Some(tunnel) = tunnel {
             crate::forward::run_tunnel(tunnel).await;
         }
@@ -330,11 +334,12 @@ impl Connection {
 /// drop when a request head did not complete in time. Sleeps until the next deadline and
 /// re-reads the connection's marks only then: requests themselves never wake it.
 async fn watchdog(
-    activity: Arc<Activity>,
+    shared: Arc<Shared>,
     settings: Arc<ListenerSettings>,
     mut stop: watch::Receiver<bool>,
     verdict: oneshot::Sender<Command>,
 ) {
+    let activity = &shared.activity;
     let sleep = tokio::time::sleep_until(activity.next_check(&settings));
     tokio::pin!(sleep);
     let command = loop {
@@ -371,16 +376,16 @@ enum Command {
 /// before it was answered, it was cancelled by the client (an HTTP/2 RST_STREAM, or a closed
 /// HTTP/1.1 connection).
 struct InFlight {
-    activity: Arc<Activity>,
+    shared: Arc<Shared>,
     served: u64,
     answered: bool,
 }
 
 impl InFlight {
-    fn begin(activity: Arc<Activity>) -> Self {
-        let served = activity.begin();
+    fn begin(shared: Arc<Shared>) -> Self {
+        let served = shared.activity.begin();
         Self {
-            activity,
+            shared,
             served,
             answered: false,
         }
@@ -389,8 +394,15 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.activity.end(self.answered);
+        self.shared.activity.end(self.answered);
     }
+}
+
+/// What a connection's requests, its watchdog and its socket share.
+struct Shared {
+    state: Arc<State>,
+    conn: Conn,
+    activity: Activity,
 }
 
 /// A response body that keeps its request in flight until hyper is done with it.
