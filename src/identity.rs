@@ -38,7 +38,20 @@ impl ClientId {
 
     /// Lower-case hex, for Redis keys and logs.
     pub fn hex(self) -> String {
-        format!("{:032x}", self.0)
+        let mut s = String::with_capacity(32);
+        self.push_hex(&mut s);
+        s
+    }
+
+    /// Append the 32 lower-case hex digits of the digest (`{:032x}`, without the formatting
+    /// machinery: this is part of every Redis check).
+    pub fn push_hex(self, out: &mut String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        out.extend(
+            (0..32)
+                .rev()
+                .map(|i| char::from(DIGITS[(self.0 >> (4 * i)) as usize & 15])),
+        );
     }
 }
 
@@ -592,6 +605,13 @@ mod tests {
         assert_ne!(a, ClientId::anonymous());
         let joined = KeySpec(vec![Alternative::parse("header:X-Tenant+ip").unwrap()]);
         assert_eq!(view(&m, &u, &none).resolve(&joined), ClientId::anonymous());
+    }
+
+    #[test]
+    fn hex_is_zero_padded_lower_case() {
+        for n in [0, 1, 0xabc, u128::MAX, u128::MAX / 3, 1 << 127] {
+            assert_eq!(ClientId(n).hex(), format!("{n:032x}"));
+        }
     }
 
     #[test]

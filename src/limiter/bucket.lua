@@ -25,17 +25,18 @@
 --             cost      tokens this request takes
 --             enforced  1, or 0 for a shadow bucket (its rejection blocks nothing)
 --
--- Returns, for "check" and "peek", a flat array of three values per bucket i:
---        remaining whole tokens (integer),
---        reset_us (integer: microseconds until the bucket is full, rounded up),
---        retry_after_us (integer: microseconds until `cost` tokens exist, rounded up; 0 if
---        and only if the bucket admits: a rejection is always at least 1). Rounded up, not
---        formatted: Redis truncates Lua numbers to integers, and whole microseconds are
---        plenty for headers in seconds and the negative cache, while string.format costs
---        more than the rest of a check.
+-- Returns, for "check" and "peek", one string: per bucket i, three big-endian doubles (24 bytes),
+--        remaining whole tokens,
+--        reset_us (microseconds until the bucket is full, rounded up),
+--        retry_after_us (microseconds until `cost` tokens exist, rounded up; 0 if and only if
+--        the bucket admits: a rejection is always at least 1).
+--        One packed string rather than an array of integers: the client parses a batch's
+--        reply of hundreds of numbers as one bulk string, which costs it a small fraction of
+--        parsing as many RESP integers, and Redis writes it with one memcpy.
 -- The check as a whole admits when every enforced bucket does: the caller, who knows which
 -- buckets are enforced, tells from the retry values (so the reply carries no flags).
--- For "batch", the replies of its checks, group by group (m replies of 3n values each).
+-- For "batch", the replies of its checks, group by group (m replies of 3n values each),
+-- concatenated.
 -- For "refund", the number of buckets that held a `tat`.
 
 -- Scripts that read TIME and then write must be replicated by effect (the default since
@@ -49,7 +50,7 @@ end
 -- for decades. Part of the stored format: changing it invalidates every bucket.
 local EPOCH = 1700000000
 -- Globals are table lookups in Lua 5.1: the ones used per bucket are made locals.
-local tonumber, floor, ceil, max = tonumber, math.floor, math.ceil, math.max
+local tonumber, floor, ceil, max, pack = tonumber, math.floor, math.ceil, math.max, struct.pack
 local time = redis.call('TIME')
 local now = (tonumber(time[1]) - EPOCH) * 1000000 + tonumber(time[2])
 local mode = ARGV[1]
@@ -135,21 +136,20 @@ local function step(tat, tok, tau, cost)
   return nil, base - now, new_tat - now - tau
 end
 
--- Write one bucket's reply (see the header) to out[o + 1 .. o + 3].
-local function reply(out, o, tok, tau, reset, retry)
+-- Append one bucket's reply (see the header) to `out`.
+local function reply(out, tok, tau, reset, retry)
   -- Whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`).
   local remaining = floor((tau - reset) / tok + 1e-9)
   if remaining < 0 then
     remaining = 0
   end
-  out[o + 1], out[o + 2], out[o + 3] = remaining, ceil(reset), ceil(retry)
+  out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
 end
 
 -- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values `spec` holds (see `parse`); append
 -- the check's reply to `out`; charge the buckets when `write` is set and every enforced one
 -- admits.
 local function check(out, k0, spec, n, write)
-  local o = #out
   local new_tats = {}
   local all_admit = true
   for i = 1, n do
@@ -161,8 +161,7 @@ local function check(out, k0, spec, n, write)
     elseif enforced then
       all_admit = false
     end
-    reply(out, o, tok, tau, reset, retry)
-    o = o + 3
+    reply(out, tok, tau, reset, retry)
   end
   if all_admit and write then
     for i = 1, n do
@@ -198,8 +197,8 @@ local function check_one(out, key, spec, m)
     if remaining < 0 then
       remaining = 0
     end
-    out[o + 1], out[o + 2], out[o + 3] = remaining, ceil(reset), ceil(retry)
-    o = o + 3
+    o = o + 1
+    out[o] = pack('>ddd', remaining, ceil(reset), ceil(retry))
   end
   if charged then
     save(key, tat)
@@ -239,4 +238,4 @@ end
 for i = 1, #dirty do
   store(dirty[i], tats[dirty[i]])
 end
-return out
+return table.concat(out)

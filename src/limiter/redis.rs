@@ -26,7 +26,6 @@ mod cluster;
 mod conn;
 mod negative;
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -258,12 +257,11 @@ impl RedisLimiter {
     /// The Redis key of `client`'s bucket of `limit`.
     pub fn key(&self, limit: &Limit, client: ClientId) -> String {
         let mut key = String::with_capacity(self.key_prefix.len() + limit.name.len() + 35);
-        // `{:032x}` is `ClientId::hex`, written in place.
-        let _ = write!(
-            key,
-            "{}{}:{{{:032x}}}",
-            self.key_prefix, limit.name, client.0
-        );
+        key.push_str(&self.key_prefix);
+        key.push_str(&limit.name);
+        key.push_str(":{");
+        client.push_hex(&mut key);
+        key.push('}');
         key
     }
 

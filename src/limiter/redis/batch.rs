@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, Conn, Reply};
+use super::conn::{parse_items, Conn, Reply, BUCKET_REPLY};
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
 
@@ -164,7 +164,7 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
     let outcome = by_deadline(deadline, timeout, call)
         .await
         .and_then(|value| match value {
-            ::redis::Value::Array(items) => Ok(items),
+            ::redis::Value::BulkString(bytes) => Ok(bytes),
             _ => Err(Failure::unexpected_reply()),
         });
     let items = match outcome {
@@ -178,9 +178,10 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
     };
     let mut at = 0;
     for members in &groups {
-        // A group's checks are identical: each reply is 3 values per bucket of its first.
+        // A group's checks are identical: each reply is one bucket reply per bucket of its
+        // first.
         let bucket_args = &args[members[0]];
-        let n = 3 * bucket_args.len();
+        let n = BUCKET_REPLY * bucket_args.len();
         for &member in members {
             let reply = items
                 .get(at..at + n)

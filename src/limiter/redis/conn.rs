@@ -191,33 +191,51 @@ pub(super) fn parse_reply(
     value: &Value,
     enforced: impl ExactSizeIterator<Item = bool>,
 ) -> Option<Reply> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    parse_items(items, enforced)
+    parse_items(reply_bytes(value)?, enforced)
 }
 
-/// Parse one check's reply (`3n` values) for the `n` buckets whose enforcement `enforced`
-/// yields. A bucket admits when its retry time is 0; the check, when every enforced one does.
+/// The packed reply of a "check", "peek" or "batch" (see `bucket.lua`).
+pub(super) fn reply_bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        _ => None,
+    }
+}
+
+/// Bytes of one bucket's reply: three big-endian doubles.
+pub(super) const BUCKET_REPLY: usize = 24;
+
+/// Parse one check's reply (`n` buckets of `BUCKET_REPLY` bytes) for the `n` buckets whose
+/// enforcement `enforced` yields. A bucket admits when its retry time is 0; the check, when
+/// every enforced one does.
 pub(super) fn parse_items(
-    items: &[Value],
+    bytes: &[u8],
     enforced: impl ExactSizeIterator<Item = bool>,
 ) -> Option<Reply> {
-    if items.len() != 3 * enforced.len() {
+    if bytes.len() != BUCKET_REPLY * enforced.len() {
         return None;
     }
     let mut all_admitted = true;
-    let verdicts = items
-        .chunks_exact(3)
+    let verdicts = bytes
+        .chunks_exact(BUCKET_REPLY)
         .zip(enforced)
-        .map(|(v, enforced)| {
-            let retry_after_us = float(&v[2])?;
+        .map(|(b, enforced)| {
+            let value = |i: usize| {
+                let mut be = [0u8; 8];
+                be.copy_from_slice(&b[8 * i..8 * i + 8]);
+                f64::from_be_bytes(be)
+            };
+            let (remaining, reset_us, retry_after_us) = (value(0), value(1), value(2));
+            if !(remaining >= 0.0 && reset_us.is_finite() && retry_after_us >= 0.0) {
+                return None;
+            }
             let admitted = retry_after_us == 0.0;
             all_admitted &= admitted || !enforced;
             Some(Verdict {
                 admitted,
-                remaining: u64::try_from(int(&v[0])?).ok()?,
-                reset_us: float(&v[1])?,
+                // Whole and non-negative (checked above); `as` saturates beyond u64.
+                remaining: remaining as u64,
+                reset_us,
                 retry_after_us,
             })
         })
@@ -228,41 +246,17 @@ pub(super) fn parse_items(
     })
 }
 
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-fn float(v: &Value) -> Option<f64> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::Int(i) => Some(*i as f64),
-        Value::Double(d) => Some(*d),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
+    fn packed(values: &[f64]) -> Value {
+        Value::BulkString(values.iter().flat_map(|v| v.to_be_bytes()).collect())
     }
 
     #[test]
     fn parses_the_scripts_reply() {
-        let reply = Value::Array(vec![
-            Value::Int(4),
-            bulk("333334"),
-            Value::Int(0),
-            Value::Int(0),
-            bulk("1000000"),
-            Value::Int(250_001),
-        ]);
+        let reply = packed(&[4.0, 333_334.0, 0.0, 0.0, 1_000_000.0, 250_001.0]);
         let r = parse_reply(&reply, [true, true].into_iter()).unwrap();
         assert!(!r.all_admitted);
         assert!(r.verdicts[0].admitted && r.verdicts[0].remaining == 4);
@@ -277,5 +271,8 @@ mod tests {
         );
         assert!(parse_reply(&reply, [true; 3].into_iter()).is_none());
         assert!(parse_reply(&Value::Okay, [].into_iter()).is_none());
+        assert!(parse_reply(&Value::Array(vec![Value::Int(4)]), [true].into_iter()).is_none());
+        assert!(parse_reply(&packed(&[-1.0, 0.0, 0.0]), [true].into_iter()).is_none());
+        assert!(parse_reply(&packed(&[f64::NAN, 0.0, 0.0]), [true].into_iter()).is_none());
     }
 }
