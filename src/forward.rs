@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use crate::body::Guarded;
 use crate::error::ProxyError;
 use crate::limiter::Small;
-use crate::pool::{Connector, Pool, Pooled};
+use crate::pool::{Connector, Pool, Pooled, SendError};
 use crate::server::ReadNoted;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -235,24 +235,28 @@ pub async fn send(
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
     }
     let sent = req.body().sent();
-    // `timeout` runs from the moment the request is fully sent: until then the route's body
-    // limits judge the client, and the connect timeout the connection. A request without a
-    // body is sent now: no clock read.
-    let head_deadline = async {
-        if sent.is_done() {
-            tokio::time::sleep_until(now + upstream.timeout).await;
-        } else {
-            sent.wait().await;
-            tokio::time::sleep(upstream.timeout).await;
-        }
-    };
     let pool = upstream.pool();
     let uri = &upstream.target_uris[target];
-    let (mut res, mut lease) = tokio::select! {
-        // The response first: no random draw per poll.
-        biased;
-        res = pool.send(target, uri, req, now) => res.map_err(|e| classify(e.as_error()))?,
-        () = head_deadline => return Err(ProxyError::UpstreamTimeout),
+    // `timeout` runs from the moment the request is fully sent: until then the route's body
+    // limits judge the client, and the connect timeout the connection. A request without a
+    // body is sent now, and its connection's task keeps the deadline; one whose body is still
+    // streaming gets a timer that starts when the body is done.
+    let (mut res, mut lease) = if sent.is_done() {
+        let head_by = now + upstream.timeout;
+        pool.send(target, uri, req, now, Some(head_by))
+            .await
+            .map_err(|e| classify(&e))?
+    } else {
+        let head_deadline = async {
+            sent.wait().await;
+            tokio::time::sleep(upstream.timeout).await;
+        };
+        tokio::select! {
+            // The response first: no random draw per poll.
+            biased;
+            res = pool.send(target, uri, req, now, None) => res.map_err(|e| classify(&e))?,
+            () = head_deadline => return Err(ProxyError::UpstreamTimeout),
+        }
     };
     let upgrade = res.headers().get(UPGRADE).cloned();
     strip_hop_by_hop(res.headers_mut());
@@ -367,7 +371,11 @@ pub async fn run_tunnel(t: Tunnel) {
     }
 }
 
-fn classify(e: &(dyn std::error::Error + 'static)) -> ProxyError {
+fn classify(e: &SendError) -> ProxyError {
+    if let SendError::HeadTimeout = e {
+        return ProxyError::UpstreamTimeout;
+    }
+    let e = e.as_error();
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {

@@ -11,7 +11,9 @@
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -41,6 +43,8 @@ pub enum SendError {
     Connect(Box<dyn StdError + Send + Sync>),
     /// The connection failed during the exchange.
     Exchange(hyper::Error),
+    /// No response head by the deadline the request was sent with: the connection was closed.
+    HeadTimeout,
 }
 
 impl SendError {
@@ -49,6 +53,7 @@ impl SendError {
         match self {
             SendError::Connect(e) => &**e,
             SendError::Exchange(e) => e,
+            SendError::HeadTimeout => &HeadTimedOut,
         }
     }
 }
@@ -62,6 +67,11 @@ pub enum Connector {
     Tls(HttpsConnector<HttpConnector>),
 }
 
+/// The error of a response head that did not come in time.
+#[derive(Debug, thiserror::Error)]
+#[error("no response head before the upstream's timeout")]
+pub struct HeadTimedOut;
+
 /// One worker's connections to every target of one upstream.
 #[derive(Debug)]
 pub struct Pool {
@@ -73,8 +83,62 @@ pub struct Pool {
 
 #[derive(Debug)]
 struct Idle {
-    sender: Sender,
+    conn: Conn,
     since: Instant,
+}
+
+/// One upstream connection: where requests go in, and the deadline its task watches.
+#[derive(Debug)]
+struct Conn {
+    sender: Sender,
+    watch: Arc<HeadWatch>,
+}
+
+/// The deadline of the response head a connection's request awaits, kept by the connection's
+/// own task. hyper wakes that task to write each request anyway, so it sees a new deadline at
+/// no cost; its one timer is moved only when a deadline comes earlier than the one it is set
+/// for, or when it fires (then to the deadline of the request in flight, if any). So a
+/// request costs two atomic stores, not a timer of its own (a timer is two locked operations
+/// on the runtime's timer wheel); a busy connection moves its timer about once per `timeout`.
+#[derive(Debug)]
+struct HeadWatch {
+    origin: Instant,
+    /// Milliseconds after `origin`, plus one; 0: no request awaits its head.
+    deadline: AtomicU64,
+    timed_out: AtomicBool,
+}
+
+impl HeadWatch {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            deadline: AtomicU64::new(0),
+            timed_out: AtomicBool::new(false),
+        }
+    }
+
+    /// The request now sent must have its response head by `at`.
+    fn expect_by(&self, at: Instant) {
+        // Rounded up to the millisecond: never early.
+        let ms = at
+            .saturating_duration_since(self.origin)
+            .as_micros()
+            .div_ceil(1000);
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1);
+        self.deadline.store(ms + 1, Ordering::Release);
+    }
+
+    /// The response head came.
+    fn answered(&self) {
+        self.deadline.store(0, Ordering::Release);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self.deadline.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(self.origin + Duration::from_millis(ms - 1)),
+        }
+    }
 }
 
 /// A connection on loan to one response: it goes back to its pool when the body ends.
@@ -82,7 +146,7 @@ struct Idle {
 pub struct Lease {
     pool: Arc<Pool>,
     target: usize,
-    sender: Sender,
+    conn: Conn,
     /// The request body's progress: a connection whose request is still being uploaded (the
     /// upstream answered early) is not reusable until that ends, so it is not given back.
     sent: Sent,
@@ -99,39 +163,49 @@ impl Pool {
 
     /// Send `req` (origin-form URI, `Host` set) to target number `target`, reached at `uri`
     /// (`scheme://authority/`). `now`: about now (the request's arrival will do), for idle
-    /// expiry. Returns the response head, and the connection's lease unless the connection
-    /// cannot be reused.
+    /// expiry. `head_by`: the deadline for the response head of a request that is sent as a
+    /// whole (no body to stream), kept by the connection's task (`SendError::HeadTimeout`);
+    /// the caller times other requests itself. Returns the response head, and the
+    /// connection's lease unless the connection cannot be reused.
     pub async fn send(
         self: &Arc<Self>,
         target: usize,
         uri: &Uri,
         mut req: Request<Guarded>,
         now: Instant,
+        head_by: Option<Instant>,
     ) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
         let sent = req.body().sent();
         loop {
-            let (mut sender, reused) = match self.checkout(target, now) {
-                Some(sender) => (sender, true),
+            let (mut conn, reused) = match self.checkout(target, now) {
+                Some(conn) => (conn, true),
                 // Boxed: a connect's state (TCP, TLS) is large, and a request future that
                 // carried it inline would be copied in full at every move, connect or not.
                 None => (Box::pin(self.connect(uri)).await?, false),
             };
-            if let Err(e) = sender.ready().await {
+            if let Err(e) = conn.sender.ready().await {
                 // Closed while it sat idle: try the next one, or a new one.
                 if reused {
                     continue;
                 }
                 return Err(SendError::Exchange(e));
             }
-            match sender.try_send_request(req).await {
+            if let Some(at) = head_by {
+                conn.watch.expect_by(at);
+            }
+            match conn.sender.try_send_request(req).await {
                 Ok(res) => {
+                    conn.watch.answered();
                     let lease = Lease {
                         pool: self.clone(),
                         target,
-                        sender,
+                        conn,
                         sent,
                     };
                     return Ok((res, Some(lease)));
+                }
+                Err(_) if conn.watch.timed_out.load(Ordering::Acquire) => {
+                    return Err(SendError::HeadTimeout)
                 }
                 Err(mut e) => match e.take_message() {
                     // Never written: the upstream closed the connection just before.
@@ -144,7 +218,7 @@ impl Pool {
 
     /// The most recently used live idle connection to `target`, dropping the ones expired at
     /// `now`.
-    fn checkout(&self, target: usize, now: Instant) -> Option<Sender> {
+    fn checkout(&self, target: usize, now: Instant) -> Option<Conn> {
         let mut idle = self.idle.lock();
         let list = idle.get_mut(target)?;
         while list
@@ -154,15 +228,15 @@ impl Pool {
             list.pop_front();
         }
         while let Some(c) = list.pop_back() {
-            if !c.sender.is_closed() {
-                return Some(c.sender);
+            if !c.conn.sender.is_closed() {
+                return Some(c.conn);
             }
         }
         None
     }
 
     /// A new connection to `uri`, its task spawned on this worker.
-    async fn connect(&self, uri: &Uri) -> Result<Sender, SendError> {
+    async fn connect(&self, uri: &Uri) -> Result<Conn, SendError> {
         match &self.connector {
             Connector::Plain(c) => handshake(c.clone(), uri).await,
             Connector::Tls(c) => handshake(c.clone(), uri).await,
@@ -175,13 +249,13 @@ impl Pool {
         let mut idle = self.idle.lock();
         for list in idle.iter_mut() {
             list.retain(|c| {
-                now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
+                now.duration_since(c.since) < self.idle_timeout && !c.conn.sender.is_closed()
             });
         }
     }
 
-    fn give_back(&self, target: usize, sender: Sender) {
-        if sender.is_closed() {
+    fn give_back(&self, target: usize, conn: Conn) {
+        if conn.sender.is_closed() {
             return;
         }
         let mut idle = self.idle.lock();
@@ -190,7 +264,7 @@ impl Pool {
                 list.pop_front();
             }
             list.push_back(Idle {
-                sender,
+                conn,
                 since: Instant::now(),
             });
         }
@@ -198,7 +272,7 @@ impl Pool {
 }
 
 /// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker.
-async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Sender, SendError>
+async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Conn, SendError>
 where
     C: Service<Uri>,
     C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -215,12 +289,50 @@ where
         .handshake(io)
         .await
         .map_err(SendError::Exchange)?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
+    let watch = Arc::new(HeadWatch::new());
+    tokio::spawn(drive(connection.with_upgrades(), watch.clone()));
+    Ok(Conn { sender, watch })
+}
+
+/// Run one upstream connection until it ends, or until the request in flight on it has not had
+/// its response head by its deadline: then the connection is dropped (hyper fails the request)
+/// and `timed_out` tells the request why.
+async fn drive(connection: impl Future<Output = hyper::Result<()>>, watch: Arc<HeadWatch>) {
+    tokio::pin!(connection);
+    let timer = tokio::time::sleep_until(watch.origin);
+    tokio::pin!(timer);
+    // The deadline the timer is set for; `None`: not set (and not polled).
+    let mut armed: Option<Instant> = None;
+    let ended = std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
         }
-    });
-    Ok(sender)
+        loop {
+            let earlier = watch.deadline().filter(|&at| armed.is_none_or(|a| at < a));
+            if let Some(at) = earlier {
+                timer.as_mut().reset(at);
+                armed = Some(at);
+                // Registers the task's waker with the timer. A task's waker never changes, so
+                // later wakes only ask whether the timer has fired: no poll of it per request.
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            } else if armed.is_none() || !timer.is_elapsed() {
+                return Poll::Pending;
+            }
+            armed = None;
+            if watch.deadline().is_some_and(|at| Instant::now() >= at) {
+                watch.timed_out.store(true, Ordering::Release);
+                return Poll::Ready(None);
+            }
+        }
+    })
+    .await;
+    match ended {
+        Some(Err(e)) => tracing::debug!(error = %e, "upstream connection ended with an error"),
+        Some(Ok(())) => {}
+        None => tracing::debug!("no response head in time: upstream connection closed"),
+    }
 }
 
 /// An upstream response body that returns its connection to the pool once read to the end.
@@ -244,7 +356,7 @@ impl Pooled {
     fn release(&mut self) {
         if let Some(l) = self.lease.take() {
             if l.sent.is_done() {
-                l.pool.give_back(l.target, l.sender);
+                l.pool.give_back(l.target, l.conn);
             }
         }
     }

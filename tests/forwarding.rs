@@ -303,6 +303,31 @@ async fn a_slow_upstream_is_504_after_its_timeout() {
     assert_eq!(r.code(), 200);
 }
 
+/// The upstream connection's task keeps the response-head deadline, and its timer is set for
+/// the first request it saw: a slow request sent later on the same connection must still get
+/// its whole timeout, counted from when it was sent, not from the earlier request.
+#[tokio::test]
+async fn a_slow_request_after_fast_ones_gets_its_whole_timeout() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&up, "[]");
+    let http = Http::new();
+    // Fast requests on one keep-alive connection: one upstream connection, its timer set.
+    for _ in 0..3 {
+        assert_eq!(http.get(&proxy.url("/app/x")).await.code(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let r = http.get(&proxy.url("/app/slow/5000")).await;
+    let took = started.elapsed();
+    assert_eq!(r.code(), 504);
+    assert!(
+        took >= Duration::from_millis(480) && took < Duration::from_millis(2500),
+        "504 after {took:?}, the timeout is 500 ms"
+    );
+    // And the next request gets a fresh connection.
+    assert_eq!(http.get(&proxy.url("/app/x")).await.code(), 200);
+}
+
 #[tokio::test]
 async fn h2c_requests_are_forwarded_and_limited_like_http1() {
     let up = MockUpstream::start();
