@@ -73,10 +73,10 @@ PID=$!
 PIDS+=("$PID")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.3; done
 wrk -t1 -c8 -d3s "http://127.0.0.1:$PORT/" >/dev/null
-callgrind_control -i on "$PID" >/dev/null
+callgrind_control -i on "$PID" >/dev/null 2>&1
 result=$(wrk -t1 -c8 -d"${DURATION}s" "http://127.0.0.1:$PORT/")
-callgrind_control -i off "$PID" >/dev/null
-callgrind_control -d "$PID" >/dev/null
+callgrind_control -i off "$PID" >/dev/null 2>&1
+callgrind_control -d "$PID" >/dev/null 2>&1
 sleep 1
 requests=$(awk '/requests in/ {print $1}' <<<"$result")
 PROFILE=$(ls -t "$OUT/$NAME.out"* | head -1)
