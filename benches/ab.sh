@@ -23,22 +23,11 @@ for tool in nginx wrk curl python3; do
 done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$ROOT/benches/compare
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
 # shellcheck source=benches/lib.sh
 . "$ROOT/benches/lib.sh"
+with_cleanup
 
-BACKEND=$(free_port)
-mkdir -p "$TMP/backend"
-fill "$HERE/backend.conf.in" "$TMP/backend/nginx.conf" "DIR=$TMP/backend" "PORT=$BACKEND" "H2_PORT=$(free_port)"
-nginx -c "$TMP/backend/nginx.conf" -p "$TMP/backend" &
-PIDS+=($!)
+start_nginx_backend "$HERE"
 
 # Scenario configs: forwarded (never limited) and rejected (one request a day).
 FWD=$(free_port)

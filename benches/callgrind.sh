@@ -36,20 +36,9 @@ case $WHAT in
 esac
 CARGO_PROFILE_RELEASE_DEBUG=line-tables-only RUSTFLAGS="-C force-frame-pointers=yes" "${build[@]}" 2>&1 | tail -1
 
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
+with_cleanup
 
-BACKEND=$(free_port)
-mkdir -p "$TMP/backend"
-fill "$HERE/backend.conf.in" "$TMP/backend/nginx.conf" "DIR=$TMP/backend" "PORT=$BACKEND" "H2_PORT=$(free_port)"
-nginx -c "$TMP/backend/nginx.conf" -p "$TMP/backend" &
-PIDS+=($!)
+start_nginx_backend "$HERE"
 RATE=1000000/s
 BURST=1000000
 [ "$MODE" = rej ] && { RATE=1/day; BURST=1; }
@@ -79,8 +68,8 @@ callgrind_control -i off "$PID" >/dev/null 2>&1
 callgrind_control -d "$PID" >/dev/null 2>&1
 sleep 1
 requests=$(awk '/requests in/ {print $1}' <<<"$result")
-PROFILE=$(ls -t "$OUT/$NAME.out"* | head -1)
-mv "$PROFILE" "$OUT/$NAME.profile"
+# The dump asked for above (callgrind numbers its dumps: NAME.out.1).
+mv "$OUT/$NAME.out.1" "$OUT/$NAME.profile"
 callgrind_annotate --auto=no --inclusive=no --threshold=100 "$OUT/$NAME.profile" 2>/dev/null |
     sed -n '/file:function/,$p' | tail -n +3 | grep -v '^ *$' |
     awk -v n="$requests" '{
