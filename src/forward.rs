@@ -258,7 +258,10 @@ pub async fn send(
             () = head_deadline => return Err(ProxyError::UpstreamTimeout),
         }
     };
-    let upgrade = res.headers().get(UPGRADE).cloned();
+    // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
+    let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
+        .then(|| res.headers().get(UPGRADE).cloned())
+        .flatten();
     strip_hop_by_hop(res.headers_mut());
     if let (Some(client_side), StatusCode::SWITCHING_PROTOCOLS) = (client_side, res.status()) {
         let headers = res.headers_mut();

@@ -34,7 +34,11 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
 /// header must agree: routing reads one, the backend the other, and a mismatch would let a
 /// request take one route's limits to another host (RFC 9113 8.3.1, RFC 9112 3.2.2).
 fn same_host<B>(req: &Request<B>) -> Result<(), ProxyError> {
-    let (Some(authority), Some(host)) = (req.uri().authority(), req.headers().get(HOST)) else {
+    // Origin-form targets (nearly every HTTP/1.1 request) have no authority: no lookup.
+    let Some(authority) = req.uri().authority() else {
+        return Ok(());
+    };
+    let Some(host) = req.headers().get(HOST) else {
         return Ok(());
     };
     if authority

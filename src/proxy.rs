@@ -162,7 +162,10 @@ async fn pipeline<'a>(
     )
     .ok_or(ProxyError::NoRoute)?;
     trace.route = Some(route);
-    if declared_length(&req).is_some_and(|n| n > route.body.max_bytes) {
+    // A request without a body (every GET) declares nothing worth a header lookup.
+    if !req.body().is_end_stream()
+        && declared_length(&req).is_some_and(|n| n > route.body.max_bytes)
+    {
         return Err(ProxyError::PayloadTooLarge);
     }
     let client_ip = identity::client_ip_from(
