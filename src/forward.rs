@@ -241,11 +241,10 @@ pub async fn send(
     // limits judge the client, and the connect timeout the connection. A request without a
     // body is sent now, and its connection's task keeps the deadline; one whose body is still
     // streaming gets a timer that starts when the body is done.
-    let (mut res, mut lease) = if sent.is_done() {
-        let head_by = now + upstream.timeout;
-        pool.send(target, uri, req, now, Some(head_by))
-            .await
-            .map_err(|e| classify(&e))?
+    let head_by = sent.is_done().then(|| now + upstream.timeout);
+    let exchange = pool.send(target, uri, req, now, head_by);
+    let exchanged = if head_by.is_some() {
+        exchange.await
     } else {
         let head_deadline = async {
             sent.wait().await;
@@ -254,10 +253,11 @@ pub async fn send(
         tokio::select! {
             // The response first: no random draw per poll.
             biased;
-            res = pool.send(target, uri, req, now, None) => res.map_err(|e| classify(&e))?,
+            exchanged = exchange => exchanged,
             () = head_deadline => return Err(ProxyError::UpstreamTimeout),
         }
     };
+    let (mut res, mut lease) = exchanged.map_err(|e| classify(&e))?;
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
@@ -439,7 +439,7 @@ fn rewrite(
         }
     };
     // One pass over the names finds everything to drop; most requests have nothing.
-    let doomed = doomed_names(headers, |k| {
+    strip_hop_by_hop_and(headers, |k| {
         // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
         // `HTTP_X_FORWARDED_FOR`) would read `X_Forwarded_For` or `X_Real_IP` as the
         // forwarding headers tollgate controls. nginx drops them by default too.
@@ -450,9 +450,6 @@ fn rewrite(
                 && (*k == http::header::FORWARDED
                     || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)))
     });
-    for name in &doomed {
-        headers.remove(name);
-    }
     if down.client_ip == down.peer {
         headers.insert(X_REAL_IP, down.peer_value.clone());
     } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
@@ -551,7 +548,12 @@ fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Smal
 
 /// Remove hop-by-hop headers, including every header a `Connection` line names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in doomed_names(headers, |_| false) {
+    strip_hop_by_hop_and(headers, |_| false);
+}
+
+/// `strip_hop_by_hop`, and remove the headers `also` picks in the same pass.
+fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
+    for name in doomed_names(headers, also) {
         headers.remove(name);
     }
 }

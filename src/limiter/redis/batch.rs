@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, Conn, Reply, BUCKET_REPLY};
+use super::conn::{parse_items, reply_bytes, Conn, Reply, BUCKET_REPLY};
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
 
@@ -161,12 +161,11 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
             .zip(&buckets)
             .map(|(m, b)| (m.len(), b.iter())),
     );
-    let outcome = by_deadline(deadline, timeout, call)
-        .await
-        .and_then(|value| match value {
-            ::redis::Value::BulkString(bytes) => Ok(bytes),
-            _ => Err(Failure::unexpected_reply()),
-        });
+    let value = by_deadline(deadline, timeout, call).await;
+    let outcome = match &value {
+        Ok(value) => reply_bytes(value).ok_or_else(Failure::unexpected_reply),
+        Err(failure) => Err(failure.clone()),
+    };
     let items = match outcome {
         Ok(items) => items,
         Err(failure) => {
