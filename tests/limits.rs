@@ -362,6 +362,38 @@ async fn a_request_rejected_by_one_limit_takes_no_token_from_another() {
     assert_eq!(up.count(), 3);
 }
 
+/// A worker writes a repeated 429 again from the last one it wrote: two limits rejecting with
+/// the same numbers, taking turns on one connection, must each still get their own 429.
+#[tokio::test]
+async fn two_limits_with_the_same_numbers_each_get_their_own_429() {
+    let proxy = TestProxy::start(&config(
+        "routes:\n\
+         \x20 - name: a\n    match: { path_prefix: /a }\n    respond: { status: 200 }\n    limits:\n\
+         \x20     - { name: limit-a, rate: 1/min, burst: 1, key: [ip] }\n\
+         \x20 - name: b\n    match: { path_prefix: /b }\n    respond: { status: 200 }\n    limits:\n\
+         \x20     - { name: limit-b, rate: 1/min, burst: 2, key: [ip] }\n",
+    ));
+    let http = Http::new();
+    assert_eq!(http.get(&proxy.url("/a")).await.code(), 200);
+    assert_eq!(http.statuses(2, &proxy.url("/b"), &[]).await, [200; 2]);
+    let a = ("/a", "limit-a", 1, 60);
+    let b = ("/b", "limit-b", 2, 120);
+    // Each one twice in a row (written, then repeated), then the other.
+    for _ in 0..2 {
+        for (path, name, q, t) in [a, a, b, b] {
+            let r = http.get(&proxy.url(path)).await;
+            assert_eq!(r.code(), 429, "{path}");
+            assert_eq!(problem(&r)["limit"], name);
+            assert_eq!(r.header("retry-after"), "60");
+            assert_eq!(
+                r.header("ratelimit-policy"),
+                format!(r#""{name}";q={q};w={t}"#)
+            );
+            assert_eq!(r.header("ratelimit"), format!(r#""{name}";r=0;t={t}"#));
+            assert_eq!(r.header("x-ratelimit-limit"), q.to_string());
+        }
+    }
+}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_clients_never_get_more_than_the_burst() {
     let up = MockUpstream::start();
