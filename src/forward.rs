@@ -242,7 +242,8 @@ pub async fn send(
     // body is sent now, and its connection's task keeps the deadline; one whose body is still
     // streaming gets a timer that starts when the body is done.
     let head_by = sent.is_done().then(|| now + upstream.timeout);
-    let exchange = pool.send(target, uri, req, now, head_by);
+    // Pinned in place: awaited in one of two ways below, it has one slot in this future.
+    let mut exchange = std::pin::pin!(pool.send(target, uri, req, now, head_by));
     let exchanged = if head_by.is_some() {
         exchange.await
     } else {
@@ -253,7 +254,7 @@ pub async fn send(
         tokio::select! {
             // The response first: no random draw per poll.
             biased;
-            exchanged = exchange => exchanged,
+            exchanged = &mut exchange => exchanged,
             () = head_deadline => return Err(ProxyError::UpstreamTimeout),
         }
     };

@@ -181,7 +181,12 @@ impl Pool {
                 Some(conn) => (conn, true),
                 // Boxed: a connect's state (TCP, TLS) is large, and a request future that
                 // carried it inline would be copied in full at every move, connect or not.
-                None => (Box::pin(self.connect(uri)).await?, false),
+                None => {
+                    // The box in a statement of its own: a temporary of the `.await`
+                    // statement would be kept in this future's state, unboxed.
+                    let connect = Box::pin(self.connect(uri));
+                    (connect.await?, false)
+                }
             };
             if let Err(e) = conn.sender.ready().await {
                 // Closed while it sat idle: try the next one, or a new one.

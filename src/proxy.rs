@@ -256,14 +256,15 @@ async fn forward_timed(
     // Boxed: the exchange's state is about 2 KB, and every future that held it inline (this
     // one, the pipeline's, the request's) would be copied in full each time one is created
     // and moved: memcpy was the largest user-space item of a forwarded request's profile.
-    let result = Box::pin(forward::send(upstream, req, down, now.into()))
-        .await
-        .map_err(|e| match body.failure() {
-            Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
-            Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
-            Some(BodyFailure::Malformed) => ProxyError::BadRequest,
-            None => e,
-        });
+    // In a statement of its own: a temporary of the `.await` statement would be kept in this
+    // future's state, unboxed, for the whole exchange.
+    let exchange = Box::pin(forward::send(upstream, req, down, now.into()));
+    let result = exchange.await.map_err(|e| match body.failure() {
+        Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
+        Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
+        Some(BodyFailure::Malformed) => ProxyError::BadRequest,
+        None => e,
+    });
     let kind = match &result {
         Ok(_) => {
             upstream
