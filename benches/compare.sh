@@ -18,6 +18,9 @@
 #   TOLLGATE_HEADERS [true]  tollgate's rate-limit response headers (nginx sends none): `false`
 #                      turns both header families off
 #   SCENARIOS [baseline forwarded rejected redis keys h2]  which scenarios to run
+#   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2 and 4,
+#                      alternating which goes first; ratios are taken between the medians, and
+#                      each round's own ratio is listed
 #   TOLLGATE_BIN       a tollgate binary to use; without it target/release/tollgate is built with
 #                      `cargo build --release --locked` when missing or older than src/,
 #                      Cargo.toml or Cargo.lock
@@ -33,6 +36,7 @@ H2_STREAMS=${H2_STREAMS:-10}
 KEYS=${KEYS:-100000}
 TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
 SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis keys h2}
+ROUNDS=${ROUNDS:-1}
 KEEP_TMP=${KEEP_TMP:-0}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -244,7 +248,8 @@ bounded() {
 measure_wrk() {
     local scen=$1 target=$2 pid=$3 url=$4 header=${5:-} lua=${6:-}
     local out args=() probe_args=()
-    out=$TMP/run-$(echo "$scen-$target" | tr -c 'a-zA-Z0-9' _).txt
+    RUN=$((${RUN:-0} + 1))
+    out=$TMP/run-$RUN-$(echo "$scen-$target" | tr -c 'a-zA-Z0-9' _).txt
     [ -n "$lua" ] && args+=(-s "$lua")
     [ -n "$header" ] && probe_args+=(-H "$header")
     log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (wrk -t$THREADS -c$CONNECTIONS)"
@@ -305,6 +310,16 @@ check_log() {
 
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
+# rounds A B: run the functions A and B (nginx's and tollgate's measurement of one scenario)
+# ROUNDS times each, A first in odd rounds and B first in even ones, so that a drift of the
+# machine's speed during the runs weighs on both alike.
+rounds() {
+    local r
+    for r in $(seq "$ROUNDS"); do
+        if ((r % 2)); then "$1"; "$2"; else "$2"; "$1"; fi
+    done
+}
+
 # --- the limits -----------------------------------------------------------------------------
 # nginx variables, written into the nginx config as they are:
 # shellcheck disable=SC2016
@@ -334,25 +349,35 @@ if want baseline; then
     measure_wrk "baseline" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_PORT/"
 fi
 
-if want forwarded; then
+forwarded_nginx() {
     start_nginx nginx-forwarded "${FWD_NGINX[@]}"
     measure_wrk "1 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
     stop "$NGINX_PID"
+}
+forwarded_tollgate() {
     start_tollgate tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}"
     measure_wrk "1 forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
     stop "$TOLLGATE_PID"
     check_log tollgate-forwarded
+}
+if want forwarded; then
+    rounds forwarded_nginx forwarded_tollgate
     ratio "1 forwarded, tollgate/nginx" "1 forwarded" tollgate "1 forwarded" nginx
 fi
 
-if want rejected; then
+rejected_nginx() {
     start_nginx nginx-rejected "${REJ_NGINX[@]}"
     measure_wrk "2 rejected" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
     stop "$NGINX_PID"
+}
+rejected_tollgate() {
     start_tollgate tollgate-rejected "$LOCAL" "${REJ_TOLLGATE[@]}"
     measure_wrk "2 rejected" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
     stop "$TOLLGATE_PID"
     check_log tollgate-rejected
+}
+if want rejected; then
+    rounds rejected_nginx rejected_tollgate
     ratio "2 rejected, tollgate/nginx" "2 rejected" tollgate "2 rejected" nginx
 fi
 
@@ -373,16 +398,21 @@ if want redis; then
     ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
 fi
 
-if want keys; then
+keys_nginx() {
     start_nginx nginx-keys "${KEY_NGINX[@]}"
     measure_wrk "4 $((KEYS / 1000))k keys" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/" \
         "X-API-Key: probe" "$HERE/keys.lua"
     stop "$NGINX_PID"
+}
+keys_tollgate() {
     start_tollgate tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}"
     measure_wrk "4 $((KEYS / 1000))k keys" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/" \
         "X-API-Key: probe" "$HERE/keys.lua"
     stop "$TOLLGATE_PID"
     check_log tollgate-keys
+}
+if want keys; then
+    rounds keys_nginx keys_tollgate
     ratio "4 $((KEYS / 1000))k keys, tollgate/nginx" "4 $((KEYS / 1000))k keys" tollgate "4 $((KEYS / 1000))k keys" nginx
 fi
 
@@ -421,7 +451,8 @@ mkdir -p "$(dirname "$RESULTS")"
         "$(nginx -v 2>&1 | sed 's/.*: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}')," \
         "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
-        "$THREADS client threads; h2 with $H2_STREAMS streams per connection." \
+        "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
+        "$ROUNDS round(s) of scenarios 1, 2 and 4." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS."
     echo
     python3 "$HERE/summarize.py" report "$ROWS" "$RATIOS"

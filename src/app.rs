@@ -104,11 +104,14 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
             tracing::info!(address = %bound, "listening");
         }
         let slots = Arc::new(Semaphore::new(l.settings.max_connections));
-        for (w, sock) in socks.into_iter().enumerate() {
+        let (balance, inboxes) = server::Balance::new(workers, &state.metrics);
+        for (w, (sock, inbox)) in socks.into_iter().zip(inboxes).enumerate() {
             per_worker[w].push(WorkerListener {
                 socket: sock,
                 listener: l.clone(),
                 slots: slots.clone(),
+                balance: balance.clone(),
+                inbox,
             });
         }
     }
@@ -144,6 +147,8 @@ struct WorkerListener {
     socket: std::net::TcpListener,
     listener: config::Listener,
     slots: Arc<Semaphore>,
+    balance: Arc<server::Balance>,
+    inbox: tokio::sync::mpsc::UnboundedReceiver<server::Handoff>,
 }
 
 fn spawn_worker(
@@ -182,6 +187,9 @@ fn spawn_worker(
                         settings: wl.listener.settings.clone(),
                         tls: wl.listener.tls.as_ref().map(|t| t.config.clone()),
                         slots: wl.slots,
+                        balance: wl.balance,
+                        worker: id,
+                        inbox: wl.inbox,
                     };
                     loops.push(tokio::spawn(server::serve(l, state.clone(), stop.clone())));
                 }

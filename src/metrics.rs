@@ -106,6 +106,11 @@ pub enum ReloadResult {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
     pub limit: String,
 }
@@ -145,6 +150,8 @@ pub struct Metrics {
     pub upstream_seconds: Family<UpstreamLabels, Histogram>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub open_connections: Gauge,
+    /// Open downstream connections by the worker thread serving them.
+    pub worker_connections: Family<WorkerLabels, Gauge>,
     pub connections_refused: Counter,
     pub overloaded: Counter,
     // Read off the state at scrape time.
@@ -181,6 +188,7 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency_histogram),
             upstream_errors: Family::default(),
             open_connections: Gauge::default(),
+            worker_connections: Family::default(),
             connections_refused: Counter::default(),
             overloaded: Counter::default(),
             reloads: Family::default(),
@@ -229,6 +237,11 @@ impl Metrics {
             "open_connections",
             "Open downstream connections",
             self.open_connections.clone(),
+        );
+        r.register(
+            "worker_connections",
+            "Open downstream connections by the worker thread serving them",
+            self.worker_connections.clone(),
         );
         r.register(
             "connections_refused",

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -102,6 +102,104 @@ pub struct Listening {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The listener's `max_connections`, shared by the workers serving it.
     pub slots: Arc<Semaphore>,
+    /// How the listener's connections are spread over the workers, and this worker's number.
+    pub balance: Arc<Balance>,
+    pub worker: usize,
+    /// Connections other workers accepted and passed to this one.
+    pub inbox: mpsc::UnboundedReceiver<Handoff>,
+}
+
+/// Spreads one listener's connections evenly over the workers, like Envoy's exact connection
+/// balance. Each worker accepts on a `SO_REUSEPORT` socket of its own, and the kernel assigns
+/// each new connection to one of those sockets by a hash of its addresses, which leaves one
+/// worker with many more connections than another more often than not (64 connections: 40
+/// and 24 is common). A worker that accepts a connection while another serves fewer passes it
+/// to the one serving fewest, before anything is read from it.
+///
+/// Even matters because requests on keep-alive connections stay with the worker that took the
+/// connection: an overloaded worker gets the same share of a core as an idle one, so its
+/// clients wait while CPU goes elsewhere.
+#[derive(Debug)]
+pub struct Balance {
+    /// Connections each worker serves.
+    open: Vec<AtomicUsize>,
+    /// The same, in `tollgate_worker_connections` (all listeners together).
+    gauges: Vec<prometheus_client::metrics::gauge::Gauge>,
+    inboxes: Vec<mpsc::UnboundedSender<Handoff>>,
+}
+
+/// A connection passed from the worker that accepted it to the one that serves it.
+#[derive(Debug)]
+pub struct Handoff {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+}
+
+impl Balance {
+    /// The balance of a listener served by `workers` workers, and each worker's inbox.
+    pub fn new(
+        workers: usize,
+        metrics: &crate::metrics::Metrics,
+    ) -> (Arc<Self>, Vec<mpsc::UnboundedReceiver<Handoff>>) {
+        let (inboxes, receivers) = (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
+        let gauges = (0..workers)
+            .map(|w| {
+                let labels = crate::metrics::WorkerLabels {
+                    worker: w.to_string(),
+                };
+                metrics.worker_connections.get_or_create(&labels).clone()
+            })
+            .collect();
+        let balance = Self {
+            open: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
+            gauges,
+            inboxes,
+        };
+        (Arc::new(balance), receivers)
+    }
+
+    /// The worker a connection `me` accepted goes to, counted as open there: `me`, unless
+    /// another serves fewer.
+    fn assign(&self, me: usize) -> usize {
+        let mine = self.open.get(me).map_or(0, |o| o.load(Ordering::Relaxed));
+        let fewest = self
+            .open
+            .iter()
+            .enumerate()
+            .map(|(w, o)| (o.load(Ordering::Relaxed), w))
+            .min()
+            .filter(|&(n, _)| n < mine)
+            .map_or(me, |(_, w)| w);
+        self.seat(fewest);
+        fewest
+    }
+
+    fn seat(&self, worker: usize) {
+        if let (Some(o), Some(g)) = (self.open.get(worker), self.gauges.get(worker)) {
+            o.fetch_add(1, Ordering::Relaxed);
+            g.inc();
+        }
+    }
+
+    fn unseat(&self, worker: usize) {
+        if let (Some(o), Some(g)) = (self.open.get(worker), self.gauges.get(worker)) {
+            o.fetch_sub(1, Ordering::Relaxed);
+            g.dec();
+        }
+    }
+}
+
+/// A connection counted as open on its worker until it ends.
+struct Seat {
+    balance: Arc<Balance>,
+    worker: usize,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.balance.unseat(self.worker);
+    }
 }
 
 /// Accept connections until `stop` flips to true, then let the open connections finish their
@@ -111,12 +209,34 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
     let settings = Arc::new(l.settings);
     let builder = Arc::new(builder(&settings));
     let slots = l.slots.clone();
+    let (balance, me, mut inbox) = (l.balance, l.worker, l.inbox);
     let mut connections = JoinSet::new();
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, slot) = tokio::select! {
             _ = stop.changed() => break,
+            Some(passed) = inbox.recv() => match TcpStream::from_std(passed.stream) {
+                Ok(stream) => (stream, passed.peer, passed.slot),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take over a connection from another worker");
+                    balance.unseat(me);
+                    continue;
+                }
+            },
             accepted = l.listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok((stream, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        // At the cap: close at once rather than queue, so a flood costs a
+                        // socket each.
+                        state.metrics.connections_refused.inc();
+                        drop(stream);
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    match pass(&balance, me, stream, peer, slot) {
+                        Some(mine) => mine,
+                        None => continue,
+                    }
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -126,13 +246,6 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
             },
         };
         while connections.try_join_next().is_some() {}
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // At the cap: close at once rather than queue, so a flood costs a socket each.
-            state.metrics.connections_refused.inc();
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
         let task = Connection {
             state: state.clone(),
             builder: builder.clone(),
@@ -140,6 +253,10 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
             stop: stop.clone(),
             peer,
             _slot: slot,
+            _seat: Seat {
+                balance: balance.clone(),
+                worker: me,
+            },
         };
         let tls = live_tls(&state, l.configured, l.tls.as_ref());
         connections.spawn(task.run(stream, tls));
@@ -155,6 +272,45 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
             "drain timed out; closing the remaining connections"
         );
         connections.shutdown().await;
+    }
+}
+
+/// Pass a connection worker `me` accepted to the worker serving fewest, if that is another
+/// one; `None`: it was passed. What comes back is this worker's to serve (already counted).
+fn pass(
+    balance: &Balance,
+    me: usize,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    let to = balance.assign(me);
+    if to == me {
+        return Some((stream, peer, slot));
+    }
+    let Some(inbox) = balance.inboxes.get(to) else {
+        balance.unseat(to);
+        balance.seat(me);
+        return Some((stream, peer, slot));
+    };
+    let handoff = match stream.into_std() {
+        Ok(stream) => Handoff { stream, peer, slot },
+        Err(e) => {
+            // Nothing to serve: the socket is gone.
+            tracing::debug!(error = %e, "cannot pass a connection to another worker");
+            balance.unseat(to);
+            return None;
+        }
+    };
+    match inbox.send(handoff) {
+        Ok(()) => None,
+        Err(mpsc::error::SendError(back)) => {
+            // That worker has stopped: serve it here.
+            balance.unseat(to);
+            balance.seat(me);
+            let stream = TcpStream::from_std(back.stream).ok()?;
+            Some((stream, back.peer, back.slot))
+        }
     }
 }
 
@@ -186,6 +342,7 @@ struct Connection {
     stop: watch::Receiver<bool>,
     peer: SocketAddr,
     _slot: OwnedSemaphorePermit,
+    _seat: Seat,
 }
 
 impl Connection {

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{config, Http, Reply, TestProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// No test here may take longer than this, whatever the proxy does.
 const TEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -169,6 +170,54 @@ async fn readyz_with_redis_down_is_503_only_with_a_fail_closed_limit() {
                 assert!(r.text().contains("Redis"), "{}", r.text());
                 assert!(r.text().contains("fail closed"), "{}", r.text());
             }
+        }
+    })
+    .await;
+}
+
+/// A listener's connections are spread evenly over the workers, whichever worker's socket the
+/// kernel hands each one to, and a closed connection leaves its worker's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_spread_evenly_over_the_workers() {
+    bounded(async {
+        let yaml = config(&format!(
+            "admin:\n  address: 127.0.0.1:0\n{}",
+            answering("      - { name: per-ip, rate: 100/s, burst: 100, key: [ip] }\n")
+        ));
+        let proxy = TestProxy::start_with_env(&yaml, &[("TOLLGATE_WORKERS", "4")]);
+        let workers = |scrape: &str| -> Vec<u64> {
+            (0..4)
+                .map(|w| {
+                    let series = format!(r#"tollgate_worker_connections{{worker="{w}"}}"#);
+                    sample(scrape, &series).unwrap_or(0)
+                })
+                .collect()
+        };
+        // Each connection sends a request and waits for its answer, so it is being served
+        // (by one worker or another) before the next one opens.
+        let mut open = Vec::new();
+        for _ in 0..12 {
+            let mut c = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+            c.write_all(b"GET /api/x HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 512];
+            let n = c.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+            open.push(c);
+        }
+        let scrape = admin_get(&proxy, "/metrics").await.text().to_owned();
+        assert_eq!(workers(&scrape), [3, 3, 3, 3], "{scrape}");
+        open.truncate(4);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let scrape = admin_get(&proxy, "/metrics").await.text().to_owned();
+            let counts = workers(&scrape);
+            if counts.iter().sum::<u64>() == 4 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{counts:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;

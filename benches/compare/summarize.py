@@ -100,7 +100,10 @@ def report(rows_path, ratios_path):
     print("|---|---|---:|---:|---:|---:|---|")
     by = {}
     for scen, target, rps, p50, p99, total, non2xx, errors, rss, probe in rows:
-        by[(scen, target)] = (rps, p99)
+        # With ROUNDS > 1 a scenario's target is measured several times: each run is a row.
+        runs = by.setdefault((scen, target), [])
+        runs.append((rps, p99))
+        label = target if len(runs) == 1 else f"{target}, round {len(runs)}"
         rss_mb = f"{int(rss) / 1024:.1f}" if rss.isdigit() else "-"
         cell = f"{non2xx} of {total}"
         if probe and probe != "-":
@@ -108,7 +111,7 @@ def report(rows_path, ratios_path):
         if errors != "0":
             cell += f", {errors} socket errors"
         rps_cell = f"{float(rps):,.0f}" if num(rps) is not None else rps
-        print(f"| {scen} | {target} | {rps_cell} | {p50} | {p99} | {rss_mb} | {cell} |")
+        print(f"| {scen} | {label} | {rps_cell} | {p50} | {p99} | {rss_mb} | {cell} |")
     print()
     for line in open(ratios_path, encoding="utf-8"):
         if not line.strip():
@@ -118,9 +121,27 @@ def report(rows_path, ratios_path):
         if not a or not b:
             print(f"- {label}: not measured")
             continue
-        tp = ratio(a[0], b[0])
-        lat = ratio(a[1], b[1])
-        print(f"- {label}: throughput {tp}, p99 {lat}")
+        tp = ratio(median(r[0] for r in a), median(r[0] for r in b))
+        lat = ratio(median(r[1] for r in a), median(r[1] for r in b))
+        if len(a) == 1 and len(b) == 1:
+            print(f"- {label}: throughput {tp}, p99 {lat}")
+            continue
+        # Round by round (the i-th run of each, as they alternated), then between the medians.
+        each = ", ".join(
+            f"{ratio(x[0], y[0])} (p99 {ratio(x[1], y[1])})" for x, y in zip(a, b)
+        )
+        print(
+            f"- {label}: throughput {tp}, p99 {lat} between the medians of "
+            f"{len(a)} and {len(b)} runs; round by round: {each}"
+        )
+
+
+def median(values):
+    xs = sorted(v for v in map(num, values) if v is not None)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def ratio(a, b):
