@@ -262,6 +262,8 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
         connections.spawn(task.run(stream, tls));
     }
     drop(l.listener);
+    // From now on, a connection another worker passes here is served by that worker.
+    drop(inbox);
     let drain = state.config.load().shutdown_timeout;
     let drained = tokio::time::timeout(drain, async {
         while connections.join_next().await.is_some() {}
