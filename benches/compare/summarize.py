@@ -126,14 +126,14 @@ def report(rows_path, ratios_path):
         if len(a) == 1 and len(b) == 1:
             print(f"- {label}: throughput {tp}, p99 {lat}")
             continue
-        # Round by round (the i-th run of each, as they alternated), then between the medians.
-        each = ", ".join(
-            f"{ratio(x[0], y[0])} (p99 {ratio(x[1], y[1])})" for x, y in zip(a, b)
-        )
-        print(
-            f"- {label}: throughput {tp}, p99 {lat} between the medians of "
-            f"{len(a)} and {len(b)} runs; round by round: {each}"
-        )
+        line = f"- {label}: throughput {tp}, p99 {lat} between the medians of {len(a)} and {len(b)} runs"
+        if len(a) == len(b):
+            # Round by round: the i-th run of each, as they alternated.
+            each = ", ".join(
+                f"{ratio(x[0], y[0])} (p99 {ratio(x[1], y[1])})" for x, y in zip(a, b)
+            )
+            line += f"; round by round: {each}"
+        print(line)
 
 
 def median(values):
