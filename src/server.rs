@@ -111,10 +111,10 @@ pub struct Listening {
 
 /// Spreads one listener's connections evenly over the workers, like Envoy's exact connection
 /// balance. Each worker accepts on a `SO_REUSEPORT` socket of its own, and the kernel assigns
-/// each new connection to one of those sockets by a hash of its addresses, which leaves one
-/// worker with many more connections than another more often than not (64 connections: 40
-/// and 24 is common). A worker that accepts a connection while another serves fewer passes it
-/// to the one serving fewest, before anything is read from it.
+/// each new connection to one of those sockets by a hash of its addresses, like a coin toss
+/// per connection: 64 connections split 36/28 or worse about 4 times in 10. A worker that
+/// accepts a connection while another serves fewer passes it to the one serving fewest,
+/// before anything is read from it.
 ///
 /// Even matters because requests on keep-alive connections stay with the worker that took the
 /// connection: an overloaded worker gets the same share of a core as an idle one, so its
