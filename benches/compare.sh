@@ -17,8 +17,10 @@
 #   KEYS [100000]      distinct X-API-Key values in scenario 4
 #   TOLLGATE_HEADERS [true]  tollgate's rate-limit response headers (nginx sends none): `false`
 #                      turns both header families off
-#   SCENARIOS [baseline forwarded rejected redis keys h2]  which scenarios to run
-#   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2 and 4,
+#   FIXED_RPS [900]    requests per second per connection in scenarios 6 and 7 (h2load --rps):
+#                      64 x 900 = 57,600 req/s, below what either proxy forwards at most
+#   SCENARIOS [baseline forwarded rejected redis keys h2 fixed]  which scenarios to run
+#   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7,
 #                      alternating which goes first; ratios are taken between the medians, and
 #                      each round's own ratio is listed
 #   TOLLGATE_BIN       a tollgate binary to use; without it target/release/tollgate is built with
@@ -35,7 +37,8 @@ THREADS=${THREADS:-2}
 H2_STREAMS=${H2_STREAMS:-10}
 KEYS=${KEYS:-100000}
 TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
-SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis keys h2}
+FIXED_RPS=${FIXED_RPS:-900}
+SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis keys h2 fixed}
 ROUNDS=${ROUNDS:-1}
 KEEP_TMP=${KEEP_TMP:-0}
 
@@ -299,6 +302,25 @@ measure_h2() {
     printf '%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" >>"$ROWS"
 }
 
+# measure_fixed SCENARIO TARGET PID URL: HTTP/1.1 at a fixed rate (FIXED_RPS per connection,
+# h2load --h1 --rps), so latency is compared at the same load rather than at each proxy's own
+# saturation, where wrk's closed loop measures it.
+measure_fixed() {
+    local scen=$1 target=$2 pid=$3 url=$4
+    local out
+    RUN=$((${RUN:-0} + 1))
+    out=$TMP/run-$RUN-$(echo "$scen-$target" | tr -c 'a-zA-Z0-9' _).txt
+    log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (h2load --h1 -t$THREADS -c$CONNECTIONS --rps $FIXED_RPS)"
+    bounded $((WARMUP + DURATION + 30)) h2load --h1 -t"$THREADS" -c"$CONNECTIONS" --rps="$FIXED_RPS" \
+        -D "$DURATION" --warm-up-time "$WARMUP" --log-file "$out.log" "$url" >"$out" 2>&1 ||
+        die "h2load failed: $(cat "$out")"
+    local rss probe fields
+    rss=$(peak_rss "$pid")
+    probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" || echo failed)
+    fields=$(python3 "$HERE/summarize.py" h2load "$out" "$out.log")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" >>"$ROWS"
+}
+
 # Warnings or errors a tollgate run logged (it runs at --log-level warn).
 check_log() {
     local name=$1 n
@@ -429,6 +451,30 @@ if want h2; then
     ratio "5 h2 forwarded, tollgate/nginx" "5 h2 forwarded" tollgate "5 h2 forwarded" nginx
 fi
 
+fixed_nginx() {
+    start_nginx nginx-fixed-forwarded "${FWD_NGINX[@]}"
+    measure_fixed "6 fixed-rate forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+    stop "$NGINX_PID"
+    start_nginx nginx-fixed-rejected "${REJ_NGINX[@]}"
+    measure_fixed "7 fixed-rate rejected" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+    stop "$NGINX_PID"
+}
+fixed_tollgate() {
+    start_tollgate tollgate-fixed-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}"
+    measure_fixed "6 fixed-rate forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-fixed-forwarded
+    start_tollgate tollgate-fixed-rejected "$LOCAL" "${REJ_TOLLGATE[@]}"
+    measure_fixed "7 fixed-rate rejected" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-fixed-rejected
+}
+if want fixed; then
+    rounds fixed_nginx fixed_tollgate
+    ratio "6 fixed-rate forwarded, tollgate/nginx" "6 fixed-rate forwarded" tollgate "6 fixed-rate forwarded" nginx
+    ratio "7 fixed-rate rejected, tollgate/nginx" "7 fixed-rate rejected" tollgate "7 fixed-rate rejected" nginx
+fi
+
 if want forwarded && want rejected; then
     ratio "rejected/forwarded, nginx (>1: a 429 is cheaper than a forward)" "2 rejected" nginx "1 forwarded" nginx
     ratio "rejected/forwarded, tollgate" "2 rejected" tollgate "1 forwarded" tollgate
@@ -452,7 +498,7 @@ mkdir -p "$(dirname "$RESULTS")"
         "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
-        "$ROUNDS round(s) of scenarios 1, 2 and 4." \
+        "$ROUNDS round(s) of scenarios 1, 2, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS."
     echo
     python3 "$HERE/summarize.py" report "$ROWS" "$RATIOS"

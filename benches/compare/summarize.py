@@ -52,7 +52,9 @@ def h2load(path, log):
     )
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
     non2xx = sum(int(x) for x in codes.groups()[1:]) if codes else 0
-    errors = int(req.group(5)) + int(req.group(7)) if req else 0
+    # h2load counts a 4xx or 5xx answer as "failed": those are the non-2xx above, not errors.
+    # Errors are the requests that got no answer ("errored") or timed out.
+    errors = int(req.group(6)) + int(req.group(7)) if req else 0
     # Percentiles from the per-request log (third column: microseconds until the end of the
     # response). h2load's own summary has min/max/mean/sd only.
     times = []
@@ -74,7 +76,7 @@ def h2load(path, log):
         rps.group(1) if rps else "-",
         p50,
         p99,
-        req.group(4) if req else "-",
+        req.group(3) if req else "-",
         str(non2xx),
         str(errors),
     ]
