@@ -97,7 +97,9 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     // kill the process with a SIGHUP or SIGTERM meant for it.
     let shutdown = shutdown_signal();
     config::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
-    tokio::spawn(sweep(state.clone(), stop_rx.clone()));
+    // The workers' runtimes, for the sweep's allocator nudges.
+    let runtimes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    tokio::spawn(sweep(state.clone(), runtimes.clone(), stop_rx.clone()));
     let mut per_worker: Vec<Vec<WorkerListener>> = (0..workers).map(|_| Vec::new()).collect();
     for (l, socks) in sockets {
         if let Some(bound) = socks.first().and_then(|s| s.local_addr().ok()) {
@@ -118,7 +120,10 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     let threads: Vec<_> = per_worker
         .into_iter()
         .enumerate()
-        .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
+        .map(|(id, listeners)| {
+            let runtimes = runtimes.clone();
+            spawn_worker(id, listeners, state.clone(), runtimes, stop_rx.clone())
+        })
         .collect::<Result<_, _>>()
         .map_err(StartError::Worker)?;
     if let Some(admin) = admin {
@@ -155,6 +160,7 @@ fn spawn_worker(
     id: usize,
     listeners: Vec<WorkerListener>,
     state: Arc<State>,
+    runtimes: Runtimes,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -171,6 +177,7 @@ fn spawn_worker(
                     return;
                 }
             };
+            runtimes.lock().push(runtime.handle().clone());
             runtime.block_on(async move {
                 let mut loops = Vec::new();
                 for wl in listeners {
@@ -202,7 +209,7 @@ fn spawn_worker(
 
 /// Forget full buckets periodically so memory follows the active clients, not all clients ever,
 /// and close upstream connections that sat idle past their timeout.
-async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
+async fn sweep(state: Arc<State>, runtimes: Runtimes, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         tokio::select! {
@@ -211,13 +218,51 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         }
         let snapshot = state.config.load_full();
         let now = state.clock.now_us();
+        let mut forgotten = 0;
         for limit in snapshot.limits() {
-            limit.local.sweep(now);
+            forgotten += limit.local.sweep(now);
         }
         for upstream in snapshot.upstreams() {
             upstream.expire_idle();
         }
+        if forgotten >= NUDGE_AFTER_FORGETTING {
+            let runtimes = runtimes.clone();
+            tokio::spawn(async move {
+                // Each nudge purges what has been free for the delay, in some of the arenas.
+                for _ in 0..NUDGES {
+                    tokio::time::sleep(NUDGE_DELAY).await;
+                    nudge_allocator();
+                    // The workers too: memory they own that another thread freed (the sweep
+                    // runs here) is theirs to take back, at their next allocation of this size.
+                    for worker in runtimes.lock().iter() {
+                        worker.spawn(async { nudge_allocator() });
+                    }
+                }
+            });
+        }
     }
+}
+
+/// The worker threads' runtimes.
+type Runtimes = Arc<parking_lot::Mutex<Vec<tokio::runtime::Handle>>>;
+
+/// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for.
+const NUDGE_AFTER_FORGETTING: usize = 10_000;
+
+/// mimalloc's purge delay (1 s by default), with a margin.
+const NUDGE_DELAY: Duration = Duration::from_millis(1200);
+
+/// Nudges after such a sweep, one `NUDGE_DELAY` apart (all before the next sweep).
+const NUDGES: u32 = 3;
+
+/// Let the allocator hand freed memory back to the OS now. mimalloc returns the pages a sweep
+/// freed only once they have been free for its purge delay, and only when some thread next
+/// frees a page of its own: a proxy that went idle after a flood frees none, and kept its peak
+/// RSS. Allocating and freeing a large block, after the delay, makes that happen. The block is
+/// never touched, so it costs no memory, and this runs only after a sweep forgot many buckets.
+fn nudge_allocator() {
+    let block: Vec<u8> = Vec::with_capacity(16 << 20);
+    drop(std::hint::black_box(block));
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
