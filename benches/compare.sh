@@ -6,9 +6,10 @@
 # Starts on 127.0.0.1 only: a backend (nginx, 1 worker, `return 200 "ok\n"`), nginx as the
 # rate-limiting proxy (2 workers), tollgate with the equivalent YAML, and redis-server for the
 # Redis scenarios. Each proxy is started afresh for each scenario, so its peak RSS (VmHWM) is
-# that scenario's. Runs wrk (HTTP/1.1) and h2load (h2c) for a fixed time after a warm-up, prints
-# one Markdown table with ratios, writes it to a results file, and stops every process it started
-# (also on failure or Ctrl-C). See docs/performance.md for what each scenario measures.
+# that scenario's. Runs wrk (HTTP/1.1), h2load (h2c) and h2load --h1 --rps (HTTP/1.1 at a fixed
+# rate, scenarios 6 and 7) for a fixed time after a warm-up, prints one Markdown table with
+# ratios, writes it to a results file, and stops every process it started (also on failure or
+# Ctrl-C). See docs/performance.md for what each scenario measures.
 #
 # Environment (defaults in brackets):
 #   DURATION [10]      seconds measured per run          WARMUP [2]  seconds of warm-up per run
