@@ -121,11 +121,19 @@ pub struct Listening {
 /// clients wait while CPU goes elsewhere.
 #[derive(Debug)]
 pub struct Balance {
-    /// Connections each worker serves.
-    open: Vec<AtomicUsize>,
+    /// By worker number.
+    workers: Vec<Share>,
+}
+
+/// One worker's part of a listener's connections.
+#[derive(Debug)]
+struct Share {
+    /// Connections it serves.
+    open: AtomicUsize,
     /// The same, in `tollgate_worker_connections` (all listeners together).
-    gauges: Vec<prometheus_client::metrics::gauge::Gauge>,
-    inboxes: Vec<mpsc::UnboundedSender<Handoff>>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Where other workers pass it connections.
+    inbox: mpsc::UnboundedSender<Handoff>,
 }
 
 /// A connection passed from the worker that accepted it to the one that serves it.
@@ -142,32 +150,30 @@ impl Balance {
         workers: usize,
         metrics: &crate::metrics::Metrics,
     ) -> (Arc<Self>, Vec<mpsc::UnboundedReceiver<Handoff>>) {
-        let (inboxes, receivers) = (0..workers).map(|_| mpsc::unbounded_channel()).unzip();
-        let gauges = (0..workers)
+        let (workers, receivers) = (0..workers)
             .map(|w| {
+                let (inbox, receiver) = mpsc::unbounded_channel();
                 let labels = crate::metrics::WorkerLabels {
                     worker: w.to_string(),
                 };
-                metrics.worker_connections.get_or_create(&labels).clone()
+                let gauge = metrics.worker_connections.get_or_create(&labels).clone();
+                let open = AtomicUsize::new(0);
+                (Share { open, gauge, inbox }, receiver)
             })
-            .collect();
-        let balance = Self {
-            open: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
-            gauges,
-            inboxes,
-        };
-        (Arc::new(balance), receivers)
+            .unzip();
+        (Arc::new(Self { workers }), receivers)
     }
 
     /// The worker a connection `me` accepted goes to, counted as open there: `me`, unless
     /// another serves fewer.
     fn assign(&self, me: usize) -> usize {
-        let mine = self.open.get(me).map_or(0, |o| o.load(Ordering::Relaxed));
+        let open = |w: &Share| w.open.load(Ordering::Relaxed);
+        let mine = self.workers.get(me).map_or(0, open);
         let fewest = self
-            .open
+            .workers
             .iter()
             .enumerate()
-            .map(|(w, o)| (o.load(Ordering::Relaxed), w))
+            .map(|(w, share)| (open(share), w))
             .min()
             .filter(|&(n, _)| n < mine)
             .map_or(me, |(_, w)| w);
@@ -176,16 +182,16 @@ impl Balance {
     }
 
     fn seat(&self, worker: usize) {
-        if let (Some(o), Some(g)) = (self.open.get(worker), self.gauges.get(worker)) {
-            o.fetch_add(1, Ordering::Relaxed);
-            g.inc();
+        if let Some(w) = self.workers.get(worker) {
+            w.open.fetch_add(1, Ordering::Relaxed);
+            w.gauge.inc();
         }
     }
 
     fn unseat(&self, worker: usize) {
-        if let (Some(o), Some(g)) = (self.open.get(worker), self.gauges.get(worker)) {
-            o.fetch_sub(1, Ordering::Relaxed);
-            g.dec();
+        if let Some(w) = self.workers.get(worker) {
+            w.open.fetch_sub(1, Ordering::Relaxed);
+            w.gauge.dec();
         }
     }
 }
@@ -290,11 +296,8 @@ fn pass(
     if to == me {
         return Some((stream, peer, slot));
     }
-    let Some(inbox) = balance.inboxes.get(to) else {
-        balance.unseat(to);
-        balance.seat(me);
-        return Some((stream, peer, slot));
-    };
+    // Another worker than `me` comes from `assign`'s own list: in range.
+    let share = &balance.workers[to];
     let handoff = match stream.into_std() {
         Ok(stream) => Handoff { stream, peer, slot },
         Err(e) => {
@@ -304,13 +307,13 @@ fn pass(
             return None;
         }
     };
-    match inbox.send(handoff) {
+    match share.inbox.send(handoff) {
         Ok(()) => None,
         Err(mpsc::error::SendError(back)) => {
             // That worker has stopped: serve it here.
             balance.unseat(to);
-            balance.seat(me);
             let stream = TcpStream::from_std(back.stream).ok()?;
+            balance.seat(me);
             Some((stream, back.peer, back.slot))
         }
     }
