@@ -252,8 +252,7 @@ impl<'a> RequestView<'a> {
                 let (bytes, len) = ip_octets(self.client_ip, v6_prefix);
                 return ip_digest(i as u8, bytes, len);
             }
-            let mut h = blake3::Hasher::new();
-            h.update(&[i as u8]);
+            let mut h = alternative_digest(i as u8);
             for source in &alt.0 {
                 let Some(v) = self.value(source) else {
                     continue 'alternatives;
@@ -302,6 +301,13 @@ impl AsRef<[u8]> for Value<'_> {
     }
 }
 
+/// The start of the digest of alternative number `alt`: its sources follow (`digest_source`).
+fn alternative_digest(alt: u8) -> blake3::Hasher {
+    let mut h = blake3::Hasher::new();
+    h.update(&[alt]);
+    h
+}
+
 /// One source's part of an alternative's digest.
 fn digest_source(h: &mut blake3::Hasher, tag: u8, value: &[u8]) {
     h.update(&[tag]);
@@ -325,8 +331,7 @@ thread_local! {
 /// `bytes[..len]`.
 fn ip_digest(alt: u8, bytes: [u8; 16], len: usize) -> ClientId {
     let compute = || {
-        let mut h = blake3::Hasher::new();
-        h.update(&[alt]);
+        let mut h = alternative_digest(alt);
         digest_source(&mut h, Source::Ip(0).tag(), &bytes[..len]);
         ClientId::from_hasher(&h)
     };
