@@ -65,8 +65,7 @@ pub struct MockUpstream {
 
 impl MockUpstream {
     pub fn start() -> Self {
-        let std_listener = StdListener::bind("127.0.0.1:0").expect("bind the mock upstream");
-        std_listener.set_nonblocking(true).expect("nonblocking");
+        let std_listener = listen_loopback();
         let addr = std_listener.local_addr().expect("local addr");
         let record = Arc::new(Record::default());
         let (stop, stopped) = oneshot::channel();
@@ -140,6 +139,21 @@ impl Drop for MockUpstream {
             let _ = t.join();
         }
     }
+}
+
+/// A nonblocking listener on `127.0.0.1:0` with a backlog of 1024, as tokio's and tollgate's
+/// own. std's `TcpListener::bind` queues only 128: a proxy opening 300 upstream connections at
+/// once overflows that, the kernel drops the SYNs, and their 1 s retransmit meets the test's
+/// 1 s connect timeout as a 504.
+fn listen_loopback() -> StdListener {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("mock upstream socket");
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind the mock upstream");
+    socket.listen(1024).expect("listen");
+    socket.set_nonblocking(true).expect("nonblocking");
+    socket.into()
 }
 
 /// A free loopback address nobody listens on: connecting to it is refused.
