@@ -8,7 +8,7 @@ mod redis_helpers;
 
 use std::time::{Duration, Instant};
 
-use redis_helpers::{free_port, limit, one, RedisCluster, PREFIX};
+use redis_helpers::{free_cluster_port, limit, one, RedisCluster, PREFIX};
 use tollgate::identity::ClientId;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
 use tollgate::limiter::{Check, Limit, Verdict};
@@ -118,7 +118,7 @@ async fn starts_without_the_cluster_and_connects_when_it_appears() {
     let mut ports = [0u16; 3];
     for i in 0..3 {
         ports[i] = loop {
-            let p = free_port();
+            let p = free_cluster_port();
             if !ports.contains(&p) {
                 break p;
             }

@@ -193,7 +193,8 @@ impl RedisCluster {
         Self::create(nodes)
     }
 
-    /// A cluster on these three ports, which nothing should be listening on.
+    /// A cluster on these three ports (from `free_cluster_port`), which nothing should be
+    /// listening on.
     pub fn start_on(ports: [u16; 3]) -> Self {
         let nodes = ports
             .iter()
@@ -261,6 +262,17 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
+}
+
+/// A free port a cluster node can take: Redis Cluster talks on the port 10,000 above, so it
+/// refuses ports over 55,535, which `free_port` gives about one time in five.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 {
+            return port;
+        }
+    }
 }
 
 fn ping(port: u16) -> bool {
