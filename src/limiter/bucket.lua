@@ -50,138 +50,70 @@ end
 -- for decades. Part of the stored format: changing it invalidates every bucket.
 local EPOCH = 1700000000
 -- Globals are table lookups in Lua 5.1: the ones used per bucket are made locals.
+-- Every `function` statement makes a closure on every call of the script, so the code below
+-- defines only one (`check`, for checks of several buckets) and writes the rest out inline:
+-- with ten helper functions, a call of one check cost 11.2 us instead of 10.0, and a batch of
+-- 8 distinct clients 47.5 us instead of 40.7 (benches/redis-script.sh).
 local tonumber, floor, ceil, max, pack = tonumber, math.floor, math.ceil, math.max, struct.pack
-local time = redis.call('TIME')
+local format, call = string.format, redis.call
+local time = call('TIME')
 local now = (tonumber(time[1]) - EPOCH) * 1000000 + tonumber(time[2])
 local mode = ARGV[1]
 
--- The four values of the bucket whose arguments start at ARGV[a].
-local function args_at(a)
-  return tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3] == '1'
-end
-
-local function bucket_args(i)
-  return args_at(2 + 4 * (i - 1))
-end
-
--- The values of n buckets whose arguments start at ARGV[a], parsed once for all the checks
--- that use them: {token_us, tau_us, cost, enforced} per bucket, flat.
-local function parse(a, n)
-  local spec = {}
-  for i = 0, 4 * n - 1, 4 do
-    spec[i + 1], spec[i + 2], spec[i + 3], spec[i + 4] = args_at(a + i)
-  end
-  return spec
-end
-
--- Store `tat` and let the key vanish when the bucket is full again (at least 1 ms later).
-local function store(key, tat)
-  local ttl_ms = max(1, ceil((tat - now) / 1000))
-  redis.call('SET', key, string.format('%.17g', tat), 'PX', ttl_ms)
-end
-
+-- A bucket is stored (here and in the final loop) as its `tat` in %.17g, which round-trips
+-- exactly, with a TTL that makes the key vanish when the bucket is full again (at least 1 ms).
 if mode == 'refund' then
   local refunded = 0
   for i = 1, #KEYS do
-    local tok, _, cost = bucket_args(i)
-    local tat = tonumber(redis.call('GET', KEYS[i]))
+    local a = 2 + 4 * (i - 1)
+    local tok, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+    local tat = tonumber(call('GET', KEYS[i]))
     if tat then
       refunded = refunded + 1
       local back = tat - cost * tok
       if back > now then
-        store(KEYS[i], back)
+        call('SET', KEYS[i], format('%.17g', back), 'PX', max(1, ceil((back - now) / 1000)))
       else
-        redis.call('DEL', KEYS[i])
+        call('DEL', KEYS[i])
       end
     end
   end
   return refunded
 end
 
--- Buckets are read at most once (all together, below) and written at most once per call,
+-- Buckets are read at most once (all together, here) and written at most once per call,
 -- however many checks of a batch touch them (a busy client's requests often share a batch):
 -- `tats` holds what this call has read or decided (false: no key), `dirty` the keys to write
--- back at the end.
+-- back at the end (in order, and as a set).
+-- Every key of the call read by MGET: one command inside Redis instead of one GET per bucket.
+-- In chunks, as `unpack` is bounded by Lua's C stack (8000 values).
 local tats = {}
 local dirty = {}
-
-local function load(key)
-  local tat = tats[key]
-  if tat == nil then
-    tat = tonumber(redis.call('GET', key)) or false
-    tats[key] = tat
+local CHUNK = 1000
+for first = 1, #KEYS, CHUNK do
+  local last = math.min(first + CHUNK - 1, #KEYS)
+  local values = call('MGET', unpack(KEYS, first, last))
+  for i = first, last do
+    tats[KEYS[i]] = tonumber(values[i - first + 1]) or false
   end
-  return tat or nil
 end
 
-local function save(key, tat)
-  if not dirty[key] then
-    dirty[key] = true
-    dirty[#dirty + 1] = key
-  end
-  tats[key] = tat
-end
+-- The GCRA step of one bucket holding `tat` (false: full) at `now`, for `cost` tokens: admitted
+-- when `new_tat - now <= tau` (with a 1e-6 tolerance); the reply's reset and retry times; and
+-- whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`). It
+-- is written twice below, in `check` and in the loop of a group of one bucket: keep them alike.
+local out = {}
 
--- One GCRA step of a bucket holding `tat` (nil: full) at `now`: its new `tat` if `cost` tokens
--- are there (nil if not), and the reply's reset and retry times.
-local function step(tat, tok, tau, cost)
-  local base = now
-  if tat and tat > now then
-    base = tat
-  end
-  local new_tat = base + cost * tok
-  if new_tat - now <= tau + 1e-6 then
-    return new_tat, new_tat - now, 0
-  end
-  return nil, base - now, new_tat - now - tau
-end
-
--- Append one bucket's reply (see the header) to `out`.
-local function reply(out, tok, tau, reset, retry)
-  -- Whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`).
-  local remaining = floor((tau - reset) / tok + 1e-9)
-  if remaining < 0 then
-    remaining = 0
-  end
-  out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
-end
-
--- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values `spec` holds (see `parse`); append
+-- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values start at ARGV[a] (four each); append
 -- the check's reply to `out`; charge the buckets when `write` is set and every enforced one
 -- admits.
-local function check(out, k0, spec, n, write)
+local function check(k0, a, n, write)
   local new_tats = {}
   local all_admit = true
   for i = 1, n do
-    local s = 4 * (i - 1)
-    local tok, tau, cost, enforced = spec[s + 1], spec[s + 2], spec[s + 3], spec[s + 4]
-    local new_tat, reset, retry = step(load(KEYS[k0 + i]), tok, tau, cost)
-    if new_tat then
-      new_tats[i] = new_tat
-    elseif enforced then
-      all_admit = false
-    end
-    reply(out, tok, tau, reset, retry)
-  end
-  if all_admit and write then
-    for i = 1, n do
-      if new_tats[i] then
-        save(KEYS[k0 + i], new_tats[i])
-      end
-    end
-  end
-end
-
--- A group of m checks of one bucket each (a route with one limit, the common case): the steps
--- of `check`, with the bucket kept in a local from one check to the next. `step` and `reply`
--- are written out inline here on purpose: as calls they made a group of 64 checks 10% slower
--- (benches/redis-script.sh), and this loop is where a hot key's checks go.
-local function check_one(out, key, spec, m)
-  local tok, tau, cost = spec[1], spec[2], spec[3]
-  local tat = load(key)
-  local charged = false
-  local o = #out
-  for _ = 1, m do
+    local b = a + 4 * (i - 1)
+    local tok, tau, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local tat = tats[KEYS[k0 + i]]
     local base = now
     if tat and tat > now then
       base = tat
@@ -189,53 +121,88 @@ local function check_one(out, key, spec, m)
     local new_tat = base + cost * tok
     local reset, retry = new_tat - now, 0
     if new_tat - now <= tau + 1e-6 then
-      tat, charged = new_tat, true
+      new_tats[i] = new_tat
     else
       reset, retry = base - now, new_tat - now - tau
+      if ARGV[b + 3] == '1' then
+        all_admit = false
+      end
     end
     local remaining = floor((tau - reset) / tok + 1e-9)
     if remaining < 0 then
       remaining = 0
     end
-    o = o + 1
-    out[o] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+    out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
   end
-  if charged then
-    save(key, tat)
-  end
-end
-
--- Every key of the call read by MGET: one command inside Redis instead of one GET per bucket.
--- In chunks, as `unpack` is bounded by Lua's C stack (8000 values).
-local CHUNK = 1000
-for first = 1, #KEYS, CHUNK do
-  local last = math.min(first + CHUNK - 1, #KEYS)
-  local values = redis.call('MGET', unpack(KEYS, first, last))
-  for i = first, last do
-    tats[KEYS[i]] = tonumber(values[i - first + 1]) or false
+  if all_admit and write then
+    for i = 1, n do
+      local tat = new_tats[i]
+      if tat then
+        local key = KEYS[k0 + i]
+        if not dirty[key] then
+          dirty[key] = true
+          dirty[#dirty + 1] = key
+        end
+        tats[key] = tat
+      end
+    end
   end
 end
 
-local out = {}
 if mode == 'batch' then
   local k0, a = 0, 3
   for _ = 1, tonumber(ARGV[2]) do
     local m, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    local spec = parse(a + 2, n)
     if n == 1 then
-      check_one(out, KEYS[k0 + 1], spec, m)
-    else
+      -- A group of m checks of one bucket each (a route with one limit, the common case): the
+      -- steps of `check`, with the bucket kept in a local from one check to the next. This loop
+      -- is where a hot key's checks go.
+      local key = KEYS[k0 + 1]
+      local tok, tau, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      local tat = tats[key]
+      local charged = false
+      local o = #out
       for _ = 1, m do
-        check(out, k0, spec, n, true)
+        local base = now
+        if tat and tat > now then
+          base = tat
+        end
+        local new_tat = base + cost * tok
+        local reset, retry = new_tat - now, 0
+        if new_tat - now <= tau + 1e-6 then
+          tat, charged = new_tat, true
+        else
+          reset, retry = base - now, new_tat - now - tau
+        end
+        local remaining = floor((tau - reset) / tok + 1e-9)
+        if remaining < 0 then
+          remaining = 0
+        end
+        o = o + 1
+        out[o] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+      end
+      if charged then
+        if not dirty[key] then
+          dirty[key] = true
+          dirty[#dirty + 1] = key
+        end
+        tats[key] = tat
+      end
+    else
+      -- Several buckets: each of the m checks is a "check" of its own.
+      for _ = 1, m do
+        check(k0, a + 2, n, true)
       end
     end
     k0 = k0 + n
     a = a + 2 + 4 * n
   end
 else
-  check(out, 0, parse(2, #KEYS), #KEYS, mode == 'check')
+  check(0, 2, #KEYS, mode == 'check')
 end
 for i = 1, #dirty do
-  store(dirty[i], tats[dirty[i]])
+  local key = dirty[i]
+  local tat = tats[key]
+  call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))
 end
 return table.concat(out)
