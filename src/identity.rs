@@ -47,11 +47,12 @@ impl ClientId {
     /// machinery: this is part of every Redis check).
     pub fn push_hex(self, out: &mut String) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        out.extend(
-            (0..32)
-                .rev()
-                .map(|i| char::from(DIGITS[(self.0 >> (4 * i)) as usize & 15])),
-        );
+        let mut hex = [0u8; 32];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            *digit = DIGITS[(self.0 >> (4 * (31 - i))) as usize & 15];
+        }
+        // ASCII digits: always UTF-8. One `push_str`, not 32 pushes of a `char`.
+        out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
     }
 }
 

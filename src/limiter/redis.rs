@@ -37,7 +37,7 @@ use self::breaker::{Breaker, LogGate};
 use self::conn::{parse_reply, Conn, Mode, Reply, BUCKET_LUA};
 use self::negative::NegativeCache;
 use super::local::Clock;
-use super::{Check, Limit, Rate, Verdict};
+use super::{Check, Limit, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
 /// Hashing the script once per process, not per call.
@@ -272,10 +272,10 @@ impl RedisLimiter {
         &self,
         checks: &[Check<'_>],
         enforced: &[bool],
-    ) -> Result<Vec<Verdict>, Unavailable> {
+    ) -> Result<Small<Verdict>, Unavailable> {
         bump(&self.counters.checks);
         if checks.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Small::new());
         }
         let buckets = self.buckets(checks, enforced);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
@@ -308,7 +308,7 @@ impl RedisLimiter {
         }
     }
 
-    fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Vec<Bucket<'a>> {
+    fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Small<Bucket<'a>> {
         checks
             .iter()
             .enumerate()

@@ -40,11 +40,14 @@ const MAX_BATCH: usize = 128;
 /// with the same p50 and a lower p99; 8 turns gained nothing more.
 const GATHER_TURNS: usize = 4;
 
+/// A check's buckets, in a request's own allocation: a route has one or two limits.
+type PerBucket<T> = SmallVec<[T; 2]>;
+
 /// One request's check, waiting for its batch.
 struct Job {
     /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
-    keys: Vec<String>,
-    args: Vec<(Rate, u32, bool)>,
+    keys: PerBucket<String>,
+    args: PerBucket<(Rate, u32, bool)>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
@@ -108,7 +111,8 @@ async fn collect(
         for _ in 0..GATHER_TURNS {
             tokio::task::yield_now().await;
         }
-        let mut batch = vec![first];
+        let mut batch = Vec::with_capacity(1 + queue.len().min(MAX_BATCH - 1));
+        batch.push(first);
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
                 Ok(job) => batch.push(job),
@@ -122,23 +126,28 @@ async fn collect(
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
 async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
-    let (batch, late): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.deadline > now);
-    for job in late {
-        let _ = job.reply.send(Err(Failure::timed_out(timeout)));
+    let mut batch = batch;
+    for late in batch.extract_if(.., |j| j.deadline <= now) {
+        let _ = late.reply.send(Err(Failure::timed_out(timeout)));
     }
     let Some(deadline) = batch.iter().map(|j| j.deadline).min() else {
         return;
     };
     bump(&counters.redis_calls);
     let groups = group(&batch);
-    let (mut keys, mut args, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+    let n = batch.len();
+    let (mut keys, mut args, mut replies) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
     for job in batch {
         keys.push(job.keys);
         args.push(job.args);
         replies.push(Some(job.reply));
     }
     // Each group's buckets, with the keys of its first check moved into the call.
-    let buckets: Vec<Vec<Bucket<'_>>> = groups
+    let buckets: Vec<PerBucket<Bucket<'_>>> = groups
         .iter()
         .map(|members| {
             let first = members[0];
@@ -199,18 +208,33 @@ async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Dur
 fn group(batch: &[Job]) -> Vec<SmallVec<[usize; 4]>> {
     let mut groups: Vec<SmallVec<[usize; 4]>> = Vec::new();
     let mut by_keys: HashMap<&[String], SmallVec<[usize; 1]>> = HashMap::new();
+    // The group of the check before: a busy client's checks come in runs, and one like the
+    // check before it joins that group without hashing its keys.
+    let mut previous: Option<(&Job, usize)> = None;
     for (j, job) in batch.iter().enumerate() {
+        if let Some((before, g)) = previous {
+            if before.keys == job.keys && before.args == job.args {
+                groups[g].push(j);
+                previous = Some((job, g));
+                continue;
+            }
+        }
         let same_keys = by_keys.entry(job.keys.as_slice()).or_default();
-        match same_keys
+        let g = match same_keys
             .iter()
             .find(|&&g| batch[groups[g][0]].args == job.args)
         {
-            Some(&g) => groups[g].push(j),
+            Some(&g) => {
+                groups[g].push(j);
+                g
+            }
             None => {
                 same_keys.push(groups.len());
                 groups.push(SmallVec::from_elem(j, 1));
+                groups.len() - 1
             }
-        }
+        };
+        previous = Some((job, g));
     }
     groups
 }

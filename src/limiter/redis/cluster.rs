@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::conn::{Mode, Reply};
 use super::{bump, Bucket, Failure, RedisLimiter, Unavailable, BUCKET_SCRIPT};
-use crate::limiter::{Rate, Verdict};
+use crate::limiter::{Rate, Small, Verdict};
 
 /// Indices of `buckets` grouped by cluster slot, groups in order of first appearance (so the
 /// slots are asked in route order).
@@ -77,7 +77,7 @@ impl RedisLimiter {
                 }
             }
         }
-        let verdicts = verdicts.into_iter().collect::<Option<Vec<_>>>();
+        let verdicts = verdicts.into_iter().collect::<Option<Small<_>>>();
         Ok(Reply {
             all_admitted: rejected_at.is_none(),
             verdicts: verdicts.ok_or_else(|| Failure {

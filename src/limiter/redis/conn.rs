@@ -9,7 +9,7 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
 
 use super::{Bucket, RedisConfig};
-use crate::limiter::Verdict;
+use crate::limiter::{Small, Verdict};
 
 /// The atomic N-bucket check; its header documents KEYS, ARGV and the reply.
 pub(super) const BUCKET_LUA: &str = include_str!("../bucket.lua");
@@ -168,13 +168,26 @@ fn push_buckets<'b, 'a: 'b>(
     buckets: impl Iterator<Item = &'b Bucket<'a>>,
 ) {
     for b in buckets {
-        // f64 arguments are written with ryu: the shortest string that parses back to the
-        // same double, so Lua computes with exactly the numbers `limiter::step` uses.
-        call.key(b.key.as_str())
-            .arg(b.rate.token_us())
-            .arg(b.rate.window_us())
-            .arg(b.cost)
-            .arg(u8::from(b.enforced));
+        call.key(b.key.as_str());
+        exact(call, b.rate.token_us());
+        exact(call, b.rate.window_us());
+        call.arg(b.cost).arg(u8::from(b.enforced));
+    }
+}
+
+/// `x` as a script argument that parses back to the same double, so Lua computes with exactly
+/// the numbers `limiter::step` uses: a whole number (most rates give whole microseconds) in
+/// plain digits, anything else by ryu (the shortest string that round-trips), which costs
+/// several times more.
+fn exact(call: &mut ScriptInvocation<'_>, x: f64) {
+    // Below 2^53 every whole double is exact as an integer.
+    const WHOLE: f64 = 9_007_199_254_740_992.0;
+    if x.fract() == 0.0 && x.abs() < WHOLE {
+        // Whole and within i64 (checked above): the conversion is exact.
+        #[allow(clippy::cast_possible_truncation)]
+        call.arg(x as i64);
+    } else {
+        call.arg(x);
     }
 }
 
@@ -182,7 +195,7 @@ fn push_buckets<'b, 'a: 'b>(
 #[derive(Debug)]
 pub(super) struct Reply {
     pub(super) all_admitted: bool,
-    pub(super) verdicts: Vec<Verdict>,
+    pub(super) verdicts: Small<Verdict>,
 }
 
 /// Parse the script's reply for buckets whose enforcement `enforced` yields, in order;
@@ -239,7 +252,7 @@ pub(super) fn parse_items(
                 retry_after_us,
             })
         })
-        .collect::<Option<Vec<_>>>()?;
+        .collect::<Option<Small<_>>>()?;
     Some(Reply {
         all_admitted,
         verdicts,

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::Bucket;
-use crate::limiter::{step, Verdict};
+use crate::limiter::{step, Small, Verdict};
 
 /// How often a full map may be swept (µs): a sweep walks the whole map under the lock.
 const SWEEP_EVERY_US: f64 = 100_000.0;
@@ -80,7 +80,7 @@ impl NegativeCache {
 
     /// The verdicts for `buckets` at `now_us` when an enforced one of them is known to reject;
     /// `None` when Redis has to be asked.
-    pub(super) fn answer(&self, buckets: &[Bucket<'_>], now_us: f64) -> Option<Vec<Verdict>> {
+    pub(super) fn answer(&self, buckets: &[Bucket<'_>], now_us: f64) -> Option<Small<Verdict>> {
         if self.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
