@@ -1,8 +1,8 @@
 //! Token buckets in Redis: the same GCRA as `local`, shared by every proxy of a fleet.
 //!
 //! One check is at most one round trip (on a cluster, one per slot its buckets live in: see
-//! `cluster`; on a single server, shared with the checks waiting at the same moment on the same
-//! worker: see `batch`): a Lua script (`bucket.lua`) reads all the request's buckets, decides on
+//! `cluster`), shared with the checks waiting at the same moment on the same worker (on a
+//! cluster, those whose buckets live in the same single slot: see `batch`): a Lua script (`bucket.lua`) reads all the request's buckets, decides on
 //! Redis's own clock (so proxies with skewed clocks agree), and charges them only if every
 //! enforced bucket admits, exactly like `local::check`. A bucket is one string key,
 //! `<key_prefix><limit name>:{<client digest hex>}`, that expires when the bucket is full again;
@@ -145,11 +145,11 @@ struct Bucket<'a> {
     enforced: bool,
 }
 
-/// A worker's own connection, and (on a single server) its batching queue.
+/// A worker's own connection, and its batching queue.
 #[derive(Debug)]
 struct Worker {
     conn: Conn,
-    batcher: Option<batch::Batcher>,
+    batcher: batch::Batcher,
 }
 
 /// A failed call, with what the log should say about it.
@@ -375,8 +375,7 @@ impl RedisLimiter {
             return Some(worker);
         }
         let conn = Conn::open(&self.cfg).ok()?;
-        let batcher = matches!(conn, Conn::Single(_))
-            .then(|| batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout));
+        let batcher = batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout);
         Some(cell.get_or_init(|| Worker { conn, batcher }))
     }
 
@@ -396,11 +395,12 @@ impl RedisLimiter {
             Conn::Cluster(_) => cluster::slot_groups(buckets),
             Conn::Single(_) => Vec::new(),
         };
-        if let Some(batcher) = self.worker().and_then(|w| w.batcher.as_ref()) {
-            // The batch answers by the deadline (see `batch`): no timer per request.
-            return batcher.check(buckets, deadline).await;
-        }
         if groups.len() <= 1 {
+            // All in one slot (always, on a single server): the check can share a call.
+            if let Some(Worker { batcher, .. }) = self.worker() {
+                // The batch answers by the deadline (see `batch`): no timer per request.
+                return batcher.check(buckets, deadline).await;
+            }
             let all: Vec<&Bucket<'_>> = buckets.iter().collect();
             return self.call(Mode::Check, &all, deadline).await;
         }

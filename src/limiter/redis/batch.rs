@@ -7,7 +7,8 @@
 //! loop turn a few times (`GATHER_TURNS`: each turn polls the sockets and runs the requests
 //! that became ready) and then takes everything queued. A lone request goes alone after those
 //! few idle turns (microseconds). Calls are not serialised: a batch is sent while earlier ones
-//! are still out.
+//! are still out. On a Redis Cluster only checks whose buckets share one slot are queued here,
+//! and a batch goes as one call per slot.
 //!
 //! The checks of a batch run one after the other inside one atomic script, so each keeps the
 //! semantics of a "check" call of its own: charged all-or-nothing, and a later check of the
@@ -23,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -53,7 +55,9 @@ struct Job {
     reply: oneshot::Sender<Result<Reply, Failure>>,
 }
 
-/// The queue of one worker's checks (single-server mode: a batch's keys may live anywhere).
+/// The queue of one worker's checks. On a single server a batch's keys may live anywhere; on a
+/// cluster every check queued here has its buckets in one slot, and a batch is sent as one call
+/// per slot its checks live in.
 #[derive(Debug)]
 pub(super) struct Batcher {
     jobs: mpsc::UnboundedSender<Job>,
@@ -119,8 +123,31 @@ async fn collect(
                 Err(_) => break,
             }
         }
-        tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
+        match conn {
+            Conn::Single(_) => {
+                tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
+            }
+            Conn::Cluster(_) => {
+                for batch in by_slot(batch) {
+                    tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
+                }
+            }
+        }
     }
+}
+
+/// A cluster batch split by the slot its checks live in (each check's buckets share one), in
+/// the order each slot first appears: a script call may only touch keys of one slot.
+fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut slots: Vec<(Slot, Vec<Job>)> = Vec::new();
+    for job in batch {
+        let slot = Slot::for_key(job.keys.first().map_or(&[][..], |k| k.as_bytes()));
+        match slots.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, jobs)) => jobs.push(job),
+            None => slots.push((slot, vec![job])),
+        }
+    }
+    slots.into_iter().map(|(_, jobs)| jobs).collect()
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
