@@ -13,7 +13,16 @@ use common::{config, upstream_app, Http, MockUpstream, TestProxy};
 use redis_helpers::{RedisCluster, RedisServer};
 
 fn redis_block(url: &str, extra: &str) -> String {
-    format!("limiter:\n  backend: redis\n  redis:\n    url: \"{url}\"\n    timeout: 100ms\n{extra}")
+    redis_block_timed(url, "100ms", extra)
+}
+
+/// A Redis block with its own check timeout. Tests that count exactly under concurrency use a
+/// long one: on a loaded test machine a check can take over 100 ms, and one that timed out is
+/// admitted by the default policy, `open`, which would look like over-admission.
+fn redis_block_timed(url: &str, timeout: &str, extra: &str) -> String {
+    format!(
+        "limiter:\n  backend: redis\n  redis:\n    url: \"{url}\"\n    timeout: {timeout}\n{extra}"
+    )
 }
 
 /// Send `n` requests and count the 200s.
@@ -106,11 +115,7 @@ async fn three_replicas_hand_out_one_burst_not_three() {
 async fn concurrent_checks_are_batched_and_stay_exact() {
     let redis = RedisServer::start();
     let calls = || redis.command_calls("evalsha") + redis.command_calls("eval");
-    let block = format!(
-        "limiter:\n  backend: redis\n  redis:\n    url: \"{}\"\n    timeout: 2s\n",
-        redis.url()
-    );
-    batched_and_exact(&block, calls).await;
+    batched_and_exact(&redis_block_timed(&redis.url(), "2s", ""), calls).await;
 }
 
 /// The same on a Redis Cluster: the checks waiting at the same moment whose buckets live in
@@ -134,10 +139,8 @@ async fn cluster_checks_are_batched_by_slot_and_stay_exact() {
 }
 
 /// 300 concurrent requests of two clients against a burst of 50 each admit exactly 100; 300
-/// against a burst never reached take fewer than 300 script calls (`calls` counts them). The
-/// `limiter_block` gives checks a timeout long enough for a loaded test machine: a check
-/// that timed out would be admitted by the default policy, `open`, and look like
-/// over-admission.
+/// against a burst never reached take fewer than 300 script calls (`calls` counts them).
+/// `limiter_block` must give checks a long timeout (see `redis_block_timed`).
 async fn batched_and_exact(limiter_block: &str, calls: impl Fn() -> u64) {
     const REQUESTS: usize = 300;
     let backend = MockUpstream::start();
@@ -220,7 +223,7 @@ async fn grouped_checks_of_several_limits_stay_exact() {
     let backend = MockUpstream::start();
     let proxy = TestProxy::start(&config(&format!(
         "{}{}routes:\n  - name: multi\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 40, key: [header:X-API-Key] }}\n      - {{ name: all, rate: 1/min, burst: 60, key: [global] }}\n      - {{ name: dry, rate: 1/min, burst: 1, key: [global], shadow: true }}\n",
-        redis_block(&redis.url(), ""),
+        redis_block_timed(&redis.url(), "2s", ""),
         upstream_app(backend.addr(), "5s"),
     )));
     let mut tasks = tokio::task::JoinSet::new();
