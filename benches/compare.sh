@@ -20,7 +20,7 @@
 #                      turns both header families off
 #   FIXED_RPS [900]    requests per second per connection in scenarios 6 and 7 (h2load --rps):
 #                      64 x 900 = 57,600 req/s, below what either proxy forwards at most
-#   SCENARIOS [baseline forwarded rejected redis keys h2 fixed]  which scenarios to run
+#   SCENARIOS [baseline forwarded rejected redis cluster keys h2 fixed]  which scenarios to run
 #   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7,
 #                      alternating which goes first; ratios are taken between the medians, and
 #                      each round's own ratio is listed
@@ -39,7 +39,7 @@ H2_STREAMS=${H2_STREAMS:-10}
 KEYS=${KEYS:-100000}
 TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
 FIXED_RPS=${FIXED_RPS:-900}
-SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis keys h2 fixed}
+SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster keys h2 fixed}
 ROUNDS=${ROUNDS:-1}
 KEEP_TMP=${KEEP_TMP:-0}
 
@@ -215,14 +215,48 @@ start_redis() {
         --daemonize no --logfile "$dir/redis.log" >/dev/null 2>&1 &
     REDIS_PID=$!
     PIDS+=("$REDIS_PID")
+    REDIS_PORTS=("$REDIS_PORT")
     wait_port "$REDIS_PORT" "$REDIS_PID" redis-server
 }
 
+# A Redis Cluster of three masters (no replicas) -> CLUSTER_PORTS, CLUSTER_PIDS, REDIS_PORTS.
+start_cluster() {
+    local n port dir
+    CLUSTER_PORTS=()
+    CLUSTER_PIDS=()
+    for n in 1 2 3; do
+        # A node's cluster bus listens 10,000 above its port, so the port must be <= 55,535.
+        port=$(free_port)
+        while [ "$port" -gt 55535 ]; do port=$(free_port); done
+        dir=$TMP/cluster-$n
+        mkdir -p "$dir"
+        redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save "" --appendonly no \
+            --daemonize no --logfile "$dir/redis.log" --cluster-enabled yes \
+            --cluster-node-timeout 5000 >/dev/null 2>&1 &
+        CLUSTER_PIDS+=($!)
+        PIDS+=($!)
+        CLUSTER_PORTS+=("$port")
+        wait_port "$port" "$!" "redis-server (cluster node $n)"
+    done
+    redis-cli --cluster create "${CLUSTER_PORTS[@]/#/127.0.0.1:}" --cluster-replicas 0 \
+        --cluster-yes >"$TMP/cluster-create.log" 2>&1 ||
+        die "redis-cli --cluster create failed: $(cat "$TMP/cluster-create.log")"
+    for _ in $(seq 100); do
+        redis-cli -p "${CLUSTER_PORTS[0]}" cluster info | grep -q cluster_state:ok && break
+        sleep 0.1
+    done
+    REDIS_PORTS=("${CLUSTER_PORTS[@]}")
+}
+
 # "ALL SCRIPTS": commands Redis has processed, and of those the script calls (EVAL, EVALSHA and
-# their _RO forms). Commands a script runs inside Redis (TIME, GET, SET) count in ALL too, so
-# SCRIPTS per request is the number of round trips a request costs.
+# their _RO forms), summed over the servers of REDIS_PORTS. Commands a script runs inside Redis
+# (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the number of round trips a
+# request costs.
 redis_commands() {
-    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[:=,]' '
+    local port
+    for port in "${REDIS_PORTS[@]}"; do
+        redis-cli -p "$port" info commandstats
+    done | tr -d '\r' | awk -F'[:=,]' '
         /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
         END { print all + 0, scripts + 0 }'
 }
@@ -260,7 +294,7 @@ measure_wrk() {
     bounded $((WARMUP + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "${args[@]}" "$url" \
         >"$out.warmup" 2>&1 || die "wrk warm-up failed: $(cat "$out.warmup")"
     local before=""
-    [ "$target" = "tollgate (redis)" ] && before=$(redis_commands)
+    case $target in "tollgate (redis)" | "tollgate (cluster)") before=$(redis_commands) ;; esac
     bounded $((DURATION + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency \
         "${args[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
     local rss probe fields
@@ -363,6 +397,10 @@ LOCAL='  backend: local'
 redis_limiter() {
     printf '  backend: redis\n  on_failure: closed\n  redis:\n    url: redis://127.0.0.1:%s' "$REDIS_PORT"
 }
+cluster_limiter() {
+    printf '  backend: redis\n  on_failure: closed\n  redis:\n    cluster: [%s]' \
+        "$(printf '"redis://127.0.0.1:%s", ' "${CLUSTER_PORTS[@]}" | sed 's/, $//')"
+}
 
 # --- the runs -------------------------------------------------------------------------------
 start_backend
@@ -419,6 +457,16 @@ if want redis; then
     stop "$REDIS_PID"
     ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "1 forwarded" tollgate
     ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
+fi
+
+if want cluster; then
+    start_cluster
+    start_tollgate tollgate-cluster-forwarded "$(cluster_limiter)" "${FWD_TOLLGATE[@]}"
+    measure_wrk "3c cluster forwarded" "tollgate (cluster)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
+    stop "$TOLLGATE_PID"
+    check_log tollgate-cluster-forwarded
+    for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
+    ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "1 forwarded" tollgate
 fi
 
 keys_nginx() {
