@@ -411,7 +411,10 @@ impl Connection {
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 // One reference count per request, on this connection's own allocation.
                 let mut request = InFlight::begin(shared.clone());
-                async move {
+                // Boxed: hyper keeps a slot for the service's future in every connection's
+                // state, in use or not, so an idle keep-alive connection held this request's
+                // future inline (3.1 KB of its 38.8). One allocation per request instead.
+                Box::pin(async move {
                     let s = &*request.shared;
                     if req.version() == http::Version::HTTP_2 {
                         s.activity.http2.store(true, Ordering::Release);
@@ -429,7 +432,7 @@ impl Connection {
                         body,
                         _request: request,
                     }))
-                }
+                })
             })
         };
         // Bytes arriving mark a request head in progress for the watchdog.
