@@ -355,9 +355,16 @@ impl Connection {
         if self.settings.proxy_protocol && !self.take_proxy_header(&mut stream).await {
             return;
         }
-        let Some(tls) = tls else {
-            return self.serve(stream, false).await;
-        };
+        match tls {
+            None => self.serve(stream, false).await,
+            // Boxed: a TLS session's state (the handshake's, then the stream's) is several KB,
+            // and inline it would be part of every plain-text connection's task too.
+            Some(tls) => Box::pin(self.serve_tls(stream, tls)).await,
+        }
+    }
+
+    /// The TLS handshake (bounded by its timeout, abandoned at shutdown), then `serve`.
+    async fn serve_tls(mut self, stream: TcpStream, tls: Arc<rustls::ServerConfig>) {
         let acceptor = crate::tls::acceptor(tls);
         let handshake =
             tokio::time::timeout(self.settings.tls_handshake_timeout, acceptor.accept(stream));
