@@ -2,9 +2,10 @@
 //!
 //! One check is at most one round trip (on a cluster, one per slot its buckets live in: see
 //! `cluster`), shared with the checks waiting at the same moment on the same worker (on a
-//! cluster, those whose buckets live in the same single slot: see `batch`): a Lua script (`bucket.lua`) reads all the request's buckets, decides on
-//! Redis's own clock (so proxies with skewed clocks agree), and charges them only if every
-//! enforced bucket admits, exactly like `local::check`. A bucket is one string key,
+//! cluster, those whose buckets all live in one slot: see `batch`): a Lua script
+//! (`bucket.lua`) reads all the request's buckets, decides on Redis's own clock (so proxies
+//! with skewed clocks agree), and charges them only if every enforced bucket admits, exactly
+//! like `local::check`. A bucket is one string key,
 //! `<key_prefix><limit name>:{<client digest hex>}`, that expires when the bucket is full again;
 //! the digest keeps raw identities (API keys, tokens) out of Redis, and the braces make it the
 //! Redis Cluster hash tag, so a client's buckets spread over the cluster by client.

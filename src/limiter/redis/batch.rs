@@ -151,9 +151,8 @@ fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
-async fn send(conn: Conn, batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
-    let mut batch = batch;
     for late in batch.extract_if(.., |j| j.deadline <= now) {
         let _ = late.reply.send(Err(Failure::timed_out(timeout)));
     }
