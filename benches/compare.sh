@@ -207,6 +207,18 @@ start_tollgate() {
     wait_port "$TOLLGATE_PORT" "$TOLLGATE_PID" "tollgate ($1)"
 }
 
+# tollgate_measures NAME LIMITER RATE BURST KEY MEASURE SCENARIO TARGET [ARGS...]: start tollgate
+# with that limiter and limit, run MEASURE (measure_wrk, measure_h2 or measure_fixed) on it with
+# ARGS, stop it and note what it logged.
+tollgate_measures() {
+    local name=$1 limiter=$2 rate=$3 burst=$4 key=$5 measure=$6 scen=$7 target=$8
+    shift 8
+    start_tollgate "$name" "$limiter" "$rate" "$burst" "$key"
+    "$measure" "$scen" "$target" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/" "$@"
+    stop "$TOLLGATE_PID"
+    check_log "$name"
+}
+
 start_redis() {
     local dir=$TMP/redis
     mkdir -p "$dir"
@@ -416,10 +428,8 @@ forwarded_nginx() {
     stop "$NGINX_PID"
 }
 forwarded_tollgate() {
-    start_tollgate tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}"
-    measure_wrk "1 forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-forwarded
+    tollgate_measures tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "1 forwarded" tollgate
 }
 if want forwarded; then
     rounds forwarded_nginx forwarded_tollgate
@@ -432,10 +442,8 @@ rejected_nginx() {
     stop "$NGINX_PID"
 }
 rejected_tollgate() {
-    start_tollgate tollgate-rejected "$LOCAL" "${REJ_TOLLGATE[@]}"
-    measure_wrk "2 rejected" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-rejected
+    tollgate_measures tollgate-rejected "$LOCAL" "${REJ_TOLLGATE[@]}" \
+        measure_wrk "2 rejected" tollgate
 }
 if want rejected; then
     rounds rejected_nginx rejected_tollgate
@@ -444,15 +452,11 @@ fi
 
 if want redis; then
     start_redis
-    start_tollgate tollgate-redis-forwarded "$(redis_limiter)" "${FWD_TOLLGATE[@]}"
-    measure_wrk "3 redis forwarded" "tollgate (redis)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-redis-forwarded
+    tollgate_measures tollgate-redis-forwarded "$(redis_limiter)" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3 redis forwarded" "tollgate (redis)"
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    start_tollgate tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}"
-    measure_wrk "3 redis rejected" "tollgate (redis)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-redis-rejected
+    tollgate_measures tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}" \
+        measure_wrk "3 redis rejected" "tollgate (redis)"
     note "redis-server peak RSS $(($(peak_rss "$REDIS_PID") / 1024)) MB (not in the table's figure)."
     stop "$REDIS_PID"
     ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "1 forwarded" tollgate
@@ -461,10 +465,8 @@ fi
 
 if want cluster; then
     start_cluster
-    start_tollgate tollgate-cluster-forwarded "$(cluster_limiter)" "${FWD_TOLLGATE[@]}"
-    measure_wrk "3c cluster forwarded" "tollgate (cluster)" "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-cluster-forwarded
+    tollgate_measures tollgate-cluster-forwarded "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3c cluster forwarded" "tollgate (cluster)"
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
     ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "1 forwarded" tollgate
 fi
@@ -476,11 +478,8 @@ keys_nginx() {
     stop "$NGINX_PID"
 }
 keys_tollgate() {
-    start_tollgate tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}"
-    measure_wrk "4 $((KEYS / 1000))k keys" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/" \
-        "X-API-Key: probe" "$HERE/keys.lua"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-keys
+    tollgate_measures tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}" \
+        measure_wrk "4 $((KEYS / 1000))k keys" tollgate "X-API-Key: probe" "$HERE/keys.lua"
 }
 if want keys; then
     rounds keys_nginx keys_tollgate
@@ -493,10 +492,8 @@ if want h2; then
     start_nginx nginx-h2 "${FWD_NGINX[@]}"
     measure_h2 "5 h2 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_H2_PORT/"
     stop "$NGINX_PID"
-    start_tollgate tollgate-h2 "$LOCAL" "${FWD_TOLLGATE[@]}"
-    measure_h2 "5 h2 forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-h2
+    tollgate_measures tollgate-h2 "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_h2 "5 h2 forwarded" tollgate
     ratio "5 h2 forwarded, tollgate/nginx" "5 h2 forwarded" tollgate "5 h2 forwarded" nginx
 fi
 
@@ -509,14 +506,10 @@ fixed_nginx() {
     stop "$NGINX_PID"
 }
 fixed_tollgate() {
-    start_tollgate tollgate-fixed-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}"
-    measure_fixed "6 fixed-rate forwarded" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-fixed-forwarded
-    start_tollgate tollgate-fixed-rejected "$LOCAL" "${REJ_TOLLGATE[@]}"
-    measure_fixed "7 fixed-rate rejected" tollgate "$TOLLGATE_PID" "http://127.0.0.1:$TOLLGATE_PORT/"
-    stop "$TOLLGATE_PID"
-    check_log tollgate-fixed-rejected
+    tollgate_measures tollgate-fixed-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_fixed "6 fixed-rate forwarded" tollgate
+    tollgate_measures tollgate-fixed-rejected "$LOCAL" "${REJ_TOLLGATE[@]}" \
+        measure_fixed "7 fixed-rate rejected" tollgate
 }
 if want fixed; then
     rounds fixed_nginx fixed_tollgate
