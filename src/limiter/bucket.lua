@@ -83,12 +83,13 @@ end
 
 -- Buckets are read at most once (all together, here) and written at most once per call,
 -- however many checks of a batch touch them (a busy client's requests often share a batch):
--- `tats` holds what this call has read or decided (false: no key), `dirty` the keys to write
--- back at the end (in order, and as a set).
+-- `tats` holds what this call has read or decided (false: no key), `written` the new `tat` of
+-- each bucket to write back at the end (the order of the writes does not matter: each is a
+-- key of its own, and the script is atomic).
 -- Every key of the call read by MGET: one command inside Redis instead of one GET per bucket.
 -- In chunks, as `unpack` is bounded by Lua's C stack (8000 values).
 local tats = {}
-local dirty = {}
+local written = {}
 local CHUNK = 1000
 for first = 1, #KEYS, CHUNK do
   local last = math.min(first + CHUNK - 1, #KEYS)
@@ -139,11 +140,7 @@ local function check(k0, a, n, write)
       local tat = new_tats[i]
       if tat then
         local key = KEYS[k0 + i]
-        if not dirty[key] then
-          dirty[key] = true
-          dirty[#dirty + 1] = key
-        end
-        tats[key] = tat
+        tats[key], written[key] = tat, tat
       end
     end
   end
@@ -182,11 +179,7 @@ if mode == 'batch' then
         out[o] = pack('>ddd', remaining, ceil(reset), ceil(retry))
       end
       if charged then
-        if not dirty[key] then
-          dirty[key] = true
-          dirty[#dirty + 1] = key
-        end
-        tats[key] = tat
+        tats[key], written[key] = tat, tat
       end
     else
       -- Several buckets: each of the m checks is a "check" of its own.
@@ -200,9 +193,7 @@ if mode == 'batch' then
 else
   check(0, 2, #KEYS, mode == 'check')
 end
-for i = 1, #dirty do
-  local key = dirty[i]
-  local tat = tats[key]
+for key, tat in pairs(written) do
   call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))
 end
 return table.concat(out)
