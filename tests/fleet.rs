@@ -25,6 +25,31 @@ fn redis_block_timed(url: &str, timeout: &str, extra: &str) -> String {
     )
 }
 
+/// A Redis block for `cluster`'s nodes, with this check timeout.
+fn cluster_block(cluster: &RedisCluster, timeout: &str) -> String {
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: {timeout}\n",
+        nodes.join(", ")
+    )
+}
+
+/// Send `headers` to `url` until Redis decides the check (a cluster client connects in the
+/// background; the default policy is open, so a 200 alone proves nothing: the RateLimit
+/// header shows that Redis answered). Panics after 10 s.
+async fn until_redis_decides(http: &Http, url: &str, headers: &[(&str, &str)]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http
+        .get_with(url, headers)
+        .await
+        .opt_header("ratelimit")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "Redis never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Send `n` requests and count the 200s.
 async fn admitted(http: &Http, url: &str, n: usize, headers: &[(&str, &str)]) -> usize {
     http.statuses(n, url, headers)
@@ -123,11 +148,7 @@ async fn concurrent_checks_are_batched_and_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_checks_are_batched_by_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
-    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let block = format!(
-        "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: 2s\n",
-        nodes.join(", ")
-    );
+    let block = cluster_block(&cluster, "2s");
     let calls = || {
         cluster
             .nodes
@@ -157,18 +178,7 @@ async fn batched_and_exact(limiter_block: &str, calls: impl Fn() -> u64) {
         route("probe", 10_000),
     )));
     let http = Http::new();
-    // Wait until Redis answers (a cluster client connects in the background; the default
-    // policy is open, so only the RateLimit header shows that Redis decided).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http
-        .get(&proxy.url("/probe"))
-        .await
-        .opt_header("ratelimit")
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "Redis never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_redis_decides(&http, &proxy.url("/probe"), &[]).await;
     let seen_before = backend.count();
     let burst = |path: &'static str| {
         let mut tasks = tokio::task::JoinSet::new();
@@ -354,26 +364,13 @@ async fn script_flush_does_not_break_limiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_enforces_a_per_client_and_a_global_limit() {
     let cluster = RedisCluster::start();
-    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let yaml = config(&format!(
-        "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: 500ms\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 3, key: [header:X-API-Key] }}\n      - {{ name: global, rate: 1/min, burst: 5, key: [global] }}\n",
-        nodes.join(", ")
+        "{}routes:\n  - name: api\n    match: {{ path_prefix: / }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: per-key, rate: 1/min, burst: 3, key: [header:X-API-Key] }}\n      - {{ name: global, rate: 1/min, burst: 5, key: [global] }}\n",
+        cluster_block(&cluster, "500ms")
     ));
     let proxy = TestProxy::start(&yaml);
     let http = Http::new();
-    // Wait for the cluster client to connect: the default policy is open, so a 200 alone
-    // proves nothing; the RateLimit header shows Redis answered.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = http
-            .get_with(&proxy.url("/"), &[("x-api-key", "probe")])
-            .await;
-        if r.opt_header("ratelimit").is_some() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the cluster never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_redis_decides(&http, &proxy.url("/"), &[("x-api-key", "probe")]).await;
     // One of five global tokens went to the probe.
     let a = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "a")]).await;
     let b = admitted(&http, &proxy.url("/"), 4, &[("x-api-key", "b")]).await;
