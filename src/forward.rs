@@ -80,6 +80,10 @@ pub struct UpstreamSpec {
     pub targets: Vec<Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// Idle connections kept per target, all workers together.
+    pub max_idle: usize,
+    /// Idle connections are closed after this.
+    pub idle_timeout: Duration,
     /// Trust anchors for https targets (the system's, or a configured CA).
     pub tls: Arc<rustls::ClientConfig>,
 }
@@ -138,10 +142,17 @@ impl Upstream {
         } else {
             Connector::Plain(tcp)
         };
-        let pools = (0..WORKERS.load(Ordering::Relaxed))
+        let workers = WORKERS.load(Ordering::Relaxed).max(1);
+        // Each worker keeps its share of the idle connections, rounded up.
+        let max_idle = spec.max_idle.div_ceil(workers);
+        let pools = (0..workers)
             .map(|_| {
-                let idle = Duration::from_secs(90);
-                Arc::new(Pool::new(connector.clone(), spec.targets.len(), idle))
+                Arc::new(Pool::new(
+                    connector.clone(),
+                    spec.targets.len(),
+                    max_idle,
+                    spec.idle_timeout,
+                ))
             })
             .collect();
         let target_uris = spec

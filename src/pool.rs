@@ -31,9 +31,6 @@ use tower_service::Service;
 
 use crate::body::{Guarded, Sent};
 
-/// Idle connections kept per target and worker; more are closed when they come back.
-const MAX_IDLE: usize = 1024;
-
 type Sender = http1::SendRequest<Guarded>;
 
 /// Why a request got no response head.
@@ -78,6 +75,8 @@ pub struct Pool {
     connector: Connector,
     /// Per target (by index), oldest first.
     idle: Mutex<Vec<VecDeque<Idle>>>,
+    /// Idle connections kept per target: past it the oldest is closed when one comes back.
+    max_idle: usize,
     idle_timeout: Duration,
 }
 
@@ -153,10 +152,18 @@ pub struct Lease {
 }
 
 impl Pool {
-    pub fn new(connector: Connector, targets: usize, idle_timeout: Duration) -> Self {
+    /// `max_idle`: idle connections kept per target (0: every connection closes after its
+    /// response).
+    pub fn new(
+        connector: Connector,
+        targets: usize,
+        max_idle: usize,
+        idle_timeout: Duration,
+    ) -> Self {
         Self {
             connector,
             idle: Mutex::new((0..targets).map(|_| VecDeque::new()).collect()),
+            max_idle,
             idle_timeout,
         }
     }
@@ -260,12 +267,12 @@ impl Pool {
     }
 
     fn give_back(&self, target: usize, conn: Conn) {
-        if conn.sender.is_closed() {
+        if conn.sender.is_closed() || self.max_idle == 0 {
             return;
         }
         let mut idle = self.idle.lock();
         if let Some(list) = idle.get_mut(target) {
-            if list.len() >= MAX_IDLE {
+            if list.len() >= self.max_idle {
                 list.pop_front();
             }
             list.push_back(Idle {

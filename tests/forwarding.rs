@@ -387,6 +387,67 @@ async fn keep_alive_connections_are_reused_on_both_sides() {
     );
 }
 
+/// A proxy with one worker (so the whole `max_idle` is one pool's) forwarding to `up` with
+/// `keepalive: { max_idle: N }`.
+fn proxy_keeping(up: &MockUpstream, max_idle: usize) -> TestProxy {
+    let yaml = config(&format!(
+        "{}    keepalive: {{ max_idle: {max_idle}, idle_timeout: 1m }}
+routes:
+  - name: app
+    match: {{ path_prefix: / }}
+    upstream: app
+",
+        upstream_app(up.addr(), "5s")
+    ));
+    TestProxy::start_with_env(&yaml, &[("TOLLGATE_WORKERS", "1")])
+}
+
+/// `n` requests to `url` at once, each on a client connection of its own.
+async fn all_at_once(n: usize, url: &str) {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let url = url.to_owned();
+            tokio::spawn(async move { Http::new().get(&url).await.code() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("request task"), 200);
+    }
+}
+
+#[tokio::test]
+async fn the_pool_keeps_at_most_max_idle_connections_per_target() {
+    for (max_idle, kept) in [(3, 3), (256, 12)] {
+        let up = MockUpstream::start();
+        let proxy = proxy_keeping(&up, max_idle);
+        // Twelve slow requests at once need twelve upstream connections ...
+        all_at_once(12, &proxy.url("/slow/300")).await;
+        let first: HashSet<_> = up.seen().iter().map(|s| s.peer).collect();
+        assert_eq!(first.len(), 12);
+        // ... and of those, the pool kept `max_idle` for the next burst.
+        all_at_once(12, &proxy.url("/slow/300")).await;
+        let second: HashSet<_> = up.seen()[12..].iter().map(|s| s.peer).collect();
+        let reused = second.intersection(&first).count();
+        eprintln!("max_idle {max_idle}: {reused} of 12 upstream connections reused");
+        assert_eq!(reused, kept, "max_idle {max_idle}");
+    }
+}
+
+#[tokio::test]
+async fn max_idle_0_opens_a_connection_per_request() {
+    let up = MockUpstream::start();
+    let proxy = proxy_keeping(&up, 0);
+    let mut conn = RawConn::open(proxy.addr()).await;
+    for i in 0..4 {
+        let res = conn
+            .roundtrip(&[&format!("GET /ka/{i} HTTP/1.1"), "Host: shop.test"])
+            .await;
+        assert_eq!(res.status, 200);
+    }
+    let peers: HashSet<_> = up.seen().iter().map(|s| s.peer).collect();
+    assert_eq!(peers.len(), 4, "every request on a connection of its own");
+}
+
 #[tokio::test]
 async fn upstream_requests_are_origin_form_and_a_closed_connection_is_not_reused() {
     let up = MockUpstream::start();

@@ -482,6 +482,13 @@ fn duration_or(
         .unwrap_or(default)
 }
 
+/// `keepalive.max_idle` when unset: idle connections kept per target, the whole proxy together
+/// (Traefik keeps 200 per host, nginx none unless `keepalive N` is set).
+const DEFAULT_MAX_IDLE: usize = 256;
+
+/// `keepalive.idle_timeout` when unset (as Go's and Traefik's transport).
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 fn upstreams(
     raw: &std::collections::BTreeMap<String, file::Upstream>,
     previous: Option<&Snapshot>,
@@ -539,7 +546,21 @@ fn upstreams(
             u.timeout.as_ref(),
             Duration::from_secs(30),
         );
-        for (field, d) in [("connect_timeout", connect), ("timeout", timeout)] {
+        let keepalive = u.keepalive.as_ref();
+        let idle_timeout = duration_or(
+            p,
+            format!("{path}.keepalive.idle_timeout"),
+            keepalive.and_then(|k| k.idle_timeout.as_ref()),
+            DEFAULT_IDLE_TIMEOUT,
+        );
+        let max_idle = keepalive
+            .and_then(|k| k.max_idle)
+            .unwrap_or(DEFAULT_MAX_IDLE);
+        for (field, d) in [
+            ("connect_timeout", connect),
+            ("timeout", timeout),
+            ("keepalive.idle_timeout", idle_timeout),
+        ] {
             if d.is_zero() {
                 p.add(format!("{path}.{field}"), "must be longer than zero");
             }
@@ -553,6 +574,8 @@ fn upstreams(
                     targets,
                     connect_timeout: connect,
                     timeout,
+                    max_idle,
+                    idle_timeout,
                     tls,
                 };
                 let fingerprint = upstream_fingerprint(&spec, ca);
@@ -566,8 +589,8 @@ fn upstreams(
     out
 }
 
-/// What makes two upstreams the same for a reload: scheme, targets, timeouts, and the bytes of
-/// the CA file (a renewed CA must reach new connections).
+/// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive
+/// settings, and the bytes of the CA file (a renewed CA must reach new connections).
 fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(spec.scheme.as_str().as_bytes());
@@ -577,6 +600,8 @@ fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u
     }
     h.update(&spec.connect_timeout.as_nanos().to_le_bytes());
     h.update(&spec.timeout.as_nanos().to_le_bytes());
+    h.update(&spec.max_idle.to_le_bytes());
+    h.update(&spec.idle_timeout.as_nanos().to_le_bytes());
     if let Some(ca) = ca {
         h.update(b"\0ca\0");
         h.update(&std::fs::read(ca).unwrap_or_default());

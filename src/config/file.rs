@@ -168,6 +168,17 @@ pub struct Upstream {
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
     pub tls: Option<UpstreamTls>,
+    pub keepalive: Option<Keepalive>,
+}
+
+/// `upstreams.NAME.keepalive`: the pool of idle connections to each target.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Keepalive {
+    /// Idle connections kept per target, the whole proxy together (0: none are reused).
+    pub max_idle: Option<usize>,
+    /// How long a connection may sit idle before it is closed.
+    pub idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
