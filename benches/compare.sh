@@ -253,9 +253,13 @@ start_cluster() {
     redis-cli --cluster create "${CLUSTER_PORTS[@]/#/127.0.0.1:}" --cluster-replicas 0 \
         --cluster-yes >"$TMP/cluster-create.log" 2>&1 ||
         die "redis-cli --cluster create failed: $(cat "$TMP/cluster-create.log")"
-    for _ in $(seq 100); do
-        redis-cli -p "${CLUSTER_PORTS[0]}" cluster info | grep -q cluster_state:ok && break
-        sleep 0.1
+    # Every node, not only the first: a node that has not yet taken in the new configuration
+    # answers CLUSTERDOWN, and tollgate's first checks would time out on it.
+    for port in "${CLUSTER_PORTS[@]}"; do
+        for _ in $(seq 100); do
+            redis-cli -p "$port" cluster info | grep -q cluster_state:ok && break
+            sleep 0.1
+        done
     done
     REDIS_PORTS=("${CLUSTER_PORTS[@]}")
 }

@@ -97,9 +97,7 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     // kill the process with a SIGHUP or SIGTERM meant for it.
     let shutdown = shutdown_signal();
     config::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
-    // The workers' runtimes, for the sweep's allocator nudges.
-    let runtimes = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    tokio::spawn(sweep(state.clone(), runtimes.clone(), stop_rx.clone()));
+    tokio::spawn(sweep(state.clone(), stop_rx.clone()));
     let mut per_worker: Vec<Vec<WorkerListener>> = (0..workers).map(|_| Vec::new()).collect();
     for (l, socks) in sockets {
         if let Some(bound) = socks.first().and_then(|s| s.local_addr().ok()) {
@@ -120,10 +118,7 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     let threads: Vec<_> = per_worker
         .into_iter()
         .enumerate()
-        .map(|(id, listeners)| {
-            let runtimes = runtimes.clone();
-            spawn_worker(id, listeners, state.clone(), runtimes, stop_rx.clone())
-        })
+        .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
         .collect::<Result<_, _>>()
         .map_err(StartError::Worker)?;
     if let Some(admin) = admin {
@@ -160,13 +155,11 @@ fn spawn_worker(
     id: usize,
     listeners: Vec<WorkerListener>,
     state: Arc<State>,
-    runtimes: Runtimes,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("tollgate-worker-{id}"))
         .spawn(move || {
-            crate::forward::set_worker_id(id);
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -177,7 +170,11 @@ fn spawn_worker(
                     return;
                 }
             };
-            runtimes.lock().push(runtime.handle().clone());
+            crate::forward::register_worker(id, runtime.handle().clone());
+            // Open this worker's Redis connection now, not on its first check.
+            if let Some(redis) = state.config.load().redis.clone() {
+                runtime.spawn(async move { redis.warm_up_worker().await });
+            }
             runtime.block_on(async move {
                 let mut loops = Vec::new();
                 for wl in listeners {
@@ -209,7 +206,7 @@ fn spawn_worker(
 
 /// Forget full buckets periodically so memory follows the active clients, not all clients ever,
 /// and close upstream connections that sat idle past their timeout.
-async fn sweep(state: Arc<State>, runtimes: Runtimes, mut stop: watch::Receiver<bool>) {
+async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         tokio::select! {
@@ -226,7 +223,6 @@ async fn sweep(state: Arc<State>, runtimes: Runtimes, mut stop: watch::Receiver<
             upstream.expire_idle();
         }
         if forgotten >= NUDGE_AFTER_FORGETTING {
-            let runtimes = runtimes.clone();
             tokio::spawn(async move {
                 // Each nudge purges what has been free for the delay, in some of the arenas.
                 for _ in 0..NUDGES {
@@ -234,17 +230,12 @@ async fn sweep(state: Arc<State>, runtimes: Runtimes, mut stop: watch::Receiver<
                     nudge_allocator();
                     // The workers too: memory they own that another thread freed (the sweep
                     // runs here) is theirs to take back, at their next allocation of this size.
-                    for worker in runtimes.lock().iter() {
-                        worker.spawn(async { nudge_allocator() });
-                    }
+                    crate::forward::on_every_worker(|| async { nudge_allocator() });
                 }
             });
         }
     }
 }
-
-/// The worker threads' runtimes.
-type Runtimes = Arc<parking_lot::Mutex<Vec<tokio::runtime::Handle>>>;
 
 /// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for.
 const NUDGE_AFTER_FORGETTING: usize = 10_000;

@@ -68,9 +68,25 @@ pub fn set_workers(n: usize) {
     WORKERS.store(n.max(1), Ordering::Relaxed);
 }
 
-/// Called once on each worker thread.
-pub fn set_worker_id(id: usize) {
+/// The runtimes of the worker threads started so far.
+static WORKER_RUNTIMES: parking_lot::Mutex<Vec<tokio::runtime::Handle>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Called once on each worker thread, with the worker's runtime.
+pub fn register_worker(id: usize, runtime: tokio::runtime::Handle) {
     WORKER_ID.with(|w| w.set(id));
+    WORKER_RUNTIMES.lock().push(runtime);
+}
+
+/// Run `task()` on every worker thread started so far, each in a task of its own.
+pub fn on_every_worker<F, Fut>(task: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    for runtime in WORKER_RUNTIMES.lock().iter() {
+        runtime.spawn(task());
+    }
 }
 
 /// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.

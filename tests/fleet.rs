@@ -361,6 +361,54 @@ async fn script_flush_does_not_break_limiting() {
     );
 }
 
+/// Wait up to 10 s for `redis` to have run `SCRIPT LOAD` at least `n` times.
+fn until_script_loads(redis: &RedisServer, n: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let loads = redis.command_calls("script|load");
+        if loads >= n || Instant::now() > deadline {
+            return loads;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_connects_before_its_first_request_and_again_after_a_reload() {
+    let redis = RedisServer::start();
+    let yaml = |prefix: &str| {
+        config(&format!(
+            "{}{}",
+            redis_block(&redis.url(), &format!("    key_prefix: \"{prefix}\"\n")),
+            policy_routes()
+        ))
+    };
+    let proxy = TestProxy::start_with_env(&yaml("a:"), &[("TOLLGATE_WORKERS", "2")]);
+    // No request yet: each of the two workers has connected and loaded the script.
+    assert_eq!(
+        until_script_loads(&redis, 2),
+        2,
+        "one SCRIPT LOAD per worker"
+    );
+    // New Redis settings make a new client, whose workers connect at once too.
+    std::fs::write(proxy.config_path(), yaml("b:")).expect("rewrite the config");
+    proxy.signal("HUP");
+    assert_eq!(
+        until_script_loads(&redis, 4),
+        4,
+        "and again after the reload"
+    );
+    // The first request is decided by Redis, under the new prefix.
+    let r = Http::new().get(&proxy.url("/closed")).await;
+    assert_eq!(r.code(), 200);
+    assert!(r.opt_header("ratelimit").is_some());
+    assert!(
+        redis.keys().iter().all(|k| k.starts_with("b:")),
+        "{:?}",
+        redis.keys()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_enforces_a_per_client_and_a_global_limit() {
     let cluster = RedisCluster::start();

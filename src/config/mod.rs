@@ -65,7 +65,17 @@ impl Snapshot {
         let reusable = previous.filter(|p| p.limiter.backend == self.limiter.backend);
         self.redis = match reusable.and_then(|p| p.redis.clone()) {
             Some(client) => Some(client),
-            None => Some(Arc::new(RedisLimiter::new(cfg)?)),
+            None => {
+                let limiter = Arc::new(RedisLimiter::new(cfg)?);
+                // The workers running now open their connections at once (a worker started
+                // later does so as it starts).
+                let warm = limiter.clone();
+                crate::forward::on_every_worker(move || {
+                    let limiter = warm.clone();
+                    async move { limiter.warm_up_worker().await }
+                });
+                Some(limiter)
+            }
         };
         Ok(())
     }

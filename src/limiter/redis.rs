@@ -41,6 +41,10 @@ use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
+/// How long a worker's first connection may take before its warm-up gives up waiting (the
+/// connection itself keeps trying).
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Hashing the script once per process, not per call.
 static BUCKET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_LUA));
 
@@ -200,8 +204,9 @@ async fn by_deadline<T>(
 pub struct RedisLimiter {
     /// The connection of the thread that built the limiter (readiness probes, tests).
     conn: Conn,
-    /// One connection per worker thread, opened on first use there: its I/O then runs on the
-    /// worker that asks, so a check never wakes another thread.
+    /// One connection per worker thread, opened as the worker starts (`warm_up_worker`), or on
+    /// first use there: its I/O then runs on the worker that asks, so a check never wakes
+    /// another thread.
     per_worker: Vec<std::sync::OnceLock<Worker>>,
     cfg: RedisConfig,
     timeout: Duration,
@@ -378,6 +383,31 @@ impl RedisLimiter {
         let conn = Conn::open(&self.cfg).ok()?;
         let batcher = batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout);
         Some(cell.get_or_init(|| Worker { conn, batcher }))
+    }
+
+    /// Open this worker thread's connection and start its batcher now, and have Redis answer
+    /// once (for a cluster, once its slots are known) and hold the script, so that the first
+    /// checks do not spend their timeout connecting. Errors are only logged: the connection
+    /// keeps trying on its own, and checks apply the failure policy meanwhile.
+    pub async fn warm_up_worker(&self) {
+        let Some(worker) = self.worker() else {
+            return;
+        };
+        let warm = async {
+            worker.conn.ping().await?;
+            worker.conn.load_script(&BUCKET_SCRIPT).await
+        };
+        match tokio::time::timeout(WARM_UP_TIMEOUT, warm).await {
+            Ok(Ok(())) => tracing::debug!("worker's Redis connection ready"),
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                "cannot reach Redis yet; checks apply the failure policy until it answers"
+            ),
+            Err(_) => tracing::warn!(
+                "no answer from Redis within {WARM_UP_TIMEOUT:?}; checks apply the failure \
+                 policy until it answers"
+            ),
+        }
     }
 
     /// The connection for this thread: its worker's own, else the shared one.

@@ -119,6 +119,16 @@ impl Conn {
         Ok(())
     }
 
+    /// SCRIPT LOAD `script` (on a cluster, on every master), so its first EVALSHA finds it.
+    pub(super) async fn load_script(&self, script: &Script) -> Result<(), RedisError> {
+        let call = script.prepare_invoke();
+        match self {
+            Conn::Single(m) => call.load_async(&mut m.clone()).await?,
+            Conn::Cluster(c) => call.load_async(&mut c.clone()).await?,
+        };
+        Ok(())
+    }
+
     /// Run the bucket script on `buckets` (which, on a cluster, must share a slot). The
     /// invocation is EVALSHA, falling back to SCRIPT LOAD + EVALSHA on NOSCRIPT (after a
     /// restart, a failover or a SCRIPT FLUSH); on a cluster SCRIPT LOAD goes to every master.
