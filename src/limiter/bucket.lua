@@ -9,7 +9,6 @@
 -- ARGV[1]   mode:
 --             "check"  charge every admitting bucket, but only when every enforced bucket
 --                      admits; a rejected request writes nothing anywhere.
---             "peek"   compute the verdicts, write nothing.
 --             "refund" give back `cost` tokens to every bucket (undo an earlier "check"
 --                      whose request another slot rejected); `tat` never goes below now.
 --             "batch"  several independent "check"s in one call (requests that were waiting
@@ -25,7 +24,7 @@
 --             cost      tokens this request takes
 --             enforced  1, or 0 for a shadow bucket (its rejection blocks nothing)
 --
--- Returns, for "check" and "peek", one string: per bucket i, three big-endian doubles (24 bytes),
+-- Returns, for "check", one string: per bucket i, three big-endian doubles (24 bytes),
 --        remaining whole tokens,
 --        reset_us (microseconds until the bucket is full, rounded up),
 --        retry_after_us (microseconds until `cost` tokens exist, rounded up; 0 if and only if
@@ -106,9 +105,8 @@ end
 local out = {}
 
 -- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values start at ARGV[a] (four each); append
--- the check's reply to `out`; charge the buckets when `write` is set and every enforced one
--- admits.
-local function check(k0, a, n, write)
+-- the check's reply to `out`; charge the buckets when every enforced one admits.
+local function check(k0, a, n)
   local new_tats = {}
   local all_admit = true
   for i = 1, n do
@@ -135,7 +133,7 @@ local function check(k0, a, n, write)
     end
     out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
   end
-  if all_admit and write then
+  if all_admit then
     for i = 1, n do
       local tat = new_tats[i]
       if tat then
@@ -184,14 +182,14 @@ if mode == 'batch' then
     else
       -- Several buckets: each of the m checks is a "check" of its own.
       for _ = 1, m do
-        check(k0, a + 2, n, true)
+        check(k0, a + 2, n)
       end
     end
     k0 = k0 + n
     a = a + 2 + 4 * n
   end
 else
-  check(0, 2, #KEYS, mode == 'check')
+  check(0, 2, #KEYS)
 end
 for key, tat in pairs(written) do
   call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))

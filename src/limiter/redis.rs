@@ -1,8 +1,8 @@
 //! Token buckets in Redis: the same GCRA as `local`, shared by every proxy of a fleet.
 //!
-//! One check is at most one round trip (on a cluster, one per slot its buckets live in: see
-//! `cluster`), shared with the checks waiting at the same moment on the same worker (on a
-//! cluster, those whose buckets all live in one slot: see `batch`): a Lua script
+//! One check is one round trip (on a cluster, one script call per slot its buckets live in,
+//! all sent at once: see `cluster`), shared with the checks waiting at the same moment on the
+//! same worker (on a cluster, with those of the same slot: see `batch`): a Lua script
 //! (`bucket.lua`) reads all the request's buckets, decides on Redis's own clock (so proxies
 //! with skewed clocks agree), and charges them only if every enforced bucket admits, exactly
 //! like `local::check`. A bucket is one string key,
@@ -32,6 +32,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ::redis::Script;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use self::breaker::{Breaker, LogGate};
@@ -107,7 +108,7 @@ pub enum Unavailable {
 pub struct RedisStats {
     /// Calls to `check`.
     pub checks: u64,
-    /// Script calls sent to Redis (checks, cluster peeks and refunds).
+    /// Script calls sent to Redis (checks and cluster refunds).
     pub redis_calls: u64,
     /// Checks answered `Unavailable`, whatever the reason.
     pub errors: u64,
@@ -117,7 +118,7 @@ pub struct RedisStats {
     pub breaker_rejections: u64,
     /// Checks answered from the negative cache (Redis was not asked).
     pub negative_hits: u64,
-    /// Cluster refunds sent (a later slot rejected what an earlier slot charged).
+    /// Cluster refunds sent (a slot rejected what another slot's check charged).
     pub refunds: u64,
     /// Refunds that did not make it: those tokens come back only by refill.
     pub refund_failures: u64,
@@ -213,7 +214,7 @@ pub struct RedisLimiter {
     key_prefix: String,
     clock: Clock,
     breaker: Breaker,
-    negative: NegativeCache,
+    negative: Arc<NegativeCache>,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
 }
@@ -240,7 +241,7 @@ impl RedisLimiter {
             key_prefix: cfg.key_prefix.clone(),
             clock: Clock::new(),
             breaker: Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN),
-            negative: NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY),
+            negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
         })
@@ -256,7 +257,7 @@ impl RedisLimiter {
     /// Remember at most `capacity` buckets in the negative cache (0 turns it off).
     #[must_use]
     pub fn with_negative_cache(mut self, capacity: usize) -> Self {
-        self.negative = NegativeCache::new(capacity);
+        self.negative = Arc::new(NegativeCache::new(capacity));
         self
     }
 
@@ -415,8 +416,8 @@ impl RedisLimiter {
         self.worker().map_or(&self.conn, |w| &w.conn)
     }
 
-    /// One script call per slot the buckets live in: one call in total on a single server.
-    /// The deadline counts from `now`, when the check started.
+    /// One script call per slot the buckets live in (one in total on a single server), all
+    /// sent at once. The deadline counts from `now`, when the check started.
     async fn ask(&self, buckets: &[Bucket<'_>], now: Instant) -> Result<Reply, Failure> {
         // A nonsensical timeout (Duration::MAX) must not panic on the request path.
         let deadline = now
@@ -427,18 +428,28 @@ impl RedisLimiter {
             Conn::Single(_) => Vec::new(),
         };
         if groups.len() <= 1 {
-            // All in one slot (always, on a single server): the check can share a call.
-            if let Some(Worker { batcher, .. }) = self.worker() {
-                // The batch answers by the deadline (see `batch`): no timer per request.
-                return batcher.check(buckets, deadline).await;
-            }
-            let all: Vec<&Bucket<'_>> = buckets.iter().collect();
-            return self.call(Mode::Check, &all, deadline).await;
+            // All in one slot (always, on a single server).
+            let all: SmallVec<[&Bucket<'_>; 4]> = buckets.iter().collect();
+            return self.check_group(&all, deadline).await;
         }
         self.ask_slots(buckets, &groups, deadline).await
     }
 
-    /// Run the script on `group` before `deadline`, and parse a "check" or "peek" reply.
+    /// Check `group` (buckets of one slot) as one: in the worker's next batch, or, off the
+    /// workers, in a call of its own.
+    async fn check_group(
+        &self,
+        group: &[&Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<Reply, Failure> {
+        if let Some(Worker { batcher, .. }) = self.worker() {
+            // The batch answers by the deadline (see `batch`): no timer per request.
+            return batcher.check(group.iter().copied(), deadline).await;
+        }
+        self.call(Mode::Check, group, deadline).await
+    }
+
+    /// Run the script on `group` before `deadline`, and parse a "check" reply.
     async fn call(
         &self,
         mode: Mode,

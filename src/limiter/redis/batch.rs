@@ -7,8 +7,9 @@
 //! loop turn a few times (`GATHER_TURNS`: each turn polls the sockets and runs the requests
 //! that became ready) and then takes everything queued. A lone request goes alone after those
 //! few idle turns (microseconds). Calls are not serialised: a batch is sent while earlier ones
-//! are still out. On a Redis Cluster only checks whose buckets share one slot are queued here,
-//! and a batch goes as one call per slot.
+//! are still out. On a Redis Cluster every check queued here has its buckets in one slot (a
+//! check spanning slots queues one check per slot: see `cluster`), and a batch goes as one
+//! call per slot.
 //!
 //! The checks of a batch run one after the other inside one atomic script, so each keeps the
 //! semantics of a "check" call of its own: charged all-or-nothing, and a later check of the
@@ -73,16 +74,15 @@ impl Batcher {
     }
 
     /// Check `buckets` as one, like a "check" call, in the next batch; answered by `deadline`.
-    pub(super) async fn check(
+    pub(super) async fn check<'b, 'a: 'b>(
         &self,
-        buckets: &[Bucket<'_>],
+        buckets: impl Iterator<Item = &'b Bucket<'a>> + Clone,
         deadline: Instant,
     ) -> Result<Reply, Failure> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            keys: buckets.iter().map(|b| b.key.clone()).collect(),
+            keys: buckets.clone().map(|b| b.key.clone()).collect(),
             args: buckets
-                .iter()
                 .map(|b| (b.rate.clone(), b.cost, b.enforced))
                 .collect(),
             deadline,

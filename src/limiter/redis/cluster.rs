@@ -2,28 +2,32 @@
 //!
 //! A script may only touch keys of one slot, and the buckets of one request are keyed by
 //! different identities (a per-client limit and a global one hash to different slots). So the
-//! slots are checked one after another, each atomically, in route order. When a later slot
-//! rejects, what the earlier slots took is refunded (the script's `refund` mode: `tat -= cost *
-//! tok`, never below now), and the slots after it are only peeked, for their verdicts.
+//! buckets are grouped by slot and every group is checked at once, each atomically and each
+//! through the worker's batcher (shared with the other checks of its slot waiting at the same
+//! moment): one round trip in all. When a group rejects, what the groups that admitted took is
+//! refunded (the script's `refund` mode: `tat -= cost * tok`, never below now).
 //!
 //! The trade-off: over-admission stays impossible, since every bucket is only ever charged by
 //! an atomic check against its own limit, and a refund only gives back what a check took. But
-//! between a charge and its refund (one round trip) the earlier buckets hold one request's
+//! between a charge and its refund (one round trip) the admitting buckets hold one request's
 //! cost too many, so a concurrent request may be rejected that would have passed: a hair of
 //! under-admission, at most one cost per bucket for about a millisecond. A refund that fails
-//! leaves its cost taken until refill, and so does a check whose future is dropped between two
-//! slots (its client went away). A refund is never retried: one that timed out may still have
-//! run, and a second one would give back tokens that were never taken.
+//! leaves its cost taken until refill, and so does a check whose future is dropped between its
+//! answers and its refunds (its client went away). A refund is never retried: one that timed
+//! out may still have run, and a second one would give back tokens that were never taken.
 
 use ::redis::cluster_routing::Slot;
+use futures_util::future::join_all;
 use tokio::time::Instant;
 
+use super::breaker::LogGate;
 use super::conn::{Mode, Reply};
-use super::{bump, Bucket, Failure, RedisLimiter, Unavailable, BUCKET_SCRIPT};
+use super::negative::NegativeCache;
+use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, BUCKET_SCRIPT};
+use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 
-/// Indices of `buckets` grouped by cluster slot, groups in order of first appearance (so the
-/// slots are asked in route order).
+/// Indices of `buckets` grouped by cluster slot, groups in order of first appearance.
 pub(super) fn slot_groups(buckets: &[Bucket<'_>]) -> Vec<Vec<usize>> {
     let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
     for (i, b) in buckets.iter().enumerate() {
@@ -37,49 +41,52 @@ pub(super) fn slot_groups(buckets: &[Bucket<'_>]) -> Vec<Vec<usize>> {
 }
 
 impl RedisLimiter {
-    /// Check `buckets` slot group by slot group (see the module doc).
+    /// Check `buckets`, every slot group at once (see the module doc).
     pub(super) async fn ask_slots(
         &self,
         buckets: &[Bucket<'_>],
         groups: &[Vec<usize>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; buckets.len()];
+        let parts: Vec<Vec<&Bucket<'_>>> = groups
+            .iter()
+            .map(|members| members.iter().map(|&i| &buckets[i]).collect())
+            .collect();
+        // `join_all` polls every group's check before awaiting any: all are queued (or sent)
+        // in this turn of the event loop.
+        let replies = join_all(parts.iter().map(|group| self.check_group(group, deadline))).await;
         let mut charged: Vec<Vec<&Bucket<'_>>> = Vec::new();
-        let mut rejected_at = None;
-        for (g, members) in groups.iter().enumerate() {
-            let group: Vec<&Bucket<'_>> = members.iter().map(|&i| &buckets[i]).collect();
-            let reply = match self.call(Mode::Check, &group, deadline).await {
-                Ok(reply) => reply,
-                Err(failure) => {
-                    self.refund(charged, deadline).await;
-                    return Err(failure);
-                }
-            };
-            for (&i, v) in members.iter().zip(&reply.verdicts) {
-                verdicts[i] = Some(*v);
+        let (mut all_admitted, mut failure) = (true, None);
+        for (group, reply) in parts.iter().zip(&replies) {
+            match reply {
+                // The script charged exactly the admitting buckets of this group.
+                Ok(r) if r.all_admitted => charged.push(
+                    group
+                        .iter()
+                        .zip(&r.verdicts)
+                        .filter(|(_, v)| v.admitted)
+                        .map(|(b, _)| *b)
+                        .collect(),
+                ),
+                Ok(_) => all_admitted = false,
+                Err(f) => failure = Some(f.clone()),
             }
-            if !reply.all_admitted {
-                rejected_at = Some(g);
-                break;
-            }
-            // The script charged exactly the admitting buckets of this group.
-            let took = group.into_iter().zip(&reply.verdicts);
-            charged.push(took.filter(|(_, v)| v.admitted).map(|(b, _)| b).collect());
         }
-        if let Some(g) = rejected_at {
+        if failure.is_some() || !all_admitted {
             self.refund(charged, deadline).await;
-            for members in &groups[g + 1..] {
-                let group: Vec<&Bucket<'_>> = members.iter().map(|&i| &buckets[i]).collect();
-                let reply = self.call(Mode::Peek, &group, deadline).await?;
-                for (&i, v) in members.iter().zip(&reply.verdicts) {
-                    verdicts[i] = Some(*v);
-                }
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; buckets.len()];
+        for (members, reply) in groups.iter().zip(replies.into_iter().flatten()) {
+            for (&i, v) in members.iter().zip(reply.verdicts) {
+                verdicts[i] = Some(v);
             }
         }
         let verdicts = verdicts.into_iter().collect::<Option<Small<_>>>();
         Ok(Reply {
-            all_admitted: rejected_at.is_none(),
+            all_admitted,
             verdicts: verdicts.ok_or_else(|| Failure {
                 kind: Unavailable::Error,
                 detail: "a slot group went unanswered".into(),
@@ -87,25 +94,30 @@ impl RedisLimiter {
         })
     }
 
-    /// Give back what `charged` took, one call per slot group, each attempted exactly once:
-    /// inline while the check's deadline leaves time, else in the background.
+    /// Give back what `charged` took, one call per slot group, all at once, each attempted
+    /// exactly once: inline while the check's deadline leaves time, else in the background. A
+    /// refunded bucket is forgotten by the negative cache.
     async fn refund(&self, charged: Vec<Vec<&Bucket<'_>>>, deadline: Instant) {
-        for group in charged.into_iter().filter(|g| !g.is_empty()) {
-            bump(&self.counters.refunds);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left < self.timeout / 4 {
-                self.refund_later(&group);
-            } else if let Err(failure) = self.send(Mode::Refund, &group, deadline).await {
-                bump(&self.counters.refund_failures);
-                if let Some(held_back) = self.log_gate.open(self.clock.now_us() as u64) {
-                    tracing::warn!(
-                        detail = %failure.detail,
-                        similar_since_last = held_back,
-                        "cluster refund failed: its tokens come back by refill only"
-                    );
-                }
+        let charged: Vec<_> = charged.into_iter().filter(|g| !g.is_empty()).collect();
+        if deadline.saturating_duration_since(Instant::now()) < self.timeout / 4 {
+            for group in &charged {
+                self.refund_later(group);
             }
+            return;
         }
+        join_all(charged.iter().map(|group| async move {
+            bump(&self.counters.refunds);
+            let sent = self.send(Mode::Refund, group, deadline).await;
+            refunded(
+                sent.map_err(|f| f.detail),
+                group.iter().map(|b| b.key.as_str()),
+                &self.negative,
+                &self.counters,
+                &self.log_gate,
+                self.clock,
+            );
+        }))
+        .await;
     }
 
     /// Send a refund from a task of its own, with a deadline of its own.
@@ -115,7 +127,9 @@ impl RedisLimiter {
             .map(|b| (b.key.clone(), b.rate.clone(), b.cost))
             .collect();
         let (conn, counters, timeout) = (self.conn().clone(), self.counters.clone(), self.timeout);
-        let (log_gate, clock) = (self.log_gate.clone(), self.clock);
+        let (negative, log_gate, clock) =
+            (self.negative.clone(), self.log_gate.clone(), self.clock);
+        bump(&counters.refunds);
         bump(&counters.redis_calls);
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
@@ -128,16 +142,39 @@ impl RedisLimiter {
                 })
                 .collect();
             let run = conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
-            if !matches!(tokio::time::timeout(timeout, run).await, Ok(Ok(_))) {
-                bump(&counters.refund_failures);
-                if let Some(held_back) = log_gate.open(clock.now_us() as u64) {
-                    tracing::warn!(
-                        similar_since_last = held_back,
-                        "cluster refund failed: its tokens come back by refill only"
-                    );
-                }
-            }
+            let sent = match tokio::time::timeout(timeout, run).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            };
+            let keys = buckets.iter().map(|b| b.key.as_str());
+            refunded(sent, keys, &negative, &counters, &log_gate, clock);
         });
+    }
+}
+
+/// After a refund of the buckets `keys` was sent: forget them in the negative cache if it went
+/// through, else count and log (at most once a second) the failure.
+fn refunded<'k, T>(
+    sent: Result<T, String>,
+    keys: impl Iterator<Item = &'k str>,
+    negative: &NegativeCache,
+    counters: &Counters,
+    log_gate: &LogGate,
+    clock: Clock,
+) {
+    match sent {
+        Ok(_) => negative.forget(keys),
+        Err(detail) => {
+            bump(&counters.refund_failures);
+            if let Some(held_back) = log_gate.open(clock.now_us() as u64) {
+                tracing::warn!(
+                    %detail,
+                    similar_since_last = held_back,
+                    "cluster refund failed: its tokens come back by refill only"
+                );
+            }
+        }
     }
 }
 

@@ -23,8 +23,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub(super) enum Mode {
     /// Charge every admitting bucket if every enforced one admits.
     Check,
-    /// Verdicts only, no write.
-    Peek,
     /// Give back what a `Check` took.
     Refund,
 }
@@ -33,7 +31,6 @@ impl Mode {
     fn as_str(self) -> &'static str {
         match self {
             Mode::Check => "check",
-            Mode::Peek => "peek",
             Mode::Refund => "refund",
         }
     }
@@ -201,7 +198,7 @@ fn exact(call: &mut ScriptInvocation<'_>, x: f64) {
     }
 }
 
-/// What the script answered for a "check" or a "peek".
+/// What the script answered for a "check".
 #[derive(Debug)]
 pub(super) struct Reply {
     pub(super) all_admitted: bool,
@@ -217,7 +214,7 @@ pub(super) fn parse_reply(
     parse_items(reply_bytes(value)?, enforced)
 }
 
-/// The packed reply of a "check", "peek" or "batch" (see `bucket.lua`).
+/// The packed reply of a "check" or "batch" (see `bucket.lua`).
 pub(super) fn reply_bytes(value: &Value) -> Option<&[u8]> {
     match value {
         Value::BulkString(bytes) => Some(bytes),

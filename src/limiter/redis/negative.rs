@@ -11,7 +11,9 @@
 //! later), and a bucket's effective `tat` (`max(tat, now)`) only grows: admissions push it
 //! forward, time never pulls it back. So a cached rejection is always a real rejection, and a
 //! cached entry stops blocking no later than Redis would start admitting. Exceptions: a cluster
-//! refund lowers a `tat` (by one cost, for a millisecond); Redis's wall clock may jump; and
+//! refund lowers a `tat` (so a refund makes the cache forget its buckets, though a rejection
+//! computed before the refund and arriving after it is still learnt); Redis's wall clock may
+//! jump; and
 //! Redis may lose keys (a restart without persistence, a failover, a FLUSHALL), after which
 //! the cache goes on rejecting a client Redis has forgotten, for at most that rejection's
 //! retry-after.
@@ -140,6 +142,19 @@ impl NegativeCache {
                 cost: b.cost,
             };
             map.entries.insert(b.key.clone(), known);
+        }
+        self.held.store(map.entries.len(), Ordering::Relaxed);
+    }
+
+    /// Forget what is known of `keys`: a cluster refund gave them tokens back, so a rejection
+    /// learnt before it may no longer hold.
+    pub(super) fn forget<'k>(&self, keys: impl Iterator<Item = &'k str>) {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut map = self.map.lock();
+        for key in keys {
+            map.entries.remove(key);
         }
         self.held.store(map.entries.len(), Ordering::Relaxed);
     }
