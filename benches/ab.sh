@@ -72,5 +72,5 @@ for round in $(seq "$ROUNDS"); do
         measure "$which forwarded" "$bin" "$TMP/fwd.yaml" "$FWD"
         measure "$which rejected" "$bin" "$TMP/rej.yaml" "$REJ"
     done
-    [ "$round" -lt "$ROUNDS" ] && echo
+    if [ "$round" -lt "$ROUNDS" ]; then echo; fi
 done
