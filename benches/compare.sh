@@ -20,7 +20,8 @@
 #                      turns both header families off
 #   FIXED_RPS [900]    requests per second per connection in scenarios 6 and 7 (h2load --rps):
 #                      64 x 900 = 57,600 req/s, below what either proxy forwards at most
-#   SCENARIOS [baseline forwarded rejected redis cluster keys h2 fixed]  which scenarios to run
+#   SCENARIOS [baseline forwarded rejected redis cluster slots keys h2 fixed]  which scenarios
+#                      to run
 #   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7,
 #                      alternating which goes first; ratios are taken between the medians, and
 #                      each round's own ratio is listed
@@ -39,7 +40,9 @@ H2_STREAMS=${H2_STREAMS:-10}
 KEYS=${KEYS:-100000}
 TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
 FIXED_RPS=${FIXED_RPS:-900}
-SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster keys h2 fixed}
+SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster slots keys h2 fixed}
+# Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
+TOLLGATE_EXTRA=
 ROUNDS=${ROUNDS:-1}
 KEEP_TMP=${KEEP_TMP:-0}
 
@@ -199,7 +202,7 @@ start_tollgate() {
     TOLLGATE_PORT=$(free_port)
     fill "$HERE/tollgate.yaml.in" "$dir/tollgate.yaml" PORT="$TOLLGATE_PORT" \
         BACKEND_PORT="$BACKEND_PORT" LIMITER="$2" HEADERS="$TOLLGATE_HEADERS" RATE="$3" \
-        BURST="$4" KEY="$5"
+        BURST="$4" KEY="$5" EXTRA="$TOLLGATE_EXTRA"
     (cd "$dir" && exec "$BIN" --access-log false --log-level warn run --config "$dir/tollgate.yaml") \
         >"$dir/stdout" 2>"$dir/stderr" &
     TOLLGATE_PID=$!
@@ -241,6 +244,9 @@ start_cluster() {
         port=$(free_port)
         while [ "$port" -gt 55535 ]; do port=$(free_port); done
         dir=$TMP/cluster-$n
+        # A fresh directory: a nodes.conf left by an earlier cluster of this run would bring
+        # back its ports.
+        rm -rf "$dir"
         mkdir -p "$dir"
         redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save "" --appendonly no \
             --daemonize no --logfile "$dir/redis.log" --cluster-enabled yes \
@@ -473,6 +479,21 @@ if want cluster; then
         measure_wrk "3c cluster forwarded" "tollgate (cluster)"
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
     ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "1 forwarded" tollgate
+fi
+
+# Scenario 3d: a per-client and a `global` limit, the two buckets of a request in two slots
+# on a cluster, against the same two limits in process.
+if want slots; then
+    TOLLGATE_EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+    tollgate_measures tollgate-slots-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3d two limits forwarded" "tollgate (local)"
+    start_cluster
+    tollgate_measures tollgate-slots-cluster "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3d two limits forwarded" "tollgate (cluster)"
+    for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
+    TOLLGATE_EXTRA=
+    ratio "3d two limits (ip + global) forwarded, tollgate-cluster/tollgate-local" \
+        "3d two limits forwarded" "tollgate (cluster)" "3d two limits forwarded" "tollgate (local)"
 fi
 
 keys_nginx() {
