@@ -1,16 +1,17 @@
 //! The Redis limiter against a real three-master Redis Cluster: exact limits, keys spread by
 //! client, a per-client and a global limit in one check (two slots, with refund), NOSCRIPT,
-//! a cluster absent at startup, and a master killed.
+//! a cluster absent at startup, and a master killed (its slots fail fast, the others' go on).
 
 #[allow(dead_code)]
 #[path = "common/redis.rs"]
 mod redis_helpers;
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use redis_helpers::{free_cluster_port, limit, one, RedisCluster, PREFIX};
 use tollgate::identity::ClientId;
-use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
+use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
 use tollgate::limiter::{Check, Limit, Verdict};
 
 fn cluster_limiter(urls: Vec<String>, timeout: Duration) -> RedisLimiter {
@@ -149,30 +150,44 @@ async fn starts_without_the_cluster_and_connects_when_it_appears() {
 }
 
 #[tokio::test]
-async fn a_killed_master_fails_within_the_timeout() {
+async fn a_killed_master_fails_within_the_timeout_and_only_its_slots_fail_fast() {
     let mut cluster = RedisCluster::start();
     let timeout = Duration::from_millis(200);
     let l = cluster_limiter(cluster.urls(), timeout);
     let lim = limit("kill", 0.01, 10, 1);
-    // One client per master.
-    let mut on_node: Vec<Option<u128>> = vec![None; 3];
-    for client in 0..64u128 {
-        assert!(one(&l, &lim, client).await.unwrap().admitted);
-        let key = l.key(&lim, ClientId(client));
-        if let Some(n) = (0..3).find(|&n| cluster.nodes[n].keys().contains(&key)) {
-            on_node[n].get_or_insert(client);
-        }
-    }
-    let (dead, alive) = (on_node[0].unwrap(), on_node[1].unwrap());
+    // A client of master 0, and one whose breaker range holds none of master 0's slots.
+    let dead_ranges = cluster.slot_ranges(0);
+    let breaker_of = |slot: u16| usize::from(slot) / RedisLimiter::SLOTS_PER_BREAKER;
+    let dead_breakers: HashSet<usize> = dead_ranges
+        .iter()
+        .flat_map(|&(a, b)| breaker_of(a)..=breaker_of(b))
+        .collect();
+    let slot = |c: u128| cluster.keyslot(&l.key(&lim, ClientId(c)));
+    let dead = (0..1000u128)
+        .find(|&c| dead_ranges.iter().any(|&(a, b)| (a..=b).contains(&slot(c))))
+        .expect("a client of master 0");
+    let alive = (0..1000u128)
+        .find(|&c| !dead_breakers.contains(&breaker_of(slot(c))))
+        .expect("a client of another master");
+    assert!(one(&l, &lim, dead).await.unwrap().admitted);
+    assert!(one(&l, &lim, alive).await.unwrap().admitted);
+
     cluster.nodes[0].kill();
     let t = Instant::now();
     assert!(one(&l, &lim, dead).await.is_err());
     let took = t.elapsed();
     eprintln!("figure: check on a killed master failed in {took:?}");
     assert!(took < timeout * 2);
-    // The other masters' clients: one breaker covers the whole cluster, so they fail fast
-    // too once it opens; before that they are answered.
-    let alive_before_open = one(&l, &lim, alive).await;
-    eprintln!("figure: a live master's client, one failure later: {alive_before_open:?}");
-    assert!(alive_before_open.is_ok());
+    // Three consecutive failures open the breaker of the dead client's slots ...
+    for _ in 1..RedisLimiter::BREAKER_FAILURES {
+        assert!(one(&l, &lim, dead).await.is_err());
+    }
+    let t = Instant::now();
+    assert_eq!(one(&l, &lim, dead).await, Err(Unavailable::BreakerOpen));
+    eprintln!("figure: with its breaker open: {:?}", t.elapsed());
+    assert!(t.elapsed() < timeout / 2);
+    assert!(l.breaker_open());
+    // ... and only that one: a live master's client is still answered by Redis.
+    let v = one(&l, &lim, alive).await;
+    assert!(v.is_ok_and(|v| v.admitted && v.remaining == 8), "{v:?}");
 }

@@ -12,8 +12,8 @@
 //!
 //! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
 //! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
-//! once, and probes Redis once per cooldown (one breaker for the whole store: a dead cluster
-//! master soon fails every check, not only its slots'). What to do when unavailable (admit,
+//! once, and probes Redis once per cooldown (on a cluster, one breaker per range of slots, so
+//! a dead master fails fast for its own slots only). What to do when unavailable (admit,
 //! reject, count locally) is the caller's failure policy. And a client hammering a limit it
 //! has exhausted is answered from a negative cache until a token can exist again (see
 //! `negative`), so a flood costs Redis nothing.
@@ -41,6 +41,9 @@ use self::negative::NegativeCache;
 use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 use crate::identity::ClientId;
+
+/// Slots of a Redis Cluster.
+const CLUSTER_SLOTS: usize = 16_384;
 
 /// How long a worker's first connection may take before its warm-up gives up waiting (the
 /// connection itself keeps trying).
@@ -146,6 +149,8 @@ fn bump(counter: &AtomicU64) {
 #[derive(Debug, Clone)]
 struct Bucket<'a> {
     key: String,
+    /// The key's Redis Cluster slot (0 on a single server).
+    slot: u16,
     rate: &'a Rate,
     cost: u32,
     enforced: bool,
@@ -163,21 +168,31 @@ struct Worker {
 struct Failure {
     kind: Unavailable,
     detail: String,
+    /// On a cluster, the slot whose call failed, when a check spanned several.
+    slot: Option<u16>,
 }
 
 impl Failure {
-    fn timed_out(timeout: Duration) -> Self {
+    fn new(kind: Unavailable, detail: impl Into<String>) -> Self {
         Self {
-            kind: Unavailable::Timeout,
-            detail: format!("no answer within {timeout:?}"),
+            kind,
+            detail: detail.into(),
+            slot: None,
         }
     }
 
+    fn timed_out(timeout: Duration) -> Self {
+        Self::new(
+            Unavailable::Timeout,
+            format!("no answer within {timeout:?}"),
+        )
+    }
+
     fn unexpected_reply() -> Self {
-        Self {
-            kind: Unavailable::Error,
-            detail: "unexpected reply from the bucket script".into(),
-        }
+        Self::new(
+            Unavailable::Error,
+            "unexpected reply from the bucket script",
+        )
     }
 }
 
@@ -190,10 +205,7 @@ async fn by_deadline<T>(
 ) -> Result<T, Failure> {
     match tokio::time::timeout_at(deadline, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(Failure {
-            kind: Unavailable::Error,
-            detail: e.to_string(),
-        }),
+        Ok(Err(e)) => Err(Failure::new(Unavailable::Error, e.to_string())),
         Err(_) => Err(Failure::timed_out(timeout)),
     }
 }
@@ -213,7 +225,10 @@ pub struct RedisLimiter {
     timeout: Duration,
     key_prefix: String,
     clock: Clock,
-    breaker: Breaker,
+    /// The circuit breakers: one on a single server; on a cluster one per range of
+    /// `SLOTS_PER_BREAKER` slots, so that a dead master opens the breakers of its own slots
+    /// while the checks of the other masters' slots go on.
+    breakers: Vec<Breaker>,
     negative: Arc<NegativeCache>,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
@@ -224,6 +239,10 @@ impl RedisLimiter {
     pub const BREAKER_FAILURES: u32 = 3;
     /// How long an open breaker waits before letting one probe through.
     pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+    /// Slots of a Redis Cluster sharing one circuit breaker. A master serves ranges of
+    /// consecutive slots (thousands each, unless resharded finely), so a range of 128 mostly
+    /// belongs to one master: 128 breakers in all.
+    pub const SLOTS_PER_BREAKER: usize = 128;
     /// Buckets the negative cache may remember.
     pub const NEGATIVE_CACHE_CAPACITY: usize = 65_536;
 
@@ -231,8 +250,13 @@ impl RedisLimiter {
     /// until Redis answers, checks return `Unavailable`. Fails only on a malformed config, or
     /// when called outside a tokio runtime.
     pub fn new(cfg: &RedisConfig) -> Result<Self, String> {
+        let conn = Conn::open(cfg)?;
+        let breakers = match conn {
+            Conn::Cluster(_) => CLUSTER_SLOTS / Self::SLOTS_PER_BREAKER,
+            Conn::Single(_) => 1,
+        };
         Ok(Self {
-            conn: Conn::open(cfg)?,
+            conn,
             per_worker: (0..crate::forward::workers())
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
@@ -240,17 +264,21 @@ impl RedisLimiter {
             timeout: cfg.timeout,
             key_prefix: cfg.key_prefix.clone(),
             clock: Clock::new(),
-            breaker: Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN),
+            breakers: (0..breakers)
+                .map(|_| Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN))
+                .collect(),
             negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
         })
     }
 
-    /// Open the breaker after `failures` consecutive failures, for `cooldown`.
+    /// Open a breaker after `failures` consecutive failures, for `cooldown`.
     #[must_use]
     pub fn with_breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.breaker = Breaker::new(failures, cooldown);
+        for b in &mut self.breakers {
+            *b = Breaker::new(failures, cooldown);
+        }
         self
     }
 
@@ -293,23 +321,45 @@ impl RedisLimiter {
             tracing::trace!("rejected from the negative cache, without asking Redis");
             return Ok(verdicts);
         }
-        if !self.breaker.allow(sent_us as u64) {
+        // The breakers of the check's slot ranges (one on a single server), each asked once.
+        let mut breakers: SmallVec<[usize; 2]> = SmallVec::new();
+        for b in &buckets {
+            let i = self.breaker_index(b.slot);
+            if !breakers.contains(&i) {
+                breakers.push(i);
+            }
+        }
+        if !breakers
+            .iter()
+            .all(|&i| self.breakers[i].allow(sent_us as u64))
+        {
             bump(&self.counters.breaker_rejections);
-            return Err(self.failed(&Failure {
-                kind: Unavailable::BreakerOpen,
-                detail: "not asking Redis during the breaker's cooldown".into(),
-            }));
+            return Err(self.failed(&Failure::new(
+                Unavailable::BreakerOpen,
+                "not asking Redis during the breaker's cooldown",
+            )));
         }
         match self.ask(&buckets, sent).await {
             Ok(reply) => {
-                self.breaker.success();
+                for &i in &breakers {
+                    self.breakers[i].success();
+                }
                 if !reply.all_admitted {
                     self.negative.remember(&buckets, &reply.verdicts, sent_us);
                 }
                 Ok(reply.verdicts)
             }
             Err(failure) => {
-                self.breaker.failure(self.clock.now_us() as u64);
+                let now_us = self.clock.now_us() as u64;
+                match failure.slot {
+                    // One slot of several failed: only its range's breaker counts it.
+                    Some(slot) => self.breakers[self.breaker_index(slot)].failure(now_us),
+                    None => {
+                        for &i in &breakers {
+                            self.breakers[i].failure(now_us);
+                        }
+                    }
+                }
                 Err(self.failed(&failure))
             }
         }
@@ -319,11 +369,19 @@ impl RedisLimiter {
         checks
             .iter()
             .enumerate()
-            .map(|(i, c)| Bucket {
-                key: self.key(c.limit, c.client),
-                rate: &c.limit.rate,
-                cost: c.limit.cost,
-                enforced: enforced.get(i).copied().unwrap_or(true),
+            .map(|(i, c)| {
+                let key = self.key(c.limit, c.client);
+                let slot = match self.conn {
+                    Conn::Cluster(_) => cluster::slot_of(&key),
+                    Conn::Single(_) => 0,
+                };
+                Bucket {
+                    key,
+                    slot,
+                    rate: &c.limit.rate,
+                    cost: c.limit.cost,
+                    enforced: enforced.get(i).copied().unwrap_or(true),
+                }
             })
             .collect()
     }
@@ -336,9 +394,15 @@ impl RedisLimiter {
         )
     }
 
-    /// Redis is failing fast: checks return `Unavailable` without trying.
+    /// Redis is failing fast, for some checks at least: a breaker is open (on a cluster, the
+    /// breaker of one slot range or more), and its checks return `Unavailable` without trying.
     pub fn breaker_open(&self) -> bool {
-        self.breaker.is_open()
+        self.breakers.iter().any(Breaker::is_open)
+    }
+
+    /// The breaker of `slot`'s range (always 0 on a single server).
+    fn breaker_index(&self, slot: u16) -> usize {
+        usize::from(slot) / Self::SLOTS_PER_BREAKER % self.breakers.len()
     }
 
     pub fn stats(&self) -> RedisStats {

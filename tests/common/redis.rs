@@ -246,6 +246,24 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The slot ranges (first, last) node `n` serves, from its own `CLUSTER NODES` line.
+    pub fn slot_ranges(&self, n: usize) -> Vec<(u16, u16)> {
+        let nodes = self.nodes[n].cli(&["cluster", "nodes"]);
+        let me = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .expect("CLUSTER NODES has a `myself` line");
+        // <id> <address> <flags> <master> <ping> <pong> <epoch> <link> <slot or range>...
+        me.split_whitespace()
+            .skip(8)
+            .filter(|s| !s.starts_with('['))
+            .map(|s| {
+                let (a, b) = s.split_once('-').unwrap_or((s, s));
+                (a.parse().expect("a slot"), b.parse().expect("a slot"))
+            })
+            .collect()
+    }
+
     /// The slot Redis computes for `key`.
     pub fn keyslot(&self, key: &str) -> u16 {
         self.nodes[0]

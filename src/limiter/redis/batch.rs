@@ -25,7 +25,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -50,6 +49,8 @@ type PerBucket<T> = SmallVec<[T; 2]>;
 struct Job {
     /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
     keys: PerBucket<String>,
+    /// The slot of every key (on a single server, 0).
+    slot: u16,
     args: PerBucket<(Rate, u32, bool)>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
@@ -82,6 +83,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
+            slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
                 .map(|b| (b.rate.clone(), b.cost, b.enforced))
                 .collect(),
@@ -96,10 +98,7 @@ impl Batcher {
 }
 
 fn gone() -> Failure {
-    Failure {
-        kind: Unavailable::Error,
-        detail: "the Redis batching task has stopped".into(),
-    }
+    Failure::new(Unavailable::Error, "the Redis batching task has stopped")
 }
 
 /// Take everything queued, send it as one call (without waiting for it), repeat.
@@ -139,9 +138,9 @@ async fn collect(
 /// A cluster batch split by the slot its checks live in (each check's buckets share one), in
 /// the order each slot first appears: a script call may only touch keys of one slot.
 fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut slots: Vec<(Slot, Vec<Job>)> = Vec::new();
+    let mut slots: Vec<(u16, Vec<Job>)> = Vec::new();
     for job in batch {
-        let slot = Slot::for_key(job.keys.first().map_or(&[][..], |k| k.as_bytes()));
+        let slot = job.slot;
         match slots.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, jobs)) => jobs.push(job),
             None => slots.push((slot, vec![job])),
@@ -160,6 +159,8 @@ async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout:
         return;
     };
     bump(&counters.redis_calls);
+    // One slot for the whole batch (see `by_slot`).
+    let slot = batch.first().map_or(0, |j| j.slot);
     let groups = group(&batch);
     let n = batch.len();
     let (mut keys, mut args, mut replies) = (
@@ -182,6 +183,7 @@ async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout:
                 .zip(&args[first])
                 .map(|(key, (rate, cost, enforced))| Bucket {
                     key,
+                    slot,
                     rate,
                     cost: *cost,
                     enforced: *enforced,

@@ -16,7 +16,6 @@
 //! answers and its refunds (its client went away). A refund is never retried: one that timed
 //! out may still have run, and a second one would give back tokens that were never taken.
 
-use ::redis::cluster_routing::Slot;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
@@ -27,11 +26,25 @@ use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, BUCKET_S
 use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 
+/// The Redis Cluster slot of `key`, as Redis computes it: CRC16 (XMODEM) of the key's hash tag
+/// (the first `{...}` with something inside), or of the whole key without one, modulo 16384.
+pub(super) fn slot_of(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let tag = key.iter().position(|&c| c == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&c| c == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let crc = crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key));
+    // 16384 slots: the low 14 bits.
+    crc & 0x3fff
+}
+
 /// Indices of `buckets` grouped by cluster slot, groups in order of first appearance.
 pub(super) fn slot_groups(buckets: &[Bucket<'_>]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, b) in buckets.iter().enumerate() {
-        let slot = Slot::for_key(b.key.as_bytes());
+        let slot = b.slot;
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
@@ -69,7 +82,12 @@ impl RedisLimiter {
                         .collect(),
                 ),
                 Ok(_) => all_admitted = false,
-                Err(f) => failure = Some(f.clone()),
+                Err(f) => {
+                    failure = Some(Failure {
+                        slot: group.first().map(|b| b.slot),
+                        ..f.clone()
+                    });
+                }
             }
         }
         if failure.is_some() || !all_admitted {
@@ -87,10 +105,8 @@ impl RedisLimiter {
         let verdicts = verdicts.into_iter().collect::<Option<Small<_>>>();
         Ok(Reply {
             all_admitted,
-            verdicts: verdicts.ok_or_else(|| Failure {
-                kind: Unavailable::Error,
-                detail: "a slot group went unanswered".into(),
-            })?,
+            verdicts: verdicts
+                .ok_or_else(|| Failure::new(Unavailable::Error, "a slot group went unanswered"))?,
         })
     }
 
@@ -122,9 +138,9 @@ impl RedisLimiter {
 
     /// Send a refund from a task of its own, with a deadline of its own.
     fn refund_later(&self, group: &[&Bucket<'_>]) {
-        let owned: Vec<(String, Rate, u32)> = group
+        let owned: Vec<(String, u16, Rate, u32)> = group
             .iter()
-            .map(|b| (b.key.clone(), b.rate.clone(), b.cost))
+            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost))
             .collect();
         let (conn, counters, timeout) = (self.conn().clone(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
@@ -134,8 +150,9 @@ impl RedisLimiter {
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
                 .iter()
-                .map(|(key, rate, cost)| Bucket {
+                .map(|(key, slot, rate, cost)| Bucket {
                     key: key.clone(),
+                    slot: *slot,
                     rate,
                     cost: *cost,
                     enforced: true,
@@ -190,6 +207,7 @@ mod tests {
         };
         let bucket = |key: &str| Bucket {
             key: key.to_owned(),
+            slot: slot_of(key),
             rate: &rate,
             cost: 1,
             enforced: true,
@@ -200,5 +218,23 @@ mod tests {
             bucket("t:per-ip-slow:{aa}"),
         ];
         assert_eq!(slot_groups(&buckets), vec![vec![0, 2], vec![1]]);
+    }
+
+    #[test]
+    fn slots_are_the_ones_redis_computes() {
+        // `CLUSTER KEYSLOT` of Redis 7.0 for each key.
+        for (key, slot) in [
+            ("foo", 12182),
+            ("bar", 5061),
+            ("{user1000}.following", 3443),
+            ("t:per-ip:{aa}", 1180),
+            ("a{}b", 13694),
+            ("{}{x}", 3257),
+            ("x{y", 2740),
+            ("t:global:{0123456789abcdef0123456789abcdef}", 1829),
+            ("", 0),
+        ] {
+            assert_eq!(slot_of(key), slot, "{key}");
+        }
     }
 }

@@ -186,6 +186,7 @@ mod tests {
     fn bucket<'a>(key: &str, rate: &'a Rate, enforced: bool) -> Bucket<'a> {
         Bucket {
             key: key.to_owned(),
+            slot: 0,
             rate,
             cost: 1,
             enforced,
