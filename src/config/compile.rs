@@ -482,10 +482,6 @@ fn duration_or(
         .unwrap_or(default)
 }
 
-/// `keepalive.max_idle` when unset: idle connections kept per target, the whole proxy together
-/// (Traefik keeps 200 per host, nginx none unless `keepalive N` is set).
-const DEFAULT_MAX_IDLE: usize = 256;
-
 /// `keepalive.idle_timeout` when unset (as Go's and Traefik's transport).
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -553,9 +549,7 @@ fn upstreams(
             keepalive.and_then(|k| k.idle_timeout.as_ref()),
             DEFAULT_IDLE_TIMEOUT,
         );
-        let max_idle = keepalive
-            .and_then(|k| k.max_idle)
-            .unwrap_or(DEFAULT_MAX_IDLE);
+        let max_idle = keepalive.and_then(|k| k.max_idle);
         for (field, d) in [
             ("connect_timeout", connect),
             ("timeout", timeout),
@@ -600,7 +594,7 @@ fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u
     }
     h.update(&spec.connect_timeout.as_nanos().to_le_bytes());
     h.update(&spec.timeout.as_nanos().to_le_bytes());
-    h.update(&spec.max_idle.to_le_bytes());
+    h.update(&spec.max_idle.map_or(u64::MAX, |n| n as u64).to_le_bytes());
     h.update(&spec.idle_timeout.as_nanos().to_le_bytes());
     if let Some(ca) = ca {
         h.update(b"\0ca\0");
