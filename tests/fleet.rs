@@ -139,7 +139,7 @@ async fn three_replicas_hand_out_one_burst_not_three() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_are_batched_and_stay_exact() {
     let redis = RedisServer::start();
-    let calls = || redis.command_calls("evalsha") + redis.command_calls("eval");
+    let calls = || redis.script_calls();
     batched_and_exact(&redis_block_timed(&redis.url(), "2s", ""), calls).await;
 }
 
@@ -149,13 +149,7 @@ async fn concurrent_checks_are_batched_and_stay_exact() {
 async fn cluster_checks_are_batched_by_slot_and_stay_exact() {
     let cluster = RedisCluster::start();
     let block = cluster_block(&cluster, "2s");
-    let calls = || {
-        cluster
-            .nodes
-            .iter()
-            .map(|n| n.command_calls("evalsha") + n.command_calls("eval"))
-            .sum()
-    };
+    let calls = || cluster.script_calls();
     batched_and_exact(&block, calls).await;
 }
 
@@ -229,7 +223,7 @@ async fn batched_and_exact(limiter_block: &str, calls: impl Fn() -> u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_checks_of_several_limits_stay_exact() {
     let redis = RedisServer::start();
-    let calls = || redis.command_calls("evalsha") + redis.command_calls("eval");
+    let calls = || redis.script_calls();
     several_limits_stay_exact(&redis_block_timed(&redis.url(), "2s", ""), calls, true).await;
 }
 
@@ -241,13 +235,7 @@ async fn grouped_checks_of_several_limits_stay_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_checks_spanning_slots_are_batched_and_never_over_admit() {
     let cluster = RedisCluster::start();
-    let calls = || {
-        cluster
-            .nodes
-            .iter()
-            .map(|n| n.command_calls("evalsha") + n.command_calls("eval"))
-            .sum()
-    };
+    let calls = || cluster.script_calls();
     several_limits_stay_exact(&cluster_block(&cluster, "2s"), calls, false).await;
 }
 

@@ -150,6 +150,11 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Bucket-script calls this server ran: `EVALSHA` and `EVAL`.
+    pub fn script_calls(&self) -> u64 {
+        self.command_calls("evalsha") + self.command_calls("eval")
+    }
+
     /// Every key on this server.
     pub fn keys(&self) -> Vec<String> {
         self.cli(&["--scan"])
@@ -239,6 +244,11 @@ impl RedisCluster {
             sleep(Duration::from_millis(50));
         }
         panic!("cluster_state never became ok");
+    }
+
+    /// Bucket-script calls all nodes ran together.
+    pub fn script_calls(&self) -> u64 {
+        self.nodes.iter().map(RedisServer::script_calls).sum()
     }
 
     /// Seed URLs of every node.
