@@ -329,9 +329,10 @@ impl RedisLimiter {
                 breakers.push(i);
             }
         }
-        if !breakers
-            .iter()
-            .all(|&i| self.breakers[i].allow(sent_us as u64))
+        // Any breaker cooling down rejects before another one's probe is taken for nothing.
+        let now_us = sent_us as u64;
+        if breakers.iter().any(|&i| self.breakers[i].cooling(now_us))
+            || !breakers.iter().all(|&i| self.breakers[i].allow(now_us))
         {
             bump(&self.counters.breaker_rejections);
             return Err(self.failed(&Failure::new(

@@ -51,6 +51,13 @@ impl Breaker {
             .is_ok()
     }
 
+    /// Open and still cooling down at `now_us`: `allow` would say no. Unlike `allow`, asking
+    /// never takes the probe of a breaker whose cooldown is over.
+    pub(super) fn cooling(&self, now_us: u64) -> bool {
+        self.failures.load(Ordering::Acquire) >= self.threshold
+            && now_us < self.retry_at_us.load(Ordering::Acquire)
+    }
+
     pub(super) fn success(&self) {
         // Read first: every answered check lands here, from every worker, and a store to a
         // line all workers read would bounce it between the cores on each request.
@@ -139,7 +146,9 @@ mod tests {
             "a probe that never reports back is not waited for"
         );
         b.failure(1_000_010);
+        assert!(b.cooling(1_500_000));
         assert!(!b.allow(1_500_000), "a failed probe re-arms the cooldown");
+        assert!(!b.cooling(2_000_010), "asking does not take the probe");
         assert!(b.allow(2_000_010));
         b.success();
         assert!(!b.is_open());
