@@ -59,7 +59,6 @@ BUSY_BEFORE=$(top -bn2 -d0.5 -w 512 -o %CPU 2>/dev/null | awk '/^ *PID/ {frame++
 BUSY_BEFORE=${BUSY_BEFORE:-none}
 
 log() { printf "== %s %s\n" "$(date +%T)" "$*" >&2; }
-die() { printf 'compare.sh: %s\n' "$*" >&2; exit 1; }
 
 # --- what is needed -------------------------------------------------------------------------
 missing=()
@@ -135,17 +134,6 @@ stop() {
     wait "$pid" 2>/dev/null || true
     for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
     PIDS=("${keep[@]}")
-}
-
-# Wait until 127.0.0.1:PORT accepts, failing early if PID died.
-wait_port() {
-    local port=$1 pid=$2 what=$3
-    for _ in $(seq 100); do
-        kill -0 "$pid" 2>/dev/null || die "$what exited at startup (see $TMP)"
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    die "$what does not listen on $port after 10 s (see $TMP)"
 }
 
 # Peak RSS in kB of PID and its children (nginx: master + workers), from VmHWM.
@@ -232,55 +220,6 @@ start_redis() {
     PIDS+=("$REDIS_PID")
     REDIS_PORTS=("$REDIS_PORT")
     wait_port "$REDIS_PORT" "$REDIS_PID" redis-server
-}
-
-# A Redis Cluster of three masters (no replicas) -> CLUSTER_PORTS, CLUSTER_PIDS, REDIS_PORTS.
-start_cluster() {
-    local n port dir
-    CLUSTER_PORTS=()
-    CLUSTER_PIDS=()
-    for n in 1 2 3; do
-        # A node's cluster bus listens 10,000 above its port, so the port must be <= 55,535.
-        port=$(free_port)
-        while [ "$port" -gt 55535 ]; do port=$(free_port); done
-        dir=$TMP/cluster-$n
-        # A fresh directory: a nodes.conf left by an earlier cluster of this run would bring
-        # back its ports.
-        rm -rf "$dir"
-        mkdir -p "$dir"
-        redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save "" --appendonly no \
-            --daemonize no --logfile "$dir/redis.log" --cluster-enabled yes \
-            --cluster-node-timeout 5000 >/dev/null 2>&1 &
-        CLUSTER_PIDS+=($!)
-        PIDS+=($!)
-        CLUSTER_PORTS+=("$port")
-        wait_port "$port" "$!" "redis-server (cluster node $n)"
-    done
-    redis-cli --cluster create "${CLUSTER_PORTS[@]/#/127.0.0.1:}" --cluster-replicas 0 \
-        --cluster-yes >"$TMP/cluster-create.log" 2>&1 ||
-        die "redis-cli --cluster create failed: $(cat "$TMP/cluster-create.log")"
-    # Every node, not only the first: a node that has not yet taken in the new configuration
-    # answers CLUSTERDOWN, and tollgate's first checks would time out on it.
-    for port in "${CLUSTER_PORTS[@]}"; do
-        for _ in $(seq 100); do
-            redis-cli -p "$port" cluster info | grep -q cluster_state:ok && break
-            sleep 0.1
-        done
-    done
-    REDIS_PORTS=("${CLUSTER_PORTS[@]}")
-}
-
-# "ALL SCRIPTS": commands Redis has processed, and of those the script calls (EVAL, EVALSHA and
-# their _RO forms), summed over the servers of REDIS_PORTS. Commands a script runs inside Redis
-# (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the number of round trips a
-# request costs.
-redis_commands() {
-    local port
-    for port in "${REDIS_PORTS[@]}"; do
-        redis-cli -p "$port" info commandstats
-    done | tr -d '\r' | awk -F'[:=,]' '
-        /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
-        END { print all + 0, scripts + 0 }'
 }
 
 ROWS=$TMP/rows.tsv
