@@ -488,16 +488,14 @@ impl RedisLimiter {
         let deadline = now
             .checked_add(self.timeout)
             .unwrap_or_else(|| now + Duration::from_secs(86_400));
-        let groups = match self.conn {
-            Conn::Cluster(_) => cluster::slot_groups(buckets),
-            Conn::Single(_) => Vec::new(),
-        };
-        if groups.len() <= 1 {
-            // All in one slot (always, on a single server).
+        // All in one slot (always on a single server, where every bucket's slot is 0): the
+        // common case, known without grouping.
+        let first = buckets.first().map(|b| b.slot);
+        if buckets.iter().all(|b| Some(b.slot) == first) {
             let all: SmallVec<[&Bucket<'_>; 4]> = buckets.iter().collect();
             return self.check_group(&all, deadline).await;
         }
-        self.ask_slots(buckets, &groups, deadline).await
+        self.ask_slots(buckets, deadline).await
     }
 
     /// Check `group` (buckets of one slot) as one: in the worker's next batch, or, off the

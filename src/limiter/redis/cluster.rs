@@ -41,7 +41,7 @@ pub(super) fn slot_of(key: &str) -> u16 {
 }
 
 /// Indices of `buckets` grouped by cluster slot, groups in order of first appearance.
-pub(super) fn slot_groups(buckets: &[Bucket<'_>]) -> Vec<Vec<usize>> {
+fn slot_groups(buckets: &[Bucket<'_>]) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, b) in buckets.iter().enumerate() {
         let slot = b.slot;
@@ -58,9 +58,9 @@ impl RedisLimiter {
     pub(super) async fn ask_slots(
         &self,
         buckets: &[Bucket<'_>],
-        groups: &[Vec<usize>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
+        let groups = slot_groups(buckets);
         let parts: Vec<Vec<&Bucket<'_>>> = groups
             .iter()
             .map(|members| members.iter().map(|&i| &buckets[i]).collect())
