@@ -35,7 +35,7 @@ REJ=$(free_port)
 for s in "fwd $FWD 1000000/s 1000000" "rej $REJ 1/day 1"; do
     set -- $s
     fill "$HERE/tollgate.yaml.in" "$TMP/$1.yaml" "PORT=$2" "BACKEND_PORT=$BACKEND" \
-        "LIMITER=  backend: local" "HEADERS=true" "RATE=$3" "BURST=$4" "KEY=ip"
+        "LIMITER=  backend: local" "HEADERS=true" "RATE=$3" "BURST=$4" "KEY=ip" "EXTRA="
 done
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
 

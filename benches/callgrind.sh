@@ -51,7 +51,7 @@ if [ "$MODE" = redis ]; then
 fi
 PORT=$(free_port)
 fill "$HERE/tollgate.yaml.in" "$TMP/tollgate.yaml" "PORT=$PORT" "BACKEND_PORT=$BACKEND" \
-    "LIMITER=$LIMITER" "HEADERS=true" "RATE=$RATE" "BURST=$BURST" "KEY=ip"
+    "LIMITER=$LIMITER" "HEADERS=true" "RATE=$RATE" "BURST=$BURST" "KEY=ip" "EXTRA="
 NAME=$WHAT-$MODE
 rm -f "$OUT/$NAME.out"*
 args=(run --config "$TMP/tollgate.yaml" --access-log false --log-level warn)

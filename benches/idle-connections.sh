@@ -78,7 +78,7 @@ measure nginx $! "$PORT"
 
 PORT=$(free_port)
 fill "$HERE/tollgate.yaml.in" "$TMP/tollgate.yaml" "PORT=$PORT" "BACKEND_PORT=$BACKEND" \
-    "LIMITER=  backend: local" "HEADERS=true" "RATE=1000000/s" "BURST=1000000" "KEY=ip"
+    "LIMITER=  backend: local" "HEADERS=true" "RATE=1000000/s" "BURST=1000000" "KEY=ip" "EXTRA="
 "$BIN" --access-log false --log-level warn run --config "$TMP/tollgate.yaml" &
 PIDS+=($!)
 measure tollgate $! "$PORT"

@@ -7,11 +7,14 @@ free_port() {
 }
 
 # fill TEMPLATE OUT KEY=VALUE...: copy TEMPLATE to OUT with every @KEY@ replaced by VALUE.
+# Fails, naming them, if the template has placeholders no KEY=VALUE fills.
 fill() {
-    local in=$1 out=$2 kv text
+    local in=$1 out=$2 kv text left
     text=$(<"$in")
     shift 2
     for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
+    left=$(grep -o '@[A-Z_0-9]*@' <<<"$text" | sort -u | tr '\n' ' ' || true)
+    [ -z "$left" ] || { echo "fill: $in: nothing given for $left" >&2; return 1; }
     printf '%s\n' "$text" >"$out"
 }
 
