@@ -22,9 +22,12 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 # Only what the release build reads. benches/ is needed because Cargo.toml declares a bench
-# target, and cargo refuses a manifest whose target file is missing. tests/ is not needed.
+# target, and cargo refuses a manifest whose target file is missing. crates/ holds the allocator
+# crate, a path dependency. tests/ is not needed. scripts/test.sh checks that cargo can load the
+# manifest from exactly these files.
 COPY Cargo.toml Cargo.lock ./
 COPY benches ./benches
+COPY crates ./crates
 COPY src ./src
 # The same command scripts/test.sh runs in CI, where no Docker engine exists, so CI proves that
 # this step compiles. --locked: exactly the versions in Cargo.lock. The cache mounts keep

@@ -23,7 +23,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate_alloc::Allocator = tollgate_alloc::Allocator;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 

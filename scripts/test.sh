@@ -28,7 +28,7 @@ fi
 
 if [ -z "${SKIP_LINT:-}" ]; then
   cargo fmt --all -- --check
-  cargo clippy --all-targets --locked -- -D warnings
+  cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
 
 # Advisory audit: needs the RustSec database, which is fetched from outside the package
@@ -41,10 +41,21 @@ else
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --locked --no-fail-fast
+  cargo nextest run --workspace --locked --no-fail-fast
 else
-  cargo test --locked --no-fail-fast
+  cargo test --workspace --locked --no-fail-fast
 fi
+
+# The Dockerfile's build stage sees only what it copies (and .dockerignore lets through): cargo
+# must be able to load the workspace (members, path dependencies, targets) from those files.
+docker_context=$(mktemp -d)
+for src in $(awk '$1 == "COPY" && $2 !~ /^--/ { for (i = 2; i < NF; i++) print $i }' Dockerfile); do
+  grep -qx "!${src%/}/\?" .dockerignore || { echo "Dockerfile copies $src, which .dockerignore leaves out" >&2; exit 1; }
+  cp -r "$src" "$docker_context/"
+done
+(cd "$docker_context" && cargo tree --locked --offline --target "$(rustc -vV | sed -n "s/^host: //p")" >/dev/null) ||
+  { echo "cargo cannot load the manifest from the files the Dockerfile copies" >&2; exit 1; }
+rm -rf "$docker_context"
 
 # The release binary, built exactly as the Dockerfile builds it (no Docker engine is needed),
 # must build and accept every shipped config.

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 /// mimalloc: the request path allocates many small, short-lived buffers (headers, futures),
 /// which glibc's malloc served at about 5% of a forwarded request's time.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate_alloc::Allocator = tollgate_alloc::Allocator;
 use std::process::ExitCode;
 
 use clap::Parser;
