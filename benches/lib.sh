@@ -46,15 +46,32 @@ start_nginx_backend() {
 # Stop the script with MESSAGE, naming the script.
 die() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
-# Wait until 127.0.0.1:PORT accepts, failing early if PID died.
+# Wait until 127.0.0.1:PORT accepts and PID (or a process it started) is the one listening,
+# failing early if PID died. The owner matters: a port picked by free_port may still be held by
+# a process of an earlier run that is on its way out (a slow-dying redis-server, say), and a
+# connection to it would measure that process instead.
 wait_port() {
     local port=$1 pid=$2 what=$3
     for _ in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || die "$what exited at startup (see $TMP)"
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && listens "$port" "$pid"; then
+            return 0
+        fi
         sleep 0.1
     done
     die "$what does not listen on $port after 10 s (see $TMP)"
+}
+
+# PID, or a child of PID, holds the listening socket on PORT (true when ss is not installed).
+listens() {
+    local port=$1 pid=$2 owners
+    command -v ss >/dev/null || return 0
+    owners=$(ss -Hltnp "sport = :$port" | grep -o 'pid=[0-9]*' | cut -d= -f2)
+    for owner in $owners; do
+        [ "$owner" = "$pid" ] && return 0
+        [ "$(awk '{print $4}' "/proc/$owner/stat" 2>/dev/null)" = "$pid" ] && return 0
+    done
+    return 1
 }
 
 # A Redis Cluster of three masters (no replicas) -> CLUSTER_PORTS, CLUSTER_PIDS, REDIS_PORTS.
