@@ -22,7 +22,8 @@
 #                      64 x 900 = 57,600 req/s, below what either proxy forwards at most
 #   SCENARIOS [baseline forwarded rejected redis cluster slots keys h2 fixed]  which scenarios
 #                      to run
-#   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7,
+#   ROUNDS [1]         measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
+#                      (and tollgate with Redis and in process in scenarios 3, 3c, 3d),
 #                      alternating which goes first; ratios are taken between the medians, and
 #                      each round's own ratio is listed
 #   TOLLGATE_BIN       a tollgate binary to use; without it target/release/tollgate is built with
@@ -399,36 +400,58 @@ if want rejected; then
     ratio "2 rejected, tollgate/nginx" "2 rejected" tollgate "2 rejected" nginx
 fi
 
-if want redis; then
-    start_redis
+# Scenarios 3, 3c and 3d compare tollgate with Redis against tollgate with the same limits in
+# process, measured in alternating rounds beside it (not against scenario 1's runs, made
+# minutes apart on a machine whose speed drifts).
+redis_local() {
+    tollgate_measures tollgate-redis-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3 redis forwarded" "tollgate (local)"
+}
+redis_redis() {
     tollgate_measures tollgate-redis-forwarded "$(redis_limiter)" "${FWD_TOLLGATE[@]}" \
         measure_wrk "3 redis forwarded" "tollgate (redis)"
+}
+if want redis; then
+    start_redis
+    rounds redis_local redis_redis
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
     tollgate_measures tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}" \
         measure_wrk "3 redis rejected" "tollgate (redis)"
     note "redis-server peak RSS $(($(peak_rss "$REDIS_PID") / 1024)) MB (not in the table's figure)."
     stop "$REDIS_PID"
-    ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "1 forwarded" tollgate
+    ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "3 redis forwarded" "tollgate (local)"
     ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
 fi
 
-if want cluster; then
-    start_cluster
+cluster_local() {
+    tollgate_measures tollgate-cluster-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "3c cluster forwarded" "tollgate (local)"
+}
+cluster_cluster() {
     tollgate_measures tollgate-cluster-forwarded "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
         measure_wrk "3c cluster forwarded" "tollgate (cluster)"
+}
+if want cluster; then
+    start_cluster
+    rounds cluster_local cluster_cluster
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
-    ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "1 forwarded" tollgate
+    ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "3c cluster forwarded" "tollgate (local)"
 fi
 
 # Scenario 3d: a per-client and a `global` limit, the two buckets of a request in two slots
 # on a cluster, against the same two limits in process.
-if want slots; then
-    TOLLGATE_EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+slots_local() {
     tollgate_measures tollgate-slots-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
         measure_wrk "3d two limits forwarded" "tollgate (local)"
-    start_cluster
+}
+slots_cluster() {
     tollgate_measures tollgate-slots-cluster "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
         measure_wrk "3d two limits forwarded" "tollgate (cluster)"
+}
+if want slots; then
+    TOLLGATE_EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+    start_cluster
+    rounds slots_local slots_cluster
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
     TOLLGATE_EXTRA=
     ratio "3d two limits (ip + global) forwarded, tollgate-cluster/tollgate-local" \
@@ -504,7 +527,7 @@ mkdir -p "$(dirname "$RESULTS")"
         "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
-        "$ROUNDS round(s) of scenarios 1, 2, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
+        "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS."
     echo
     python3 "$HERE/summarize.py" report "$ROWS" "$RATIOS"
