@@ -12,7 +12,9 @@
 # full profile stays in target/callgrind/NAME.out for `callgrind_annotate --inclusive=yes`.
 # Stops every process it started. About 2 minutes with the build.
 #
-# Environment: DURATION [10].
+# Environment: DURATION [10]; EXTRA [none], further limits of the route as YAML lines, e.g.
+#   EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+# for the per-client and `global` limits of compare.sh's scenario 3d.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-tollgate}
@@ -51,7 +53,7 @@ if [ "$MODE" = redis ]; then
 fi
 PORT=$(free_port)
 fill "$HERE/tollgate.yaml.in" "$TMP/tollgate.yaml" "PORT=$PORT" "BACKEND_PORT=$BACKEND" \
-    "LIMITER=$LIMITER" "HEADERS=true" "RATE=$RATE" "BURST=$BURST" "KEY=ip" "EXTRA="
+    "LIMITER=$LIMITER" "HEADERS=true" "RATE=$RATE" "BURST=$BURST" "KEY=ip" "EXTRA=${EXTRA:-}"
 NAME=$WHAT-$MODE
 rm -f "$OUT/$NAME.out"*
 args=(run --config "$TMP/tollgate.yaml" --access-log false --log-level warn)
