@@ -7,12 +7,12 @@
 # Builds the target with frame pointers and line tables (target dir target/callgrind), starts
 # on 127.0.0.1 a backend (nginx, the config of benches/compare.sh), Redis for `redis`, and the
 # proxy under `valgrind --tool=callgrind` with instrumentation off; warms up for 3 s, counts
-# DURATION seconds of `wrk -t1 -c8`, and prints the instructions per request with the 40
+# DURATION seconds of `wrk -t1 -cCONNECTIONS`, and prints the instructions per request with the 40
 # functions that execute most of them (self cost, inlined code counted in its caller). The
 # full profile stays in target/callgrind/NAME.out for `callgrind_annotate --inclusive=yes`.
 # Stops every process it started. About 2 minutes with the build.
 #
-# Environment: DURATION [10]; EXTRA [none], further limits of the route as YAML lines, e.g.
+# Environment: DURATION [10]; CONNECTIONS [8] (more make larger Redis batches); EXTRA [none], further limits of the route as YAML lines, e.g.
 #   EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
 # for the per-client and `global` limits of compare.sh's scenario 3d.
 set -euo pipefail
@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 WHAT=${1:-tollgate}
 MODE=${2:-fwd}
 DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-8}
 for tool in valgrind callgrind_annotate callgrind_control nginx wrk curl python3; do
     command -v "$tool" >/dev/null || { echo "callgrind.sh needs $tool (apt-get install valgrind nginx wrk curl)" >&2; exit 1; }
 done
@@ -63,9 +64,9 @@ valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT/$NAME.ou
 PID=$!
 PIDS+=("$PID")
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.3; done
-wrk -t1 -c8 -d3s "http://127.0.0.1:$PORT/" >/dev/null
+wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$PORT/" >/dev/null
 callgrind_control -i on "$PID" >/dev/null 2>&1
-result=$(wrk -t1 -c8 -d"${DURATION}s" "http://127.0.0.1:$PORT/")
+result=$(wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" "http://127.0.0.1:$PORT/")
 callgrind_control -i off "$PID" >/dev/null 2>&1
 callgrind_control -d "$PID" >/dev/null 2>&1
 sleep 1
