@@ -22,6 +22,9 @@
 //! - `error`: request-path errors and their statuses.
 //! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it.
 //! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
+//!
+//! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
+//! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.
 pub mod admin;
 pub mod app;
 pub mod body;
