@@ -28,13 +28,38 @@ pub struct Allocator;
 
 /// `layout` can be served by the plain calls.
 #[inline]
-fn plain(align: usize, size: usize) -> bool {
+fn is_plain(align: usize, size: usize) -> bool {
     align <= PLAIN_ALIGN && size.is_multiple_of(align)
 }
 
 #[inline]
-fn aligned(p: *mut c_void, align: usize) -> bool {
+fn is_aligned(p: *mut c_void, align: usize) -> bool {
     (p as usize) & (align - 1) == 0
+}
+
+/// A block for `layout` from `plain` (`mi_malloc` or `mi_zalloc`) when that is aligned enough,
+/// else from `aligned` (their `_aligned` forms).
+///
+/// # Safety
+/// `layout.align()` is a power of two (as `Layout` guarantees); the pair is a matching one.
+#[inline]
+unsafe fn allocate(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    if is_plain(align, size) {
+        // SAFETY: plain C call; any size is accepted.
+        let p = unsafe { plain(size) };
+        if is_aligned(p, align) {
+            return p.cast();
+        }
+        // SAFETY: `p` came from mimalloc and is not used again.
+        unsafe { mi::mi_free(p) };
+    }
+    // SAFETY: `align` is a power of two, as the caller guarantees.
+    unsafe { aligned(size, align) }.cast()
 }
 
 // SAFETY: every method returns either null or a block from mimalloc of at least the layout's
@@ -43,34 +68,14 @@ fn aligned(p: *mut c_void, align: usize) -> bool {
 unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        if plain(align, size) {
-            // SAFETY: plain C call; any size is accepted.
-            let p = unsafe { mi::mi_malloc(size) };
-            if aligned(p, align) {
-                return p.cast();
-            }
-            // SAFETY: `p` came from `mi_malloc` and is not used again.
-            unsafe { mi::mi_free(p) };
-        }
-        // SAFETY: `align` is a power of two, as `Layout` guarantees.
-        unsafe { mi::mi_malloc_aligned(size, align) }.cast()
+        // SAFETY: a `Layout`'s alignment is a power of two; the pair matches.
+        unsafe { allocate(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let (size, align) = (layout.size(), layout.align());
-        if plain(align, size) {
-            // SAFETY: plain C call; any size is accepted.
-            let p = unsafe { mi::mi_zalloc(size) };
-            if aligned(p, align) {
-                return p.cast();
-            }
-            // SAFETY: `p` came from `mi_zalloc` and is not used again.
-            unsafe { mi::mi_free(p) };
-        }
-        // SAFETY: `align` is a power of two, as `Layout` guarantees.
-        unsafe { mi::mi_zalloc_aligned(size, align) }.cast()
+        // SAFETY: a `Layout`'s alignment is a power of two; the pair matches.
+        unsafe { allocate(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
@@ -82,10 +87,10 @@ unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let align = layout.align();
-        if plain(align, new_size) {
+        if is_plain(align, new_size) {
             // SAFETY: the caller passes a block this allocator returned, still live.
             let p = unsafe { mi::mi_realloc(ptr.cast(), new_size) };
-            if aligned(p, align) {
+            if is_aligned(p, align) {
                 return p.cast();
             }
             // `mi_realloc` moved the contents and freed the old block; move them once more to
