@@ -147,6 +147,17 @@ peak_rss() {
     echo "$total"
 }
 
+# CPU time used so far by PID and its children (nginx's workers), in clock ticks: "USER SYSTEM".
+cpu_ticks() {
+    local user=0 sys=0 p u s
+    for p in "$1" $(pgrep -P "$1" || true); do
+        read -r u s < <(awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null || echo 0 0)
+        user=$((user + u))
+        sys=$((sys + s))
+    done
+    echo "$user $sys"
+}
+
 # Reset the peak RSS of PID and its children to their current RSS (Linux clear_refs 5).
 reset_peak_rss() {
     local p
@@ -255,15 +266,21 @@ measure_wrk() {
     log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (wrk -t$THREADS -c$CONNECTIONS)"
     bounded $((WARMUP + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "${args[@]}" "$url" \
         >"$out.warmup" 2>&1 || die "wrk warm-up failed: $(cat "$out.warmup")"
-    local before=""
+    local before="" cpu0 cpu1 cpu
     case $target in "tollgate (redis)" | "tollgate (cluster)") before=$(redis_commands) ;; esac
+    cpu0=$(cpu_ticks "$pid")
     bounded $((DURATION + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency \
         "${args[@]}" "$url" >"$out" 2>&1 || die "wrk failed: $(cat "$out")"
+    cpu1=$(cpu_ticks "$pid")
     local rss probe fields
     rss=$(peak_rss "$pid")
     probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "${probe_args[@]}" "$url" || echo failed)
     fields=$(python3 "$HERE/summarize.py" wrk "$out")
-    printf '%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" >>"$ROWS"
+    # The process's user and system CPU per request of the measured run, in microseconds.
+    # shellcheck disable=SC2086 # two numbers each
+    cpu=$(python3 -c 'import sys; u0, s0, u1, s1, tck, n = map(float, sys.argv[1:]); print(f"{(u1 - u0) * 1e6 / tck / max(n, 1):.2f}/{(s1 - s0) * 1e6 / tck / max(n, 1):.2f}")' \
+        $cpu0 $cpu1 "$(getconf CLK_TCK)" "$(cut -f4 <<<"$fields" | tr -c '0-9\n' 0)")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$scen" "$target" "$fields" "$rss" "$probe" "$cpu" >>"$ROWS"
     if [ -n "$before" ]; then
         local after total
         after=$(redis_commands)

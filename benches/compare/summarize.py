@@ -97,14 +97,23 @@ def num(x):
 
 def report(rows_path, ratios_path):
     rows = [l.rstrip("\n").split("\t") for l in open(rows_path, encoding="utf-8") if l.strip()]
-    # scenario, target, rps, p50, p99, requests, non2xx, errors, rss_kb, probe
-    print("| scenario | target | req/s | p50 (ms) | p99 (ms) | peak RSS (MB) | non-2xx |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    # scenario, target, rps, p50, p99, requests, non2xx, errors, rss_kb, probe[, cpu]: cpu is
+    # "USER/SYSTEM" microseconds per request (wrk runs only; h2load's include its warm-up).
+    print(
+        "| scenario | target | req/s | p50 (ms) | p99 (ms) | CPU per request (µs, user + system)"
+        " | peak RSS (MB) | non-2xx |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     by = {}
-    for scen, target, rps, p50, p99, total, non2xx, errors, rss, probe in rows:
+    for row in rows:
+        scen, target, rps, p50, p99, total, non2xx, errors, rss, probe = row[:10]
+        cpu = row[10] if len(row) > 10 else "-"
+        user, _, system = cpu.partition("/")
+        cpu_total = num(user) + num(system) if num(user) is not None and num(system) is not None else None
+        cpu_cell = f"{user} + {system}" if cpu_total is not None else "-"
         # With ROUNDS > 1 a scenario's target is measured several times: each run is a row.
         runs = by.setdefault((scen, target), [])
-        runs.append((rps, p99))
+        runs.append((rps, p99, cpu_total))
         label = target if len(runs) == 1 else f"{target}, round {len(runs)}"
         rss_mb = f"{int(rss) / 1024:.1f}" if rss.isdigit() else "-"
         cell = f"{non2xx} of {total}"
@@ -113,7 +122,7 @@ def report(rows_path, ratios_path):
         if errors != "0":
             cell += f", {errors} socket errors"
         rps_cell = f"{float(rps):,.0f}" if num(rps) is not None else rps
-        print(f"| {scen} | {label} | {rps_cell} | {p50} | {p99} | {rss_mb} | {cell} |")
+        print(f"| {scen} | {label} | {rps_cell} | {p50} | {p99} | {cpu_cell} | {rss_mb} | {cell} |")
     print()
     for line in open(ratios_path, encoding="utf-8"):
         if not line.strip():
@@ -125,10 +134,16 @@ def report(rows_path, ratios_path):
             continue
         tp = ratio(median(r[0] for r in a), median(r[0] for r in b))
         lat = ratio(median(r[1] for r in a), median(r[1] for r in b))
+        cpu = ratio(median(r[2] for r in a), median(r[2] for r in b))
+        # The proxy's own CPU per request moves less with the machine's load than req/s does.
+        cpu_part = f", CPU per request {cpu}" if cpu != "-" else ""
         if len(a) == 1 and len(b) == 1:
-            print(f"- {label}: throughput {tp}, p99 {lat}")
+            print(f"- {label}: throughput {tp}, p99 {lat}{cpu_part}")
             continue
-        line = f"- {label}: throughput {tp}, p99 {lat} between the medians of {len(a)} and {len(b)} runs"
+        line = (
+            f"- {label}: throughput {tp}, p99 {lat}{cpu_part} between the medians of"
+            f" {len(a)} and {len(b)} runs"
+        )
         if len(a) == len(b):
             # Round by round: the i-th run of each, as they alternated.
             each = ", ".join(
