@@ -285,16 +285,18 @@ measure_wrk() {
         local after total
         after=$(redis_commands)
         total=$(cut -f4 <<<"$fields")
-        # $before and $after are two numbers each: split on purpose.
+        # $before and $after are three numbers each: split on purpose.
         # shellcheck disable=SC2086
-        note "$(python3 - "$scen" "$total" $before $after <<'PY'
+        note "$(python3 - "$scen" "$total" "${#REDIS_PORTS[@]}" $before $after <<'PY'
 import sys
-scen, total, a0, s0, a1, s1 = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])
-all_, scripts = a1 - a0 - 1, s1 - s0  # less the INFO that took the first snapshot
+scen, total, servers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+a0, s0, c0, a1, s1, c1 = map(int, sys.argv[4:])
+all_, scripts = a1 - a0 - servers, s1 - s0  # less the INFO that took the first snapshot
 print(f"{scen}: Redis ran {scripts} script calls ({all_} commands counting those the script "
       f"runs inside Redis) for {total} requests completed in the measured run: "
       f"{scripts / max(total, 1):.3f} round trips per request (the requests still in flight at "
-      f"the end make this slightly above the real figure).")
+      f"the end make this slightly above the real figure); redis-server used "
+      f"{(c1 - c0) / max(total, 1):.2f} us of CPU per request (not in the table's CPU column).")
 PY
 )"
     fi

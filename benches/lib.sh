@@ -110,15 +110,16 @@ start_cluster() {
     REDIS_PORTS=("${CLUSTER_PORTS[@]}")
 }
 
-# "ALL SCRIPTS": commands Redis has processed, and of those the script calls (EVAL, EVALSHA and
-# their _RO forms), summed over the servers of REDIS_PORTS. Commands a script runs inside Redis
-# (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the number of round trips a
-# request costs.
+# "ALL SCRIPTS CPU": commands Redis has processed, and of those the script calls (EVAL, EVALSHA
+# and their _RO forms), and the CPU time the servers used (user + system, microseconds), summed
+# over the servers of REDIS_PORTS. Commands a script runs inside Redis (TIME, GET, SET) count in
+# ALL too, so SCRIPTS per request is the number of round trips a request costs.
 redis_commands() {
     local port
     for port in "${REDIS_PORTS[@]}"; do
-        redis-cli -p "$port" info commandstats
+        redis-cli -p "$port" info commandstats cpu
     done | tr -d '\r' | awk -F'[:=,]' '
         /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
-        END { print all + 0, scripts + 0 }'
+        /^used_cpu_(sys|user):/ { cpu += $2 }
+        END { printf "%d %d %.0f\n", all, scripts, cpu * 1e6 }'
 }
