@@ -64,7 +64,7 @@ wait_port() {
 
 # PID, or a child of PID, holds the listening socket on PORT (true when ss is not installed).
 listens() {
-    local port=$1 pid=$2 owners
+    local port=$1 pid=$2 owners owner
     command -v ss >/dev/null || return 0
     owners=$(ss -Hltnp "sport = :$port" | grep -o 'pid=[0-9]*' | cut -d= -f2)
     for owner in $owners; do

@@ -5,7 +5,8 @@
 //! block over 1 KB, or one whose size class is not a power of two, mimalloc then takes its
 //! generic aligned path: it over-allocates by `align - 1` bytes and aligns by hand. A forwarded
 //! request makes about five such allocations (hyper's 8 KB read buffers, boxed futures of a
-//! few KB), and callgrind put them at about 1,800 instructions, 5% of the request. This is the
+//! few KB), and callgrind put them at about 1,800 instructions, 5% of the request; served by
+//! `mi_malloc` they cost about 1,200, a saving of 1.6% of the request. This is the
 //! fix proposed upstream (`purpleprotocol/mimalloc_rust#170`, open): a layout whose alignment is
 //! at most 16 and divides its size is served by `mi_malloc`, whose blocks of such sizes are
 //! aligned to it. The pointer is still checked, and a misaligned one (which mimalloc does not
