@@ -348,13 +348,14 @@ check_log() {
 
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
-# rounds A B: run the functions A and B (nginx's and tollgate's measurement of one scenario)
+# rounds A B [ARGS...]: run the functions A and B (with ARGS) (nginx's and tollgate's measurement of one scenario)
 # ROUNDS times each, A first in odd rounds and B first in even ones, so that a drift of the
 # machine's speed during the runs weighs on both alike.
 rounds() {
-    local r
+    local r a=$1 b=$2
+    shift 2
     for r in $(seq "$ROUNDS"); do
-        if ((r % 2)); then "$1"; "$2"; else "$2"; "$1"; fi
+        if ((r % 2)); then "$a" "$@"; "$b" "$@"; else "$b" "$@"; "$a" "$@"; fi
     done
 }
 
@@ -422,59 +423,49 @@ fi
 # Scenarios 3, 3c and 3d compare tollgate with Redis against tollgate with the same limits in
 # process, measured in alternating rounds beside it (not against scenario 1's runs, made
 # minutes apart on a machine whose speed drifts).
-redis_local() {
-    tollgate_measures tollgate-redis-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3 redis forwarded" "tollgate (local)"
+# beside_local LABEL NAME SCENARIO TARGET LIMITER: tollgate with LIMITER (as TARGET) and with the
+# local limiter ("tollgate (local)"), ROUNDS times each in SCENARIO, then their ratio as LABEL.
+# NAME names the runs' directories.
+local_run() {
+    tollgate_measures "$1-local" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "tollgate (local)"
 }
-redis_redis() {
-    tollgate_measures tollgate-redis-forwarded "$(redis_limiter)" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3 redis forwarded" "tollgate (redis)"
+shared_run() {
+    tollgate_measures "$1" "$4" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "$3"
+}
+beside_local() {
+    local label=$1
+    shift
+    rounds local_run shared_run "$@"
+    ratio "$label" "$2" "$3" "$2" "tollgate (local)"
 }
 if want redis; then
     start_redis
-    rounds redis_local redis_redis
+    beside_local "3 redis forwarded, tollgate-redis/tollgate-local" \
+        tollgate-redis "3 redis forwarded" "tollgate (redis)" "$(redis_limiter)"
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
     tollgate_measures tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}" \
         measure_wrk "3 redis rejected" "tollgate (redis)"
     note "redis-server peak RSS $(($(peak_rss "$REDIS_PID") / 1024)) MB (not in the table's figure)."
     stop "$REDIS_PID"
-    ratio "3 redis forwarded, tollgate-redis/tollgate-local" "3 redis forwarded" "tollgate (redis)" "3 redis forwarded" "tollgate (local)"
     ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
 fi
 
-cluster_local() {
-    tollgate_measures tollgate-cluster-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3c cluster forwarded" "tollgate (local)"
-}
-cluster_cluster() {
-    tollgate_measures tollgate-cluster-forwarded "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3c cluster forwarded" "tollgate (cluster)"
-}
 if want cluster; then
     start_cluster
-    rounds cluster_local cluster_cluster
+    beside_local "3c cluster forwarded, tollgate-cluster/tollgate-local" \
+        tollgate-cluster "3c cluster forwarded" "tollgate (cluster)" "$(cluster_limiter)"
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
-    ratio "3c cluster forwarded, tollgate-cluster/tollgate-local" "3c cluster forwarded" "tollgate (cluster)" "3c cluster forwarded" "tollgate (local)"
 fi
 
 # Scenario 3d: a per-client and a `global` limit, the two buckets of a request in two slots
 # on a cluster, against the same two limits in process.
-slots_local() {
-    tollgate_measures tollgate-slots-local "$LOCAL" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3d two limits forwarded" "tollgate (local)"
-}
-slots_cluster() {
-    tollgate_measures tollgate-slots-cluster "$(cluster_limiter)" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "3d two limits forwarded" "tollgate (cluster)"
-}
 if want slots; then
     TOLLGATE_EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
     start_cluster
-    rounds slots_local slots_cluster
+    beside_local "3d two limits (ip + global) forwarded, tollgate-cluster/tollgate-local" \
+        tollgate-slots "3d two limits forwarded" "tollgate (cluster)" "$(cluster_limiter)"
     for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
     TOLLGATE_EXTRA=
-    ratio "3d two limits (ip + global) forwarded, tollgate-cluster/tollgate-local" \
-        "3d two limits forwarded" "tollgate (cluster)" "3d two limits forwarded" "tollgate (local)"
 fi
 
 keys_nginx() {
