@@ -222,39 +222,35 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         for upstream in snapshot.upstreams() {
             upstream.expire_idle();
         }
-        if forgotten >= NUDGE_AFTER_FORGETTING {
+        if forgotten >= COLLECT_AFTER_FORGETTING {
             tokio::spawn(async move {
-                // Each nudge purges what has been free for the delay, in some of the arenas.
-                for _ in 0..NUDGES {
-                    tokio::time::sleep(NUDGE_DELAY).await;
-                    nudge_allocator();
-                    // The workers too: memory they own that another thread freed (the sweep
-                    // runs here) is theirs to take back, at their next allocation of this size.
-                    crate::forward::on_every_worker(|| async { nudge_allocator() });
+                // This thread freed the buckets, but most were allocated by the workers: the
+                // pages are theirs, so each worker collects its own heap too. A second pass
+                // later takes what was still in use, or on its way back, at the first.
+                for pass in 0..COLLECTS {
+                    if pass > 0 {
+                        tokio::time::sleep(COLLECT_AGAIN).await;
+                    }
+                    tollgate_alloc::collect();
+                    crate::forward::on_every_worker(|| async { tollgate_alloc::collect() });
                 }
             });
         }
     }
 }
 
-/// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for.
-const NUDGE_AFTER_FORGETTING: usize = 10_000;
+/// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for: the
+/// allocator keeps freed pages for a while (mimalloc's purge delay, and until the thread that
+/// owns them frees again), so a proxy that went idle after a flood would keep its peak RSS.
+/// `tollgate_alloc::collect` hands them back at once (the binary's global allocator is
+/// `tollgate_alloc::Allocator`; under another one this only walks an empty heap).
+const COLLECT_AFTER_FORGETTING: usize = 10_000;
 
-/// mimalloc's purge delay (1 s by default), with a margin.
-const NUDGE_DELAY: Duration = Duration::from_millis(1200);
+/// Collections after such a sweep.
+const COLLECTS: u32 = 2;
 
-/// Nudges after such a sweep, one `NUDGE_DELAY` apart (all before the next sweep).
-const NUDGES: u32 = 3;
-
-/// Let the allocator hand freed memory back to the OS now. mimalloc returns the pages a sweep
-/// freed only once they have been free for its purge delay, and only when some thread next
-/// frees a page of its own: a proxy that went idle after a flood frees none, and kept its peak
-/// RSS. Allocating and freeing a large block, after the delay, makes that happen. The block is
-/// never touched, so it costs no memory, and this runs only after a sweep forgot many buckets.
-fn nudge_allocator() {
-    let block: Vec<u8> = Vec::with_capacity(16 << 20);
-    drop(std::hint::black_box(block));
-}
+/// Between them.
+const COLLECT_AGAIN: Duration = Duration::from_millis(1200);
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
 /// the future is first polled.
