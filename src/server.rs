@@ -76,12 +76,6 @@ pub fn builder(s: &ListenerSettings) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(None)
         .max_buf_size(s.max_header_bytes.max(8192))
         .max_headers(s.max_headers)
-        // One buffer per write (hyper copies body chunks after the head) rather than a writev
-        // of the head and each chunk: hyper's vectored flush sets up 64 slices per call. By
-        // callgrind 1.3% fewer instructions per forwarded request and 3.0% per 429; bodies of
-        // 16 and 128 KB stream as fast, 1 MB ones within noise or up to 9% slower on loopback
-        // (docs/performance.md, eighth session).
-        .writev(false)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
