@@ -223,18 +223,10 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
             upstream.expire_idle();
         }
         if forgotten >= COLLECT_AFTER_FORGETTING {
-            tokio::spawn(async move {
-                // This thread freed the buckets, but most were allocated by the workers: the
-                // pages are theirs, so each worker collects its own heap too. A second pass
-                // later takes what was still in use, or on its way back, at the first.
-                for pass in 0..COLLECTS {
-                    if pass > 0 {
-                        tokio::time::sleep(COLLECT_AGAIN).await;
-                    }
-                    tollgate_alloc::collect();
-                    crate::forward::on_every_worker(|| async { tollgate_alloc::collect() });
-                }
-            });
+            // This thread freed the buckets, but most were allocated by the workers: the pages
+            // are theirs, so each worker collects its own heap too.
+            tollgate_alloc::collect();
+            crate::forward::on_every_worker(|| async { tollgate_alloc::collect() });
         }
     }
 }
@@ -245,12 +237,6 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
 /// `tollgate_alloc::collect` hands them back at once (the binary's global allocator is
 /// `tollgate_alloc::Allocator`; under another one this only walks an empty heap).
 const COLLECT_AFTER_FORGETTING: usize = 10_000;
-
-/// Collections after such a sweep.
-const COLLECTS: u32 = 2;
-
-/// Between them.
-const COLLECT_AGAIN: Duration = Duration::from_millis(1200);
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
 /// the future is first polled.
