@@ -348,8 +348,8 @@ check_log() {
 
 want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
-# rounds A B [ARGS...]: run the functions A and B (with ARGS) (nginx's and tollgate's measurement of one scenario)
-# ROUNDS times each, A first in odd rounds and B first in even ones, so that a drift of the
+# rounds A B [ARGS...]: run the functions A and B with ARGS (two measurements of one scenario,
+# such as nginx's and tollgate's) ROUNDS times each, A first in odd rounds and B first in even ones, so that a drift of the
 # machine's speed during the runs weighs on both alike.
 rounds() {
     local r a=$1 b=$2
@@ -423,15 +423,18 @@ fi
 # Scenarios 3, 3c and 3d compare tollgate with Redis against tollgate with the same limits in
 # process, measured in alternating rounds beside it (not against scenario 1's runs, made
 # minutes apart on a machine whose speed drifts).
-# beside_local LABEL NAME SCENARIO TARGET LIMITER: tollgate with LIMITER (as TARGET) and with the
-# local limiter ("tollgate (local)"), ROUNDS times each in SCENARIO, then their ratio as LABEL.
-# NAME names the runs' directories.
+# local_run NAME SCENARIO TARGET LIMITER: one forwarded run of tollgate with the local limiter,
+# as "tollgate (local)" (TARGET and LIMITER unused: the arguments are shared_run's).
 local_run() {
     tollgate_measures "$1-local" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "tollgate (local)"
 }
+# shared_run NAME SCENARIO TARGET LIMITER: one forwarded run of tollgate with LIMITER, as TARGET.
 shared_run() {
     tollgate_measures "$1" "$4" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "$3"
 }
+# beside_local LABEL NAME SCENARIO TARGET LIMITER: tollgate with LIMITER (as TARGET) and with the
+# local limiter ("tollgate (local)"), ROUNDS times each in SCENARIO, then their ratio as LABEL.
+# NAME names the runs' directories.
 beside_local() {
     local label=$1
     shift
