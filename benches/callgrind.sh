@@ -12,7 +12,8 @@
 # full profile stays in target/callgrind/NAME.out for `callgrind_annotate --inclusive=yes`.
 # Stops every process it started. About 2 minutes with the build.
 #
-# Environment: DURATION [10]; CONNECTIONS [8] (more make larger Redis batches); EXTRA [none], further limits of the route as YAML lines, e.g.
+# Environment: DURATION [10]; CONNECTIONS [8] (more make larger Redis batches); VALGRIND_EXTRA
+# [none], further callgrind options (`--dump-instr=yes` for costs by instruction address); EXTRA [none], further limits of the route as YAML lines, e.g.
 #   EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
 # for the per-client and `global` limits of compare.sh's scenario 3d.
 set -euo pipefail
@@ -59,7 +60,7 @@ NAME=$WHAT-$MODE
 rm -f "$OUT/$NAME.out"*
 args=(run --config "$TMP/tollgate.yaml" --access-log false --log-level warn)
 [ "$WHAT" = bare ] && args=("127.0.0.1:$PORT" "127.0.0.1:$BACKEND")
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT/$NAME.out" \
+valgrind --tool=callgrind --instr-atstart=no ${VALGRIND_EXTRA:-} --callgrind-out-file="$OUT/$NAME.out" \
     "$BIN" "${args[@]}" 2>"$TMP/valgrind.log" &
 PID=$!
 PIDS+=("$PID")
