@@ -258,13 +258,13 @@ pub struct Downstream<'a> {
 /// `now`: about now (a request without a body is sent from then on).
 pub async fn send(
     upstream: &Upstream,
-    mut req: Request<Guarded>,
+    mut req: Box<Request<Guarded>>,
     down: Downstream<'_>,
     now: tokio::time::Instant,
 ) -> Result<Response<Pooled>, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
-    let client_side = websocket.then(|| hyper::upgrade::on(&mut req));
+    let client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
     let target = upstream.pick();
     rewrite(&mut req, &upstream.targets[target], down)?;
     if websocket {

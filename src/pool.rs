@@ -178,7 +178,7 @@ impl Pool {
         self: &Arc<Self>,
         target: usize,
         uri: &Uri,
-        mut req: Request<Guarded>,
+        mut req: Box<Request<Guarded>>,
         now: Instant,
         head_by: Option<Instant>,
     ) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
@@ -205,7 +205,7 @@ impl Pool {
             if let Some(at) = head_by {
                 conn.watch.expect_by(at);
             }
-            match conn.sender.try_send_request(req).await {
+            match conn.sender.try_send_request(*req).await {
                 Ok(res) => {
                     conn.watch.answered();
                     let lease = Lease {
@@ -221,7 +221,7 @@ impl Pool {
                 }
                 Err(mut e) => match e.take_message() {
                     // Never written: the upstream closed the connection just before.
-                    Some(unsent) if reused => req = unsent,
+                    Some(unsent) if reused => *req = unsent,
                     _ => return Err(SendError::Exchange(e.into_error())),
                 },
             }

@@ -1,6 +1,7 @@
 //! One request through the stages: route, identity, limits, then forward or answer.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -218,7 +219,10 @@ async fn pipeline<'a>(
             let body = Guarded::new(body, route.body, started.into());
             let sent = body.sent();
             trace.body_taken = true;
-            let req = Request::from_parts(parts, body);
+            // Boxed: each stage down to hyper's client takes the request by value, and moved
+            // whole it is 352 bytes, copied twice per async stage (into the stage's future,
+            // then into its body's locals); boxed, those moves are of a pointer.
+            let req = Box::new(Request::from_parts(parts, body));
             // Goes upstream now: with the in-process limiter that is microseconds after its
             // arrival (no clock read); a Redis check may have taken milliseconds.
             let now = if redis.is_some() {
@@ -234,6 +238,16 @@ async fn pipeline<'a>(
     Ok(res)
 }
 
+/// A future on the heap, built there rather than moved there. `Box::pin(fut)` builds the future
+/// on the stack, allocates, then copies all of it: every byte of its largest state, not just
+/// the arguments of the call. Allocating first and building the future straight into the
+/// allocation skips that copy (callgrind, forwarded request: 35,452 to 35,076 instructions with
+/// the request's future and the upstream exchange's, 2.5 KB and 2.3 KB).
+#[inline]
+pub(crate) fn boxed<F>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::into_pin(Box::write(Box::new_uninit(), make()))
+}
+
 /// The Content-Length the client declared, if any.
 fn declared_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -247,7 +261,7 @@ fn declared_length<B>(req: &Request<B>) -> Option<u64> {
 async fn forward_timed(
     state: &State,
     upstream: &forward::Upstream,
-    req: Request<Guarded>,
+    req: Box<Request<Guarded>>,
     down: Downstream<'_>,
     body: &Sent,
     now: Instant,
@@ -258,7 +272,7 @@ async fn forward_timed(
     // and moved: memcpy was the largest user-space item of a forwarded request's profile.
     // In a statement of its own: a temporary of the `.await` statement would be kept in this
     // future's state, unboxed, for the whole exchange.
-    let exchange = Box::pin(forward::send(upstream, req, down, now.into()));
+    let exchange = boxed(|| forward::send(upstream, req, down, now.into()));
     let result = exchange.await.map_err(|e| match body.failure() {
         Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
         Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
