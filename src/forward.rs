@@ -36,7 +36,7 @@ pub struct Upstream {
     pub fingerprint: [u8; 32],
     next: AtomicUsize,
     /// The upstream's response-time histogram, looked up once.
-    pub seconds: std::sync::OnceLock<prometheus_client::metrics::histogram::Histogram>,
+    pub seconds: std::sync::OnceLock<crate::sharded::Histogram>,
     /// `scheme://target/` of each target, for the connector.
     target_uris: Vec<Uri>,
     /// One pool per worker thread: a worker reuses connections whose tasks run on its own

@@ -20,7 +20,8 @@
 //! - `pool`: keep-alive upstream connections, one pool per worker thread and target.
 //! - `response`: 429 and the error responses, with the rate-limit headers.
 //! - `error`: request-path errors and their statuses.
-//! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it.
+//! - `metrics`: the Prometheus registry; `admin`: the admin listener serving it; `sharded`: the
+//!   per-thread counters and histograms the request path writes.
 //! - `config`: the YAML file, its validation and compilation into a `Snapshot`.
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
@@ -43,4 +44,5 @@ pub mod proxy_protocol;
 pub mod response;
 pub mod route;
 pub mod server;
+pub mod sharded;
 pub mod tls;

@@ -6,11 +6,12 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use crate::limiter::{decide::DECIDED_WITHOUT_BACKEND, Outcome};
 use crate::proxy::State;
+use crate::sharded;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -120,9 +121,9 @@ pub struct LimitLabels {
 #[derive(Debug)]
 pub struct RouteCounters {
     /// By status class: 1xx .. 5xx.
-    pub requests: [Counter; 5],
+    pub requests: [sharded::Counter; 5],
     /// By limit (route order), then by outcome (`OutcomeLabel` order).
-    pub decisions: Vec<[Counter; 5]>,
+    pub decisions: Vec<[sharded::Counter; 5]>,
 }
 
 const OUTCOMES: [OutcomeLabel; 5] = [
@@ -144,10 +145,11 @@ impl OutcomeLabel {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    pub requests: Family<RequestLabels, Counter>,
-    pub decisions: Family<DecisionLabels, Counter>,
-    pub backend_seconds: Histogram,
-    pub upstream_seconds: Family<UpstreamLabels, Histogram>,
+    // Written by every request: per thread (see `sharded`).
+    pub requests: Family<RequestLabels, sharded::Counter>,
+    pub decisions: Family<DecisionLabels, sharded::Counter>,
+    pub backend_seconds: sharded::Histogram,
+    pub upstream_seconds: Family<UpstreamLabels, sharded::Histogram>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub open_connections: Gauge,
     /// Open downstream connections by the worker thread serving them.
@@ -167,9 +169,9 @@ pub struct Metrics {
     breaker_open: Gauge,
 }
 
-fn latency_histogram() -> Histogram {
+fn latency_histogram() -> sharded::Histogram {
     // 50 µs .. ~26 s
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+    sharded::Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
 }
 
 impl Default for Metrics {

@@ -3,8 +3,10 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response, StatusCode, Version};
@@ -94,7 +96,7 @@ struct Trace<'a> {
 /// here and nowhere else.
 pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
-    let snapshot = state.config.load_full();
+    let snapshot = current(state);
     // The path is kept only for the access log, and only when it is on.
     let path = if tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
         req.uri().path().to_owned()
@@ -126,6 +128,35 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
     }
     record(state, &trace, &method, &path, res.status(), started);
     res
+}
+
+/// The live config snapshot, as a reference only this worker thread counts.
+///
+/// Every request holds the snapshot it started with. Cloning the `Arc` of the live snapshot
+/// would have every worker write the same reference count twice per request, and each of those
+/// writes waits for the line to come back from the other core. Instead each thread keeps the
+/// snapshot it last saw in an `Arc` of its own, and its requests clone that one; checking that
+/// it is still the live one is a read (`ArcSwap::load`), and a reload makes each thread take the
+/// new snapshot on its next request (and `forget_snapshot` drops the old one of an idle worker).
+// The second `Arc` is the point: a reference count of this thread's own.
+#[allow(clippy::redundant_allocation)]
+type Held = Arc<Arc<Snapshot>>;
+
+thread_local!(static SEEN: RefCell<Option<Held>> = const { RefCell::new(None) });
+
+fn current(state: &State) -> Held {
+    let live = state.config.load();
+    SEEN.with_borrow_mut(|seen| match seen {
+        Some(held) if Arc::ptr_eq(&**held, &*live) => held.clone(),
+        _ => seen.insert(Arc::new(Guard::into_inner(live))).clone(),
+    })
+}
+
+/// Let go of the snapshot this thread last served with, so that a worker with no requests does
+/// not keep a replaced config (its Redis connections, its buckets) alive. Run on every worker
+/// after a reload.
+pub fn forget_snapshot() {
+    SEEN.with_borrow_mut(Option::take);
 }
 
 /// Counts a request in flight while it lives.

@@ -62,6 +62,7 @@ pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
         Ok(next) => {
             log_changes(&current, &next);
             state.config.store(Arc::new(next));
+            crate::forward::on_every_worker(|| async { crate::proxy::forget_snapshot() });
             state.reloads.succeeded.fetch_add(1, Ordering::Relaxed);
             let generation = state.reloads.generation.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::info!(generation, "config reloaded");
