@@ -39,28 +39,15 @@ for s in "fwd $FWD 1000000/s 1000000" "rej $REJ 1/day 1"; do
 done
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
 
-cpu() { awk '{print $14, $15}' "/proc/$1/stat"; }
 measure() { # label binary config port
-    local label=$1 bin=$2 config=$3 port=$4 pid u0 s0 u1 s1 out n
+    local label=$1 bin=$2 config=$3 port=$4 pid
     "$bin" run --config "$config" --access-log false --log-level warn &
     pid=$!
     PIDS+=("$pid")
     for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    timeout 30 wrk -t2 -c64 -d1s "http://127.0.0.1:$port/" >/dev/null
-    read -r u0 s0 < <(cpu "$pid")
-    out=$(timeout $((DURATION + 30)) wrk -t2 -c64 -d"${DURATION}s" --latency "http://127.0.0.1:$port/")
-    read -r u1 s1 < <(cpu "$pid")
+    load_cpu "$label" "$port" "$pid"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
-    n=$(awk '/requests in/{print $1}' <<<"$out")
-    python3 - "$label" "$n" "$u0" "$s0" "$u1" "$s1" "$(getconf CLK_TCK)" \
-        "$(awk '/Requests\/sec/{print $2}' <<<"$out")" "$(awk '/ 99%/{print $2}' <<<"$out")" <<'PY'
-import sys
-label, n, u0, s0, u1, s1, tck, rps, p99 = sys.argv[1:]
-n, tck = int(n), int(tck)
-us = lambda a, b: (int(b) - int(a)) * 1e6 / tck / n
-print(f"{label:<14} {float(rps):>10,.0f} req/s  p99 {p99:>8}  user {us(u0, u1):5.2f} us  system {us(s0, s1):5.2f} us per request")
-PY
 }
 
 echo "A: $OLD"

@@ -123,3 +123,23 @@ redis_commands() {
         /^used_cpu_(sys|user):/ { cpu += $2 }
         END { printf "%d %d %.0f\n", all, scripts, cpu * 1e6 }'
 }
+
+# load_cpu LABEL PORT PID...: 1 s of warm-up, then DURATION seconds of `wrk -t2 -c64` on
+# 127.0.0.1:PORT; prints req/s, p99 and the user and system CPU per request of the PIDs
+# together (from /proc/PID/stat: a figure that moves less with background load than req/s).
+load_cpu() {
+    local label=$1 port=$2 pid u0=0 s0=0 u1=0 s1=0 a b out
+    shift 2
+    timeout 30 wrk -t2 -c64 -d1s "http://127.0.0.1:$port/" >/dev/null
+    for pid in "$@"; do read -r a b < <(awk '{print $14, $15}' "/proc/$pid/stat"); u0=$((u0 + a)); s0=$((s0 + b)); done
+    out=$(timeout $((DURATION + 30)) wrk -t2 -c64 -d"${DURATION}s" --latency "http://127.0.0.1:$port/")
+    for pid in "$@"; do read -r a b < <(awk '{print $14, $15}' "/proc/$pid/stat"); u1=$((u1 + a)); s1=$((s1 + b)); done
+    python3 - "$label" "$(awk '/requests in/{print $1}' <<<"$out")" "$u0" "$s0" "$u1" "$s1" \
+        "$(getconf CLK_TCK)" "$(awk '/Requests\/sec/{print $2}' <<<"$out")" "$(awk '/ 99%/{print $2}' <<<"$out")" <<'PY'
+import sys
+label, n, u0, s0, u1, s1, tck, rps, p99 = sys.argv[1:]
+n, tck = int(n), int(tck)
+us = lambda a, b: (int(b) - int(a)) * 1e6 / tck / n
+print(f"{label:<14} {float(rps):>10,.0f} req/s  p99 {p99:>8}  user {us(u0, u1):5.2f} us  system {us(s0, s1):5.2f} us per request")
+PY
+}

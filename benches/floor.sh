@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The hyper floor: nginx, the bare hyper proxy (examples/bare_hyper_proxy.rs: hyper and tokio
+# alone, none of tollgate's work) and tollgate, each forwarding to the same backend, with the
+# CPU each spends per request. Tells how much of tollgate's gap to nginx is hyper's and how
+# much is tollgate's own.
+#
+#   benches/floor.sh
+#
+# Starts on 127.0.0.1 only the backend and nginx of benches/compare.sh (scenario 1's config:
+# `limit_req` never reached) and builds the release binary and example when missing. ROUNDS
+# times, alternating, each proxy afresh: a 1 s warm-up and DURATION seconds of `wrk -t2 -c64`,
+# then req/s, p99 and user and system CPU per request (nginx: its two workers together). Stops
+# every process it started. About ROUNDS * 3 * (DURATION + 2) seconds.
+#
+# Environment: ROUNDS [3], DURATION [5]; TOLLGATE_BIN, BARE_BIN: binaries to use instead.
+set -euo pipefail
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+for tool in nginx wrk curl python3; do
+    command -v "$tool" >/dev/null || { echo "floor.sh needs $tool (see benches/compare.sh)" >&2; exit 1; }
+done
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$ROOT/benches/compare
+# shellcheck source=benches/lib.sh
+. "$ROOT/benches/lib.sh"
+TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+BARE_BIN=${BARE_BIN:-$ROOT/target/release/examples/bare_hyper_proxy}
+[ -x "$TOLLGATE_BIN" ] || (cd "$ROOT" && cargo build --release --locked --bin tollgate)
+[ -x "$BARE_BIN" ] || (cd "$ROOT" && cargo build --release --locked --example bare_hyper_proxy)
+with_cleanup
+
+start_nginx_backend "$HERE"
+TPORT=$(free_port)
+NPORT=$(free_port)
+BPORT=$(free_port)
+fill "$HERE/tollgate.yaml.in" "$TMP/tollgate.yaml" "PORT=$TPORT" "BACKEND_PORT=$BACKEND" \
+    "LIMITER=  backend: local" "HEADERS=true" "RATE=1000000/s" "BURST=1000000" "KEY=ip" "EXTRA="
+mkdir -p "$TMP/nginx"
+fill "$HERE/nginx-proxy.conf.in" "$TMP/nginx/nginx.conf" "DIR=$TMP/nginx" "PORT=$NPORT" \
+    "H2_PORT=$(free_port)" "BACKEND_PORT=$BACKEND" "ZONE_KEY=\$binary_remote_addr" \
+    "ZONE_SIZE=10m" "RATE=1000000r/s" "BURST=1000000"
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
+
+# measure LABEL PORT COMMAND...: start COMMAND, measure it (and its children), stop it.
+measure() {
+    local label=$1 port=$2 pid
+    shift 2
+    "$@" &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+    # nginx's master only waits; its workers do the work.
+    # shellcheck disable=SC2046
+    load_cpu "$label" "$port" "$pid" $(pgrep -P "$pid" || true)
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+}
+
+for round in $(seq "$ROUNDS"); do
+    measure nginx "$NPORT" nginx -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx"
+    measure "bare hyper" "$BPORT" "$BARE_BIN" "127.0.0.1:$BPORT" "127.0.0.1:$BACKEND"
+    measure tollgate "$TPORT" "$TOLLGATE_BIN" run --config "$TMP/tollgate.yaml" \
+        --access-log false --log-level warn
+    if [ "$round" -lt "$ROUNDS" ]; then echo; fi
+done
