@@ -574,6 +574,11 @@ fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Smal
             .map(str::trim)
             .filter(|o| !o.is_empty());
         for option in options {
+            // The usual options, `keep-alive` and `close`: the first names a hop-by-hop header
+            // (doomed above if present), the second none. No scan of the names for them.
+            if option.eq_ignore_ascii_case("keep-alive") || option.eq_ignore_ascii_case("close") {
+                continue;
+            }
             if let Some(k) = headers
                 .keys()
                 .find(|k| k.as_str().eq_ignore_ascii_case(option) && !doomed.contains(k))
