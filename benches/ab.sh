@@ -18,13 +18,11 @@ OLD=$(realpath "$1")
 NEW=$(realpath "$2")
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-5}
-for tool in nginx wrk curl python3; do
-    command -v "$tool" >/dev/null || { echo "ab.sh needs $tool (see benches/compare.sh)" >&2; exit 1; }
-done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$ROOT/benches/compare
 # shellcheck source=benches/lib.sh
 . "$ROOT/benches/lib.sh"
+need nginx wrk curl python3
 with_cleanup
 
 start_nginx_backend "$HERE"

@@ -16,13 +16,11 @@
 set -euo pipefail
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
-for tool in nginx wrk curl python3; do
-    command -v "$tool" >/dev/null || { echo "floor.sh needs $tool (see benches/compare.sh)" >&2; exit 1; }
-done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE=$ROOT/benches/compare
 # shellcheck source=benches/lib.sh
 . "$ROOT/benches/lib.sh"
+need nginx wrk curl python3
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 BARE_BIN=${BARE_BIN:-$ROOT/target/release/examples/bare_hyper_proxy}
 [ -x "$TOLLGATE_BIN" ] || (cd "$ROOT" && cargo build --release --locked --bin tollgate)

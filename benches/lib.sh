@@ -46,6 +46,14 @@ start_nginx_backend() {
 # Stop the script with MESSAGE, naming the script.
 die() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
+# need TOOL...: stop unless every TOOL is installed (benches/compare.sh installs them).
+need() {
+    local tool
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || die "needs $tool (benches/compare.sh installs it)"
+    done
+}
+
 # Wait until 127.0.0.1:PORT accepts and PID (or a process it started) is the one listening,
 # failing early if PID died. The owner matters: a port picked by free_port may still be held by
 # a process of an earlier run that is on its way out (a slow-dying redis-server, say), and a
