@@ -130,6 +130,16 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
     res
 }
 
+/// A snapshot as one thread holds it. The second `Arc` is the point: a reference count that
+/// only this thread's requests write.
+#[allow(clippy::redundant_allocation)]
+type Held = Arc<Arc<Snapshot>>;
+
+thread_local! {
+    /// The snapshot this thread last served with.
+    static SEEN: RefCell<Option<Held>> = const { RefCell::new(None) };
+}
+
 /// The live config snapshot, as a reference only this worker thread counts.
 ///
 /// Every request holds the snapshot it started with. Cloning the `Arc` of the live snapshot
@@ -138,12 +148,6 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
 /// snapshot it last saw in an `Arc` of its own, and its requests clone that one; checking that
 /// it is still the live one is a read (`ArcSwap::load`), and a reload makes each thread take the
 /// new snapshot on its next request (and `forget_snapshot` drops the old one of an idle worker).
-// The second `Arc` is the point: a reference count of this thread's own.
-#[allow(clippy::redundant_allocation)]
-type Held = Arc<Arc<Snapshot>>;
-
-thread_local!(static SEEN: RefCell<Option<Held>> = const { RefCell::new(None) });
-
 fn current(state: &State) -> Held {
     let live = state.config.load();
     SEEN.with_borrow_mut(|seen| match seen {

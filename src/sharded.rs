@@ -13,12 +13,13 @@ use std::sync::{Arc, LazyLock};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-/// Slots per metric: one per core and one more (for the control thread and tests), at most 64.
-/// Threads beyond that share slots: still correct, only contended again.
+/// Slots per metric: one per core and one more (for the control thread and tests), at most 16,
+/// as each takes a cache line (64 bytes) in every counter. Threads beyond that share slots:
+/// still correct, only contended again, by a few threads instead of all.
 static SLOTS: LazyLock<usize> = LazyLock::new(|| {
     std::thread::available_parallelism()
         .map_or(2, |n| n.get() + 1)
-        .min(64)
+        .min(16)
 });
 
 /// This thread's slot.
