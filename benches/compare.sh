@@ -147,17 +147,6 @@ peak_rss() {
     echo "$total"
 }
 
-# CPU time used so far by PID and its children (nginx's workers), in clock ticks: "USER SYSTEM".
-cpu_ticks() {
-    local user=0 sys=0 p u s
-    for p in "$1" $(pgrep -P "$1" || true); do
-        read -r u s < <(awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null || echo 0 0)
-        user=$((user + u))
-        sys=$((sys + s))
-    done
-    echo "$user $sys"
-}
-
 # Reset the peak RSS of PID and its children to their current RSS (Linux clear_refs 5).
 reset_peak_rss() {
     local p

@@ -47,9 +47,8 @@ measure() {
     pid=$!
     PIDS+=("$pid")
     for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    # nginx's master only waits; its workers do the work.
-    # shellcheck disable=SC2046
-    load_cpu "$label" "$port" "$pid" $(pgrep -P "$pid" || true)
+    # nginx's master only waits; its workers, counted as its children, do the work.
+    load_cpu "$label" "$port" "$pid"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
 }

@@ -46,6 +46,17 @@ start_nginx_backend() {
 # Stop the script with MESSAGE, naming the script.
 die() { printf '%s: %s\n' "$(basename "$0")" "$*" >&2; exit 1; }
 
+# CPU time used so far by PID and its children (nginx's workers), in clock ticks: "USER SYSTEM".
+cpu_ticks() {
+    local user=0 sys=0 p u s
+    for p in "$1" $(pgrep -P "$1" || true); do
+        read -r u s < <(awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null || echo 0 0)
+        user=$((user + u))
+        sys=$((sys + s))
+    done
+    echo "$user $sys"
+}
+
 # need TOOL...: stop unless every TOOL is installed (benches/compare.sh installs them).
 need() {
     local tool
@@ -132,16 +143,15 @@ redis_commands() {
         END { printf "%d %d %.0f\n", all, scripts, cpu * 1e6 }'
 }
 
-# load_cpu LABEL PORT PID...: 1 s of warm-up, then DURATION seconds of `wrk -t2 -c64` on
-# 127.0.0.1:PORT; prints req/s, p99 and the user and system CPU per request of the PIDs
-# together (from /proc/PID/stat: a figure that moves less with background load than req/s).
+# load_cpu LABEL PORT PID: 1 s of warm-up, then DURATION seconds of `wrk -t2 -c64` on
+# 127.0.0.1:PORT; prints req/s, p99 and the user and system CPU per request of PID and its
+# children (from /proc/PID/stat: a figure that moves less with background load than req/s).
 load_cpu() {
-    local label=$1 port=$2 pid u0=0 s0=0 u1=0 s1=0 a b out
-    shift 2
+    local label=$1 port=$2 pid=$3 u0 s0 u1 s1 out
     timeout 30 wrk -t2 -c64 -d1s "http://127.0.0.1:$port/" >/dev/null
-    for pid in "$@"; do read -r a b < <(awk '{print $14, $15}' "/proc/$pid/stat"); u0=$((u0 + a)); s0=$((s0 + b)); done
+    read -r u0 s0 < <(cpu_ticks "$pid")
     out=$(timeout $((DURATION + 30)) wrk -t2 -c64 -d"${DURATION}s" --latency "http://127.0.0.1:$port/")
-    for pid in "$@"; do read -r a b < <(awk '{print $14, $15}' "/proc/$pid/stat"); u1=$((u1 + a)); s1=$((s1 + b)); done
+    read -r u1 s1 < <(cpu_ticks "$pid")
     python3 - "$label" "$(awk '/requests in/{print $1}' <<<"$out")" "$u0" "$s0" "$u1" "$s1" \
         "$(getconf CLK_TCK)" "$(awk '/Requests\/sec/{print $2}' <<<"$out")" "$(awk '/ 99%/{print $2}' <<<"$out")" <<'PY'
 import sys
