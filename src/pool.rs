@@ -191,7 +191,7 @@ impl Pool {
                 None => {
                     // The box in a statement of its own: a temporary of the `.await`
                     // statement would be kept in this future's state, unboxed.
-                    let connect = Box::pin(self.connect(uri));
+                    let connect = crate::boxed(|| self.connect(uri));
                     (connect.await?, false)
                 }
             };

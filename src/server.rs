@@ -421,7 +421,7 @@ impl Connection {
                 // Boxed: hyper keeps a slot for the service's future in every connection's
                 // state, in use or not, so an idle keep-alive connection held this request's
                 // future inline (3.1 KB of its 38.8). One allocation per request instead.
-                proxy::boxed(|| async move {
+                crate::boxed(|| async move {
                     let s = &*request.shared;
                     if req.version() == http::Version::HTTP_2 {
                         s.activity.http2.store(true, Ordering::Release);

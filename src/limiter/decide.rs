@@ -54,7 +54,7 @@ pub async fn decide(
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
         Some(r) => {
-            let check = crate::proxy::boxed(|| r.check(&checks, &enforced));
+            let check = crate::boxed(|| r.check(&checks, &enforced));
             match check.await {
                 Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
                 Err(_) => without_backend(&mut results, &checks, now),
