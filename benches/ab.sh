@@ -38,14 +38,7 @@ done
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
 
 measure() { # label binary config port
-    local label=$1 bin=$2 config=$3 port=$4 pid
-    "$bin" run --config "$config" --access-log false --log-level warn &
-    pid=$!
-    PIDS+=("$pid")
-    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    load_cpu "$label" "$port" "$pid"
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    load_cmd "$1" "$4" "$2" run --config "$3" --access-log false --log-level warn
 }
 
 echo "A: $OLD"

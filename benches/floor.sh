@@ -39,24 +39,10 @@ fill "$HERE/nginx-proxy.conf.in" "$TMP/nginx/nginx.conf" "DIR=$TMP/nginx" "PORT=
     "ZONE_SIZE=10m" "RATE=1000000r/s" "BURST=1000000"
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
 
-# measure LABEL PORT COMMAND...: start COMMAND, measure it (and its children), stop it.
-measure() {
-    local label=$1 port=$2 pid
-    shift 2
-    "$@" &
-    pid=$!
-    PIDS+=("$pid")
-    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    # nginx's master only waits; its workers, counted as its children, do the work.
-    load_cpu "$label" "$port" "$pid"
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
-}
-
 for round in $(seq "$ROUNDS"); do
-    measure nginx "$NPORT" nginx -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx"
-    measure "bare hyper" "$BPORT" "$BARE_BIN" "127.0.0.1:$BPORT" "127.0.0.1:$BACKEND"
-    measure tollgate "$TPORT" "$TOLLGATE_BIN" run --config "$TMP/tollgate.yaml" \
+    load_cmd nginx "$NPORT" nginx -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx"
+    load_cmd "bare hyper" "$BPORT" "$BARE_BIN" "127.0.0.1:$BPORT" "127.0.0.1:$BACKEND"
+    load_cmd tollgate "$TPORT" "$TOLLGATE_BIN" run --config "$TMP/tollgate.yaml" \
         --access-log false --log-level warn
     if [ "$round" -lt "$ROUNDS" ]; then echo; fi
 done

@@ -161,3 +161,17 @@ us = lambda a, b: (int(b) - int(a)) * 1e6 / tck / n
 print(f"{label:<14} {float(rps):>10,.0f} req/s  p99 {p99:>8}  user {us(u0, u1):5.2f} us  system {us(s0, s1):5.2f} us per request")
 PY
 }
+
+# load_cmd LABEL PORT COMMAND...: start COMMAND, wait until it answers on 127.0.0.1:PORT,
+# `load_cpu` it (with its children: nginx's workers), stop it.
+load_cmd() {
+    local label=$1 port=$2 pid
+    shift 2
+    "$@" &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+    load_cpu "$label" "$port" "$pid"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+}
