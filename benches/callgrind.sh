@@ -13,7 +13,10 @@
 # Stops every process it started. About 2 minutes with the build.
 #
 # Environment: DURATION [10]; CONNECTIONS [8] (more make larger Redis batches); VALGRIND_EXTRA
-# [none], further callgrind options (`--dump-instr=yes` for costs by instruction address); EXTRA [none], further limits of the route as YAML lines, e.g.
+# [none], further callgrind options (`--dump-instr=yes` for costs by instruction address);
+# HEADERS [true], whether tollgate sends the rate-limit headers; LIMITS [on], `off` for a route
+# without limits (what the proxy costs without a check); EXTRA [none], further limits of the
+# route as YAML lines, e.g.
 #   EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
 # for the per-client and `global` limits of compare.sh's scenario 3d.
 set -euo pipefail
@@ -55,7 +58,9 @@ if [ "$MODE" = redis ]; then
 fi
 PORT=$(free_port)
 fill "$HERE/tollgate.yaml.in" "$TMP/tollgate.yaml" "PORT=$PORT" "BACKEND_PORT=$BACKEND" \
-    "LIMITER=$LIMITER" "HEADERS=true" "RATE=$RATE" "BURST=$BURST" "KEY=ip" "EXTRA=${EXTRA:-}"
+    "LIMITER=$LIMITER" "HEADERS=${HEADERS:-true}" "RATE=$RATE" "BURST=$BURST" "KEY=ip" "EXTRA=${EXTRA:-}"
+# The route's limits are the last lines of the config.
+[ "${LIMITS:-on}" = off ] && sed -i '/^    limits:/,$d' "$TMP/tollgate.yaml"
 NAME=$WHAT-$MODE
 rm -f "$OUT/$NAME.out"*
 args=(run --config "$TMP/tollgate.yaml" --access-log false --log-level warn)
