@@ -202,14 +202,24 @@ async fn hop_by_hop_response_headers_do_not_reach_the_client() {
 
 const FIFTY_MB: u64 = 50 * 1024 * 1024;
 
-/// The proxy must stream: its peak memory stays far below the size of the body.
-fn assert_streamed(proxy: &TestProxy, what: &str) {
+/// The proxy must stream: what its peak memory grows by during the transfer stays under half
+/// the size of the body (a streamed download grows it by 12-14 MiB, an upload by 6 MiB). It is
+/// measured as growth over the peak before the transfer, not as an absolute peak: the process's
+/// own footprint (a debug build's, the allocator's) moves between machines and builds, and a
+/// 40 MiB bound on the whole peak left only 2 MiB of room.
+fn assert_streamed(proxy: &TestProxy, before_kib: u64, what: &str) {
     let peak = proxy.peak_rss_kib();
-    eprintln!("{what}: proxy peak RSS {} MiB", peak / 1024);
+    let grown = peak.saturating_sub(before_kib);
+    eprintln!(
+        "{what}: proxy peak RSS {} MiB, {} MiB over the {} MiB before",
+        peak / 1024,
+        grown / 1024,
+        before_kib / 1024
+    );
     assert!(
-        peak < 40 * 1024,
-        "the proxy's peak RSS reached {} MiB during a 50 MiB {what}: it buffers the body",
-        peak / 1024
+        grown < 25 * 1024,
+        "the proxy's peak RSS grew by {} MiB during a 50 MiB {what}: it buffers the body",
+        grown / 1024
     );
 }
 
@@ -217,6 +227,7 @@ fn assert_streamed(proxy: &TestProxy, what: &str) {
 async fn a_50_mb_upload_is_streamed_through() {
     let up = MockUpstream::start();
     let proxy = proxy(&up, "[]");
+    let before = proxy.peak_rss_kib();
     let started = Instant::now();
     let r = Http::new()
         .send(upload(&proxy.url("/app/upload"), FIFTY_MB))
@@ -230,13 +241,14 @@ async fn a_50_mb_upload_is_streamed_through() {
         took.as_secs_f64(),
         50.0 / took.as_secs_f64()
     );
-    assert_streamed(&proxy, "upload");
+    assert_streamed(&proxy, before, "upload");
 }
 
 #[tokio::test]
 async fn a_50_mb_download_is_streamed_through() {
     let up = MockUpstream::start();
     let proxy = proxy(&up, "[]");
+    let before = proxy.peak_rss_kib();
     let started = Instant::now();
     let url = proxy.url(&format!("/app/download/{FIFTY_MB}"));
     let mut res = Http::new().stream(request("GET", &url, &[])).await;
@@ -253,7 +265,7 @@ async fn a_50_mb_download_is_streamed_through() {
         took.as_secs_f64(),
         50.0 / took.as_secs_f64()
     );
-    assert_streamed(&proxy, "download");
+    assert_streamed(&proxy, before, "download");
 }
 
 #[tokio::test]
