@@ -37,7 +37,6 @@ mkdir -p "$TMP/nginx"
 fill "$HERE/nginx-proxy.conf.in" "$TMP/nginx/nginx.conf" "DIR=$TMP/nginx" "PORT=$NPORT" \
     "H2_PORT=$(free_port)" "BACKEND_PORT=$BACKEND" "ZONE_KEY=\$binary_remote_addr" \
     "ZONE_SIZE=10m" "RATE=1000000r/s" "BURST=1000000"
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$BACKEND/" >/dev/null && break; sleep 0.1; done
 
 for round in $(seq "$ROUNDS"); do
     load_cmd nginx "$NPORT" nginx -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx"

@@ -34,13 +34,14 @@ cleanup_run() {
 }
 
 # start_nginx_backend CONFIG_DIR: the benchmark backend (nginx with CONFIG_DIR/backend.conf.in) on a
-# free loopback port, under $TMP/backend. Sets BACKEND.
+# free loopback port, under $TMP/backend; returns once it listens. Sets BACKEND.
 start_nginx_backend() {
     BACKEND=$(free_port)
     mkdir -p "$TMP/backend"
     fill "$1/backend.conf.in" "$TMP/backend/nginx.conf" "DIR=$TMP/backend" "PORT=$BACKEND" "H2_PORT=$(free_port)"
     nginx -c "$TMP/backend/nginx.conf" -p "$TMP/backend" &
     PIDS+=($!)
+    wait_port "$BACKEND" "$!" "the nginx backend"
 }
 
 # Stop the script with MESSAGE, naming the script.
@@ -162,7 +163,7 @@ print(f"{label:<14} {float(rps):>10,.0f} req/s  p99 {p99:>8}  user {us(u0, u1):5
 PY
 }
 
-# load_cmd LABEL PORT COMMAND...: start COMMAND, wait until it answers on 127.0.0.1:PORT,
+# load_cmd LABEL PORT COMMAND...: start COMMAND, wait until it listens on 127.0.0.1:PORT,
 # `load_cpu` it (with its children: nginx's workers), stop it.
 load_cmd() {
     local label=$1 port=$2 pid
@@ -170,7 +171,7 @@ load_cmd() {
     "$@" &
     pid=$!
     PIDS+=("$pid")
-    for _ in $(seq 50); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+    wait_port "$port" "$pid" "$label"
     load_cpu "$label" "$port" "$pid"
     kill "$pid"
     wait "$pid" 2>/dev/null || true
