@@ -53,19 +53,11 @@ fn routing(c: &mut Criterion) {
                 "  - {{ name: r{r}, match: {{ path_prefix: /svc{r}/ }}, respond: {{ status: 200 }} }}"
             );
         }
-        let snap = tollgate::config::parse(&yaml, None).expect("bench config");
+        let settings = tollgate::config::parse(&yaml).expect("bench config");
         let uri: Uri = format!("/svc{}/x", n - 1).parse().unwrap();
         let headers = HeaderMap::new();
         c.bench_function(&format!("route find, last of {n}"), |b| {
-            b.iter(|| {
-                black_box(tollgate::route::find_indexed(
-                    &snap.routes,
-                    &snap.route_index,
-                    &Method::GET,
-                    &uri,
-                    &headers,
-                ))
-            });
+            b.iter(|| black_box(settings.table.find_parts(&Method::GET, &uri, &headers)));
         });
     }
 }

@@ -11,10 +11,10 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::Snapshot;
 use crate::limiter::FailurePolicy;
-use crate::proxy::State;
 use crate::response::{fixed, Body};
+use crate::runtime::Runtime;
+use crate::state::State;
 
 /// Serve the admin endpoints on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
@@ -47,8 +47,8 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
         "/healthz" => fixed(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => {
-            let snapshot = state.config.load_full();
-            match not_ready(&snapshot).await {
+            let runtime = state.runtime.load_full();
+            match not_ready(&runtime).await {
                 None => fixed(StatusCode::OK, TEXT, "ready\n"),
                 Some(why) => fixed(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -61,11 +61,20 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
             StatusCode::OK,
             // prometheus-client writes the OpenMetrics text format.
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            state.metrics.render(state),
+            {
+                let runtime = state.runtime.load();
+                state
+                    .metrics
+                    .render(runtime.limits(), runtime.redis.as_deref())
+            },
         ),
         "/config" => {
-            let snapshot = state.config.load_full();
-            fixed(StatusCode::OK, "application/yaml", redact(&snapshot.source))
+            let runtime = state.runtime.load();
+            fixed(
+                StatusCode::OK,
+                "application/yaml",
+                redact(&runtime.settings.source),
+            )
         }
         _ => fixed(
             StatusCode::NOT_FOUND,
@@ -77,12 +86,12 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
 
 /// Ready means: a config is live (always true once serving) and, with Redis, either Redis
 /// answers or no limit would reject for want of it (every limit fails open or local).
-async fn not_ready(snapshot: &Snapshot) -> Option<&'static str> {
-    let redis = snapshot.redis.as_ref()?;
+async fn not_ready(runtime: &Runtime) -> Option<&'static str> {
+    let redis = runtime.redis.as_ref()?;
     if redis.ping().await {
         return None;
     }
-    let any_closed = snapshot
+    let any_closed = runtime
         .limits()
         .any(|l| l.on_failure == FailurePolicy::Closed && !l.shadow);
     any_closed.then_some("Redis is unreachable and some limits fail closed")

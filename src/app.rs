@@ -1,4 +1,5 @@
-//! Wiring: load the config, build the shared state, bind, serve, and drain on shutdown.
+//! Wiring: load the config, build the runtime and state, bind, serve, and drain on shutdown.
+//! `start` is the in-process entry point (tests use it); `run` is the binary's.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,8 +11,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::{self, ConfigError};
-use crate::proxy::State;
+use crate::metrics::Metrics;
+use crate::runtime::Runtime;
 use crate::server;
+use crate::state::State;
+use crate::workers::Workers;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -67,22 +71,72 @@ fn bind_shared(
     Ok(all)
 }
 
-/// Run the proxy with the config at `path` until SIGTERM or SIGINT.
-///
-/// The proxy listeners are served by one single-threaded runtime per core (thread per core,
-/// like nginx's workers): a request's tasks (downstream connection, upstream connection) wake
-/// each other on one thread instead of bouncing between cores. This runtime keeps the control
-/// work: signals, reload, the admin listener, the sweeper and Redis connections.
-pub async fn run(path: &Path) -> Result<(), StartError> {
-    let workers = worker_count();
-    crate::forward::set_workers(workers);
-    let mut snapshot = config::load(path, None)?;
-    snapshot.attach_redis(None).map_err(StartError::Redis)?;
-    let mut sockets = Vec::new();
-    for l in &snapshot.listeners {
-        sockets.push((l.clone(), bind_shared(l.address, workers)?));
+/// How to start: the worker count, and whether SIGHUP reloads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Worker threads serving the proxy listeners; `None`: `TOLLGATE_WORKERS`, else one per core.
+    pub workers: Option<usize>,
+    /// Reload on SIGHUP (the binary does; a proxy started in a test process need not).
+    pub sighup: bool,
+}
+
+/// A proxy serving in this process, from `start`.
+#[derive(Debug)]
+pub struct Running {
+    /// The proxy listeners' bound addresses, in config order (port 0 resolved).
+    pub listeners: Vec<SocketAddr>,
+    /// The admin listener's bound address.
+    pub admin: Option<SocketAddr>,
+    /// The live config's generation: 1 as started, one more per successful reload.
+    pub generation: watch::Receiver<u64>,
+    /// Asks for a reload, as SIGHUP does.
+    pub reloader: crate::reload::Reloader,
+    pub state: Arc<State>,
+    stopped: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Wait until the proxy has stopped: the shutdown future resolved and the drain is over.
+    pub async fn stopped(self) {
+        let _ = self.stopped.await;
     }
-    let admin = match snapshot.admin {
+}
+
+/// Run the proxy with the config at `path` until SIGTERM or SIGINT.
+pub async fn run(path: &Path) -> Result<(), StartError> {
+    // Signal handlers go in before the first "listening" line, so that nobody who saw it can
+    // kill the process with a SIGHUP or SIGTERM meant for it.
+    let shutdown = shutdown_signal();
+    let options = Options {
+        workers: None,
+        sighup: true,
+    };
+    start(path, options, shutdown).await?.stopped().await;
+    Ok(())
+}
+
+/// Load the config at `path`, bind its listeners and serve them until `shutdown` resolves,
+/// then drain. Returns once the listeners are bound and serving; the config file is watched
+/// for reloads like the binary's.
+///
+/// The proxy listeners are served by one single-threaded runtime per worker (thread per core,
+/// like nginx's workers): a request's tasks (downstream connection, upstream connection) wake
+/// each other on one thread instead of bouncing between cores. The calling runtime keeps the
+/// control work: reload, the admin listener, the sweeper and Redis connections.
+pub async fn start(
+    path: &Path,
+    options: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Running, StartError> {
+    let workers = Arc::new(Workers::new(options.workers.unwrap_or_else(worker_count)));
+    let metrics = Metrics::new();
+    let settings = config::load(path)?;
+    let runtime = Runtime::build(settings, None, &workers, &metrics).map_err(StartError::Redis)?;
+    let mut sockets = Vec::new();
+    for l in &runtime.settings.listeners {
+        sockets.push((l.clone(), bind_shared(l.address, workers.count())?));
+    }
+    let admin = match runtime.settings.admin {
         Some(address) => Some(
             TcpListener::bind(address)
                 .await
@@ -90,21 +144,24 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
         ),
         None => None,
     };
-    let (routes, limits) = (snapshot.routes.len(), snapshot.limits().count());
-    let state = Arc::new(State::new(snapshot));
+    let (routes, limits) = (runtime.routes.len(), runtime.limits().count());
+    let state = Arc::new(State::new(runtime, workers.clone(), metrics));
     let (stop_tx, stop_rx) = watch::channel(false);
-    // Signal handlers go in before the first "listening" line, so that nobody who saw it can
-    // kill the process with a SIGHUP or SIGTERM meant for it.
-    let shutdown = shutdown_signal();
-    config::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
+    let reloader = crate::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
+    if options.sighup {
+        crate::reload::watch_sighup(reloader.clone());
+    }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
-    let mut per_worker: Vec<Vec<WorkerListener>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut bound = Vec::new();
+    let mut per_worker: Vec<Vec<WorkerListener>> =
+        (0..workers.count()).map(|_| Vec::new()).collect();
     for (l, socks) in sockets {
-        if let Some(bound) = socks.first().and_then(|s| s.local_addr().ok()) {
-            tracing::info!(address = %bound, "listening");
+        if let Some(address) = socks.first().and_then(|s| s.local_addr().ok()) {
+            tracing::info!(%address, "listening");
+            bound.push(address);
         }
         let slots = Arc::new(Semaphore::new(l.settings.max_connections));
-        let (balance, inboxes) = server::Balance::new(workers, &state.metrics);
+        let (balance, inboxes) = server::Balance::new(workers.count(), &state.metrics);
         for (w, (sock, inbox)) in socks.into_iter().zip(inboxes).enumerate() {
             per_worker[w].push(WorkerListener {
                 socket: sock,
@@ -121,31 +178,44 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
         .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
         .collect::<Result<_, _>>()
         .map_err(StartError::Worker)?;
-    if let Some(admin) = admin {
-        if let Ok(bound) = admin.local_addr() {
-            tracing::info!(address = %bound, "admin endpoints");
+    let admin_address = match admin {
+        Some(admin) => {
+            let address = admin.local_addr().ok();
+            if let Some(address) = address {
+                tracing::info!(%address, "admin endpoints");
+            }
+            tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
+            address
         }
-        tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
-    }
-    tracing::info!(config = %path.display(), routes, limits, workers, "tollgate started");
-
-    shutdown.await;
-    tracing::info!("shutting down: no new connections, draining in-flight requests");
-    let _ = stop_tx.send(true);
-    let _ = tokio::task::spawn_blocking(move || {
-        for t in threads {
-            let _ = t.join();
-        }
+        None => None,
+    };
+    tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), "tollgate started");
+    let stopped = tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections, draining in-flight requests");
+        let _ = stop_tx.send(true);
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+        tracing::info!("stopped");
+    });
+    Ok(Running {
+        listeners: bound,
+        admin: admin_address,
+        generation: state.generation.subscribe(),
+        reloader,
+        state,
+        stopped,
     })
-    .await;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// One worker's socket for one configured listener.
 struct WorkerListener {
     socket: std::net::TcpListener,
-    listener: config::Listener,
+    listener: config::settings::Listener,
     slots: Arc<Semaphore>,
     balance: Arc<server::Balance>,
     inbox: tokio::sync::mpsc::UnboundedReceiver<server::Handoff>,
@@ -170,10 +240,10 @@ fn spawn_worker(
                     return;
                 }
             };
-            crate::forward::register_worker(id, runtime.handle().clone());
+            state.workers.started(id, runtime.handle().clone());
             // Open this worker's Redis connection now, not on its first check.
-            if let Some(redis) = state.config.load().redis.clone() {
-                runtime.spawn(async move { redis.warm_up_worker().await });
+            if let Some(redis) = state.runtime.load().redis.clone() {
+                runtime.spawn(async move { redis.warm_up_worker(id).await });
             }
             runtime.block_on(async move {
                 let mut loops = Vec::new();
@@ -213,20 +283,22 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
             _ = stop.changed() => return,
             _ = every.tick() => {}
         }
-        let snapshot = state.config.load_full();
+        let runtime = state.runtime.load_full();
         let now = state.clock.now_us();
         let mut forgotten = 0;
-        for limit in snapshot.limits() {
+        for limit in runtime.limits() {
             forgotten += limit.local.sweep(now);
         }
-        for upstream in snapshot.upstreams() {
+        for upstream in &runtime.upstreams {
             upstream.expire_idle();
         }
         if forgotten >= COLLECT_AFTER_FORGETTING {
             // This thread freed the buckets, but most were allocated by the workers: the pages
             // are theirs, so each worker collects its own heap too.
             tollgate_alloc::collect();
-            crate::forward::on_every_worker(|| async { tollgate_alloc::collect() });
+            state
+                .workers
+                .on_every(|_| async { tollgate_alloc::collect() });
         }
     }
 }

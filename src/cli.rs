@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Snapshot;
-use crate::route::{Action, HostPattern, PathPattern, Route};
+use crate::config::settings::{ActionSpec, LimitSpec, RouteSpec};
+use crate::config::Settings;
+use crate::route::{HostPattern, Matcher, PathPattern};
 
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about = "A rate-limiting reverse proxy")]
@@ -60,12 +61,14 @@ pub enum Command {
 }
 
 /// A one-line summary of every route and limit, as `tollgate check` prints it.
-pub fn summary(s: &Snapshot) -> String {
+pub fn summary(s: &Settings) -> String {
     let mut out = String::new();
     let listeners: Vec<String> = s.listeners.iter().map(|l| l.address.to_string()).collect();
     let _ = writeln!(out, "listeners: {}", listeners.join(", "));
-    for r in &s.routes {
-        let _ = writeln!(out, "route {}: {}", r.name, describe_route(r));
+    let any = Matcher::default();
+    for (i, r) in s.routes.iter().enumerate() {
+        let m = s.table.matcher(i).unwrap_or(&any);
+        let _ = writeln!(out, "route {}: {}", r.name, describe_route(r, m));
         for l in &r.limits {
             let mut flags = String::new();
             if l.cost != 1 {
@@ -106,7 +109,7 @@ fn trim_float(x: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
-fn describe_key(l: &crate::limiter::Limit) -> String {
+fn describe_key(l: &LimitSpec) -> String {
     let alts: Vec<String> = l
         .key
         .0
@@ -121,8 +124,7 @@ fn describe_key(l: &crate::limiter::Limit) -> String {
     format!("[{}]", alts.join(", "))
 }
 
-fn describe_route(r: &Route) -> String {
-    let m = &r.matcher;
+fn describe_route(r: &RouteSpec, m: &Matcher) -> String {
     let methods = m.methods.as_ref().map_or("*".to_owned(), |ms| {
         ms.iter()
             .map(http::Method::as_str)
@@ -140,8 +142,8 @@ fn describe_route(r: &Route) -> String {
         PathPattern::Prefix(p) => format!("{p}*"),
     };
     let action = match &r.action {
-        Action::Forward(u) => format!("upstream {}", u.name),
-        Action::Respond(resp) => format!("respond {}", resp.status.as_u16()),
+        ActionSpec::Forward(u) => format!("upstream {}", u.name),
+        ActionSpec::Respond(resp) => format!("respond {}", resp.status.as_u16()),
     };
     let headers = if m.headers.is_empty() {
         String::new()

@@ -33,19 +33,27 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod forward;
-pub mod guard;
 pub mod health;
 pub mod identity;
+pub(crate) mod io;
 pub mod limiter;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod reload;
 pub mod response;
 pub mod route;
+pub mod runtime;
+pub mod screen;
 pub mod server;
 pub mod sharded;
+pub mod state;
 pub mod tls;
+pub mod workers;
+
+/// A route has a handful of limits: per-request lists of them live on the stack.
+pub type Small<T> = smallvec::SmallVec<[T; 4]>;
 
 /// A future on the heap, built there rather than moved there. `Box::pin(fut)` builds the future
 /// on the stack, allocates, then copies all of it: every byte of its largest state, not just

@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli);
     match cli.command.unwrap_or(Command::Run) {
-        Command::Check => match tollgate::config::load(&cli.config, None) {
+        Command::Check => match tollgate::config::load(&cli.config) {
             Ok(snapshot) => {
                 print!("{}", tollgate::cli::summary(&snapshot));
                 println!("{}: ok", cli.config.display());

@@ -1,16 +1,15 @@
 //! Prometheus metrics: what the request path counts, and what is read off the state at scrape.
 
-use std::sync::atomic::Ordering;
-
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
-use crate::limiter::{decide::DECIDED_WITHOUT_BACKEND, Outcome};
-use crate::proxy::State;
+use crate::limiter::redis::RedisLimiter;
+use crate::limiter::{Limit, Outcome};
 use crate::sharded;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -156,12 +155,13 @@ pub struct Metrics {
     pub worker_connections: Family<WorkerLabels, Gauge>,
     pub connections_refused: Counter,
     pub overloaded: Counter,
-    // Read off the state at scrape time.
+    /// Requests whose limits were decided without the shared store.
+    pub without_backend: Counter,
     reloads: Family<ReloadLabels, Counter>,
     generation: Gauge,
+    // Read off the live runtime at scrape time.
     buckets: Family<LimitLabels, Gauge>,
     overflowed: Family<LimitLabels, Counter>,
-    without_backend: Counter,
     redis_errors: Counter,
     redis_timeouts: Counter,
     redis_calls: Counter,
@@ -205,6 +205,11 @@ impl Metrics {
             breaker_open: Gauge::default(),
         };
         m.register();
+        // Both series exist from the start, at 0, and generation 1 is the config started with.
+        for result in [ReloadResult::ok, ReloadResult::failed] {
+            let _ = m.reloads.get_or_create(&ReloadLabels { result });
+        }
+        m.generation.set(1);
         m
     }
 
@@ -340,27 +345,31 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition, with the scrape-time values refreshed from `state`.
-    pub fn render(&self, state: &State) -> String {
-        let snapshot = state.config.load_full();
-        let reloads = &state.reloads;
-        set_counter(
-            &self.reloads.get_or_create(&ReloadLabels {
-                result: ReloadResult::ok,
-            }),
-            reloads.succeeded.load(Ordering::Relaxed),
-        );
-        set_counter(
-            &self.reloads.get_or_create(&ReloadLabels {
-                result: ReloadResult::failed,
-            }),
-            reloads.failed.load(Ordering::Relaxed),
-        );
+    /// The response-time histogram of upstream `name`.
+    pub fn upstream_histogram(&self, name: &str) -> sharded::Histogram {
+        let labels = UpstreamLabels {
+            upstream: name.to_owned(),
+        };
+        self.upstream_seconds.get_or_create(&labels).clone()
+    }
+
+    /// Count a reload attempt; a successful one made `generation` live.
+    pub fn reloaded(&self, result: ReloadResult, generation: u64) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
         self.generation
-            .set(reloads.generation.load(Ordering::Relaxed) as i64);
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+    }
+
+    /// The Prometheus text exposition, with the values kept elsewhere (the live limits'
+    /// buckets, the Redis client's counters) read now.
+    pub fn render<'a>(
+        &self,
+        limits: impl Iterator<Item = &'a Arc<Limit>>,
+        redis: Option<&RedisLimiter>,
+    ) -> String {
         self.buckets.clear();
         self.overflowed.clear();
-        for limit in snapshot.limits() {
+        for limit in limits {
             let labels = LimitLabels {
                 limit: limit.name.to_string(),
             };
@@ -372,11 +381,7 @@ impl Metrics {
                 limit.local.overflowed(),
             );
         }
-        set_counter(
-            &self.without_backend,
-            DECIDED_WITHOUT_BACKEND.load(Ordering::Relaxed),
-        );
-        if let Some(redis) = &snapshot.redis {
+        if let Some(redis) = redis {
             let s = redis.stats();
             set_counter(&self.redis_errors, s.errors);
             set_counter(&self.redis_timeouts, s.timeouts);

@@ -82,13 +82,13 @@ pub struct Pool {
 
 #[derive(Debug)]
 struct Idle {
-    conn: Conn,
+    conn: Link,
     since: Instant,
 }
 
 /// One upstream connection: where requests go in, and the deadline its task watches.
 #[derive(Debug)]
-struct Conn {
+struct Link {
     sender: Sender,
     watch: Arc<HeadWatch>,
 }
@@ -145,7 +145,7 @@ impl HeadWatch {
 pub struct Lease {
     pool: Arc<Pool>,
     target: usize,
-    conn: Conn,
+    conn: Link,
     /// The request body's progress: a connection whose request is still being uploaded (the
     /// upstream answered early) is not reusable until that ends, so it is not given back.
     sent: Sent,
@@ -230,7 +230,7 @@ impl Pool {
 
     /// The most recently used live idle connection to `target`, dropping the ones expired at
     /// `now`.
-    fn checkout(&self, target: usize, now: Instant) -> Option<Conn> {
+    fn checkout(&self, target: usize, now: Instant) -> Option<Link> {
         let mut idle = self.idle.lock();
         let list = idle.get_mut(target)?;
         while list
@@ -248,7 +248,7 @@ impl Pool {
     }
 
     /// A new connection to `uri`, its task spawned on this worker.
-    async fn connect(&self, uri: &Uri) -> Result<Conn, SendError> {
+    async fn connect(&self, uri: &Uri) -> Result<Link, SendError> {
         match &self.connector {
             Connector::Plain(c) => handshake(c.clone(), uri).await,
             Connector::Tls(c) => handshake(c.clone(), uri).await,
@@ -266,7 +266,7 @@ impl Pool {
         }
     }
 
-    fn give_back(&self, target: usize, conn: Conn) {
+    fn give_back(&self, target: usize, conn: Link) {
         if conn.sender.is_closed() || self.max_idle == 0 {
             return;
         }
@@ -284,7 +284,7 @@ impl Pool {
 }
 
 /// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker.
-async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Conn, SendError>
+async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Link, SendError>
 where
     C: Service<Uri>,
     C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -303,7 +303,7 @@ where
         .map_err(SendError::Exchange)?;
     let watch = Arc::new(HeadWatch::new());
     tokio::spawn(drive(connection.with_upgrades(), watch.clone()));
-    Ok(Conn { sender, watch })
+    Ok(Link { sender, watch })
 }
 
 /// Run one upstream connection until it ends, or until the request in flight on it has not had

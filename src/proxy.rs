@@ -1,11 +1,7 @@
 //! One request through the stages: route, identity, limits, then forward or answer.
 
 use std::net::SocketAddr;
-
-use arc_swap::{ArcSwap, Guard};
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response, StatusCode, Version};
@@ -14,33 +10,34 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use crate::body::{BodyFailure, Guarded, Sent};
-use crate::config::reload::ReloadStats;
-use crate::config::Snapshot;
+use crate::config::settings::Respond;
 use crate::error::ProxyError;
-use crate::forward::{self, Downstream};
-use crate::guard;
+use crate::forward::{self, Downstream, Tunnel};
 use crate::identity::{self, RequestView};
-use crate::limiter::{self, local::Clock, Outcome};
+use crate::limiter::{self, Outcome};
 use crate::metrics::{
-    Metrics, OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind, UpstreamErrorLabels,
-    UpstreamLabels,
+    OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind, UpstreamErrorLabels,
 };
 use crate::response::{self, Body};
-use crate::route::{self, Action, Respond};
+use crate::runtime::{Action, Route, Runtime};
+use crate::screen;
+use crate::state::State;
 
-/// What every request shares: the current config and the limiter clock.
+/// The downstream connection a request arrived on.
 #[derive(Debug)]
-pub struct State {
-    pub config: ArcSwap<Snapshot>,
-    pub clock: Clock,
-    pub reloads: ReloadStats,
-    pub metrics: Metrics,
-    /// Requests in flight, all listeners together (for `max_inflight`).
-    pub inflight: AtomicUsize,
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    /// The peer's address as a header value (`X-Forwarded-For`, `X-Real-IP`), rendered once.
+    pub peer_value: http::HeaderValue,
+    pub tls: bool,
+    /// The listener's `max_uri_bytes`.
+    pub max_uri_bytes: usize,
+    /// The worker serving the connection.
+    pub worker: usize,
 }
 
-impl Conn {
-    pub fn new(peer: SocketAddr, tls: bool, max_uri_bytes: usize) -> Self {
+impl ClientConn {
+    pub fn new(peer: SocketAddr, tls: bool, max_uri_bytes: usize, worker: usize) -> Self {
         let peer_value = http::HeaderValue::try_from(peer.ip().to_canonical().to_string())
             .unwrap_or(http::HeaderValue::from_static("unknown"));
         Self {
@@ -48,54 +45,36 @@ impl Conn {
             peer_value,
             tls,
             max_uri_bytes,
-            tunnel: forward::TunnelSlot::new(None),
+            worker,
         }
     }
 }
 
-impl State {
-    pub fn new(snapshot: Snapshot) -> Self {
-        Self {
-            config: ArcSwap::from_pointee(snapshot),
-            clock: Clock::new(),
-            reloads: ReloadStats {
-                generation: 1.into(),
-                ..ReloadStats::default()
-            },
-            metrics: Metrics::new(),
-            inflight: AtomicUsize::new(0),
-        }
-    }
-}
-
-/// The downstream connection a request arrived on.
+/// A request's answer, and the WebSocket tunnel it opened (for the connection to run once the
+/// response is written).
 #[derive(Debug)]
-pub struct Conn {
-    pub peer: SocketAddr,
-    /// The peer's address as a header value (`X-Forwarded-For`, `X-Real-IP`), rendered once.
-    pub peer_value: http::HeaderValue,
-    pub tls: bool,
-    /// The listener's `max_uri_bytes`.
-    pub max_uri_bytes: usize,
-    /// A WebSocket tunnel this connection's request set up, for the connection's task to run.
-    pub tunnel: forward::TunnelSlot,
+pub struct Handled {
+    pub response: Response<Body>,
+    pub tunnel: Option<Tunnel>,
 }
 
 /// What the stages learned about a request, for the access log and metrics.
 #[derive(Debug, Default)]
 struct Trace<'a> {
-    route: Option<&'a route::Route>,
+    route: Option<&'a Route>,
     decision: Option<limiter::Decision>,
     client_ip: Option<std::net::IpAddr>,
     /// The request body went upstream (so it was, or is being, read).
     body_taken: bool,
+    /// The WebSocket tunnel the upstream accepted.
+    tunnel: Option<Tunnel>,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
 /// here and nowhere else.
-pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) -> Handled {
     let started = Instant::now();
-    let snapshot = current(state);
+    let runtime = state.current();
     // The path is kept only for the access log, and only when it is on.
     let path = if tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
         req.uri().path().to_owned()
@@ -105,13 +84,16 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
     let (method, version) = (req.method().clone(), req.version());
     let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
-    let Some(_inflight) = Inflight::enter(state, snapshot.max_inflight) else {
+    let Some(_admitted) = Admission::enter(&state.inflight, runtime.settings.max_inflight) else {
         state.metrics.overloaded.inc();
-        let res = response::from_error(&ProxyError::Overloaded);
-        record(state, &trace, &method, &path, res.status(), started);
-        return res;
+        let response = response::from_error(&ProxyError::Overloaded);
+        record(state, &trace, &method, &path, response.status(), started);
+        return Handled {
+            response,
+            tunnel: None,
+        };
     };
-    let (mut res, close) = match pipeline(state, &snapshot, conn, req, started, &mut trace).await {
+    let (mut res, close) = match pipeline(state, &runtime, conn, req, started, &mut trace).await {
         Ok(res) => (res, false),
         Err(err) => {
             tracing::debug!(error = %err, "request failed");
@@ -126,54 +108,25 @@ pub async fn handle(state: &State, conn: &Conn, req: Request<Incoming>) -> Respo
         );
     }
     record(state, &trace, &method, &path, res.status(), started);
-    res
-}
-
-/// A snapshot as one thread holds it. The second `Arc` is the point: a reference count that
-/// only this thread's requests write.
-#[allow(clippy::redundant_allocation)]
-type Held = Arc<Arc<Snapshot>>;
-
-thread_local! {
-    /// The snapshot this thread last served with.
-    static SEEN: RefCell<Option<Held>> = const { RefCell::new(None) };
-}
-
-/// The live config snapshot, as a reference only this worker thread counts.
-///
-/// Every request holds the snapshot it started with. Cloning the `Arc` of the live snapshot
-/// would have every worker write the same reference count twice per request, and each of those
-/// writes waits for the line to come back from the other core. Instead each thread keeps the
-/// snapshot it last saw in an `Arc` of its own, and its requests clone that one; checking that
-/// it is still the live one is a read (`ArcSwap::load`), and a reload makes each thread take the
-/// new snapshot on its next request (and `forget_snapshot` drops the old one of an idle worker).
-fn current(state: &State) -> Held {
-    let live = state.config.load();
-    SEEN.with_borrow_mut(|seen| match seen {
-        Some(held) if Arc::ptr_eq(&**held, &*live) => held.clone(),
-        _ => seen.insert(Arc::new(Guard::into_inner(live))).clone(),
-    })
-}
-
-/// Let go of the snapshot this thread last served with, so that a worker with no requests does
-/// not keep a replaced config (its Redis connections, its buckets) alive. Run on every worker
-/// after a reload.
-pub fn forget_snapshot() {
-    SEEN.with_borrow_mut(Option::take);
-}
-
-/// Counts a request in flight while it lives.
-struct Inflight<'a>(&'a AtomicUsize);
-
-impl<'a> Inflight<'a> {
-    fn enter(state: &'a State, max: usize) -> Option<Self> {
-        let before = state.inflight.fetch_add(1, Ordering::AcqRel);
-        let guard = Self(&state.inflight);
-        (before < max).then_some(guard)
+    Handled {
+        response: res,
+        tunnel: trace.tunnel.take(),
     }
 }
 
-impl Drop for Inflight<'_> {
+/// A request counted against `max_inflight` while it lives.
+struct Admission<'a>(&'a AtomicUsize);
+
+impl<'a> Admission<'a> {
+    /// Count a request in `inflight`; `None` (still counted until dropped) past `max`.
+    fn enter(inflight: &'a AtomicUsize, max: usize) -> Option<Self> {
+        let before = inflight.fetch_add(1, Ordering::AcqRel);
+        let admitted = Self(inflight);
+        (before < max).then_some(admitted)
+    }
+}
+
+impl Drop for Admission<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -181,21 +134,15 @@ impl Drop for Inflight<'_> {
 
 async fn pipeline<'a>(
     state: &State,
-    snap: &'a Snapshot,
-    conn: &Conn,
+    rt: &'a Runtime,
+    conn: &ClientConn,
     mut req: Request<Incoming>,
     started: Instant,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
-    guard::screen(&mut req, conn.max_uri_bytes)?;
-    let route = route::find_indexed(
-        &snap.routes,
-        &snap.route_index,
-        req.method(),
-        req.uri(),
-        req.headers(),
-    )
-    .ok_or(ProxyError::NoRoute)?;
+    screen::screen(&mut req, conn.max_uri_bytes)?;
+    let settings = &*rt.settings;
+    let route = rt.find(&req).ok_or(ProxyError::NoRoute)?;
     trace.route = Some(route);
     // A request without a body (every GET) declares nothing worth a header lookup.
     if !req.body().is_end_stream()
@@ -206,8 +153,8 @@ async fn pipeline<'a>(
     let client_ip = identity::client_ip_from(
         conn.peer.ip(),
         req.headers(),
-        &snap.trusted_proxies,
-        snap.client_ip_header,
+        &settings.trusted_proxies,
+        settings.client_ip_header,
     );
     trace.client_ip = Some(client_ip);
     let view = RequestView {
@@ -216,11 +163,11 @@ async fn pipeline<'a>(
         headers: req.headers(),
         client_ip,
     };
-    let redis = snap.redis.as_deref();
+    let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let asked = redis.is_some().then(Instant::now);
     let now_us = state.clock.at_us(asked.unwrap_or(started));
-    let decision = limiter::decide(redis, &route.limits, &view, now_us).await;
+    let decision = limiter::decide(redis, Some(conn.worker), &route.limits, &view, now_us).await;
     if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
@@ -233,7 +180,12 @@ async fn pipeline<'a>(
             let limit = route.limits[rejected.index].name.clone();
             return Err(ProxyError::LimiterUnavailable { limit });
         }
-        return Ok(response::too_many_requests(route, decision, snap.headers));
+        return Ok(response::too_many_requests(
+            &route.limits,
+            &route.rendered,
+            decision,
+            settings.headers,
+        ));
     }
     let mut res = match &route.action {
         Action::Forward(upstream) => {
@@ -241,13 +193,13 @@ async fn pipeline<'a>(
             let down = Downstream {
                 peer,
                 peer_value: &conn.peer_value,
-                peer_trusted: identity::is_trusted(peer, &snap.trusted_proxies),
+                peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
                 tls: conn.tls,
                 client_ip,
                 websocket_allowed: route.websocket,
                 websocket_idle: route.websocket_idle,
-                underscores: snap.underscores_in_headers,
-                tunnel: &conn.tunnel,
+                underscores: settings.underscores_in_headers,
+                worker: conn.worker,
             };
             let (parts, body) = req.into_parts();
             let body = Guarded::new(body, route.body, started.into());
@@ -264,11 +216,19 @@ async fn pipeline<'a>(
             } else {
                 started
             };
-            forward_timed(state, upstream, req, down, &sent, now).await?
+            let forwarded = forward_timed(state, upstream, req, down, &sent, now).await?;
+            trace.tunnel = forwarded.tunnel;
+            forwarded.response.map(Either::Left)
         }
         Action::Respond(r) => respond(r),
     };
-    response::add_headers(res.headers_mut(), route, decision, snap.headers);
+    response::add_headers(
+        res.headers_mut(),
+        &route.limits,
+        &route.rendered,
+        decision,
+        settings.headers,
+    );
     Ok(res)
 }
 
@@ -289,7 +249,7 @@ async fn forward_timed(
     down: Downstream<'_>,
     body: &Sent,
     now: Instant,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<forward::Forwarded, ProxyError> {
     // A request whose own body failed is the client's fault, not the upstream's.
     // Boxed: the exchange's state is about 2 KB, and every future that held it inline (this
     // one, the pipeline's, the request's) would be copied in full each time one is created
@@ -305,19 +265,7 @@ async fn forward_timed(
     });
     let kind = match &result {
         Ok(_) => {
-            upstream
-                .seconds
-                .get_or_init(|| {
-                    let labels = UpstreamLabels {
-                        upstream: upstream.name.to_string(),
-                    };
-                    state
-                        .metrics
-                        .upstream_seconds
-                        .get_or_create(&labels)
-                        .clone()
-                })
-                .observe(now.elapsed().as_secs_f64());
+            upstream.seconds.observe(now.elapsed().as_secs_f64());
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
@@ -331,7 +279,7 @@ async fn forward_timed(
         };
         state.metrics.upstream_errors.get_or_create(&labels).inc();
     }
-    Ok(result?.map(Either::Left))
+    result
 }
 
 fn respond(r: &Respond) -> Response<Body> {
@@ -409,13 +357,14 @@ fn count(state: &State, trace: &Trace<'_>, status: StatusCode) {
             .inc();
         return;
     };
-    let counters = route
-        .counters
-        .get_or_init(|| m.route_counters(&route.name, route.limits.iter().map(|l| &*l.name)));
+    let counters = &route.counters;
     counters.requests[StatusClass::index(status)].inc();
     let Some(decision) = &trace.decision else {
         return;
     };
+    if decision.without_backend() {
+        m.without_backend.inc();
+    }
     for r in &decision.results {
         let outcome = OutcomeLabel::of(r.outcome, r.fallback);
         counters.decisions[r.index][outcome.index()].inc();

@@ -8,9 +8,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
+pub use crate::config::settings::HeaderPolicy;
 use crate::error::ProxyError;
 use crate::limiter::{Decision, Limit, Verdict};
-use crate::route::Route;
 
 /// Every response body: an upstream's stream, or bytes the proxy made.
 pub type Body = Either<crate::pool::Pooled, Full<Bytes>>;
@@ -20,13 +20,6 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy")
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Which rate-limit header families to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderPolicy {
-    pub ietf: bool,
-    pub x_ratelimit: bool,
-}
 
 /// A response with a fixed body.
 pub fn fixed(
@@ -82,15 +75,18 @@ thread_local! {
     static LAST_429: RefCell<Option<Last429>> = const { RefCell::new(None) };
 }
 
-/// `429 Too Many Requests` for a request that `decision` rejected.
+/// `429 Too Many Requests` for a request that `decision` rejected (`limits` are its route's,
+/// `rendered` their fixed header parts).
 pub fn too_many_requests(
-    route: &Route,
+    limits: &[Arc<Limit>],
+    rendered: &[Rendered],
     decision: &Decision,
     policy: HeaderPolicy,
 ) -> Response<Body> {
+    let route = (limits, rendered);
     let (headers, body) = match decision.reported() {
         Some((r, v)) => {
-            let limit = &route.limits[r.index];
+            let limit = &limits[r.index];
             let numbers = (
                 secs_up(v.retry_after_us).max(1),
                 v.remaining,
@@ -130,7 +126,7 @@ pub fn too_many_requests(
 fn head_429(
     name: &str,
     retry: u64,
-    route: &Route,
+    route: (&[Arc<Limit>], &[Rendered]),
     decision: &Decision,
     policy: HeaderPolicy,
 ) -> (HeaderMap, Bytes) {
@@ -156,22 +152,25 @@ fn head_429(
         HeaderValue::from_static("application/problem+json"),
     );
     headers.insert(RETRY_AFTER, number(retry));
-    add_headers(&mut headers, route, decision, policy);
+    add_headers(&mut headers, route.0, route.1, decision, policy);
     (headers, Bytes::from(body))
 }
 
 /// Add the rate-limit headers of the limit closest to rejecting the request.
 pub fn add_headers(
     headers: &mut HeaderMap,
-    route: &Route,
+    limits: &[Arc<Limit>],
+    rendered: &[Rendered],
     decision: &Decision,
     policy: HeaderPolicy,
 ) {
     let Some((result, v)) = decision.reported() else {
         return;
     };
-    let limit = &route.limits[result.index];
-    let rendered = route.rendered.get(result.index);
+    let Some(limit) = limits.get(result.index) else {
+        return;
+    };
+    let rendered = rendered.get(result.index);
     // Room for all of them at once: an upstream's map, sized for its own headers, would
     // otherwise grow (and rehash) on the way.
     headers.reserve(2 * usize::from(policy.ietf) + 3 * usize::from(policy.x_ratelimit));

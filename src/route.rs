@@ -1,49 +1,10 @@
-//! The compiled route table; `find` picks the first route, in file order, that matches.
+//! The route table: `Table::find` picks the first route, in file order, whose `match` holds.
 //! `Index` narrows a large table down to the routes a request's path can match, so the cost of
 //! a lookup does not grow with the number of routes.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-
-use crate::forward::Upstream;
-use crate::limiter::Limit;
-
-/// One route of the table.
-#[derive(Debug)]
-pub struct Route {
-    pub name: Arc<str>,
-    pub matcher: Matcher,
-    pub action: Action,
-    pub limits: Vec<Arc<Limit>>,
-    /// Idle timeout, deadline and size cap of request bodies on this route.
-    pub body: crate::body::BodyLimits,
-    /// WebSocket upgrades are proxied (limits apply to the handshake request).
-    pub websocket: bool,
-    /// An open tunnel with no traffic either way for this long is closed.
-    pub websocket_idle: std::time::Duration,
-    /// The fixed parts of each limit's response headers, in `limits` order.
-    pub rendered: Vec<crate::response::Rendered>,
-    /// This route's metric counters, fetched on first use.
-    pub counters: std::sync::OnceLock<crate::metrics::RouteCounters>,
-}
-
-/// What a route does with an admitted request.
-#[derive(Debug)]
-pub enum Action {
-    Forward(Arc<Upstream>),
-    Respond(Respond),
-}
-
-/// A response the proxy gives itself.
-#[derive(Debug)]
-pub struct Respond {
-    pub status: StatusCode,
-    pub body: Bytes,
-    pub headers: HeaderMap,
-}
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 /// The conditions of a route's `match`; all given ones must hold.
 #[derive(Debug, Default)]
@@ -145,7 +106,7 @@ fn first_segment(path: &str) -> Option<&str> {
 }
 
 impl Index {
-    pub fn new(routes: &[Route]) -> Self {
+    fn new(routes: &[Matcher]) -> Self {
         let mut index = Index {
             enabled: routes.len() >= INDEX_FROM,
             ..Index::default()
@@ -155,7 +116,7 @@ impl Index {
         }
         for (i, r) in routes.iter().enumerate() {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
-            match &r.matcher.path {
+            match &r.path {
                 PathPattern::Exact(p) => index.exact.entry(p.as_str().into()).or_default().push(i),
                 // `/api/` covers the whole segment `api`; `/api` would also match `/apix`.
                 PathPattern::Prefix(p) if p.len() > 1 && p[1..].contains('/') => {
@@ -169,78 +130,83 @@ impl Index {
     }
 }
 
-/// The first route in file order that matches the request, among the candidates `index` gives
-/// for its path (all routes when the table is small).
-pub fn find_indexed<'a>(
-    routes: &'a [Route],
-    index: &Index,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-) -> Option<&'a Route> {
-    if !index.enabled {
-        return find(routes, method, uri, headers);
-    }
-    let path = uri.path();
-    let none: &[u32] = &[];
-    let exact = index.exact.get(path).map_or(none, Vec::as_slice);
-    let segment = first_segment(path)
-        .and_then(|s| index.by_segment.get(s))
-        .map_or(none, Vec::as_slice);
-    let mut lists = [exact, segment, index.rest.as_slice()];
-    loop {
-        // The smallest head of the three lists is the next candidate in file order.
-        let (which, next) = lists
-            .iter()
-            .enumerate()
-            .filter_map(|(w, l)| l.first().map(|&i| (w, i)))
-            .min_by_key(|&(_, i)| i)?;
-        lists[which] = &lists[which][1..];
-        let route = routes.get(next as usize)?;
-        if route.matcher.matches(method, uri, headers) {
-            return Some(route);
-        }
-    }
+/// Every route's match conditions, in file order, with their path index.
+#[derive(Debug, Default)]
+pub struct Table {
+    matchers: Vec<Matcher>,
+    index: Index,
 }
 
-/// The first route in file order that matches the request.
-pub fn find<'a>(
-    routes: &'a [Route],
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-) -> Option<&'a Route> {
-    routes
-        .iter()
-        .find(|r| r.matcher.matches(method, uri, headers))
+impl Table {
+    pub fn new(matchers: Vec<Matcher>) -> Self {
+        let index = Index::new(&matchers);
+        Self { matchers, index }
+    }
+
+    /// Route `i`'s match conditions.
+    pub fn matcher(&self, i: usize) -> Option<&Matcher> {
+        self.matchers.get(i)
+    }
+
+    /// The index of the first route in file order that matches the request.
+    pub fn find<B>(&self, req: &Request<B>) -> Option<usize> {
+        self.find_parts(req.method(), req.uri(), req.headers())
+    }
+
+    /// `find`, given the request's parts.
+    pub fn find_parts(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<usize> {
+        if !self.index.enabled {
+            return self.scan(method, uri, headers);
+        }
+        let index = &self.index;
+        let path = uri.path();
+        let none: &[u32] = &[];
+        let exact = index.exact.get(path).map_or(none, Vec::as_slice);
+        let segment = first_segment(path)
+            .and_then(|s| index.by_segment.get(s))
+            .map_or(none, Vec::as_slice);
+        let mut lists = [exact, segment, index.rest.as_slice()];
+        loop {
+            // The smallest head of the three lists is the next candidate in file order.
+            let (which, next) = lists
+                .iter()
+                .enumerate()
+                .filter_map(|(w, l)| l.first().map(|&i| (w, i)))
+                .min_by_key(|&(_, i)| i)?;
+            lists[which] = &lists[which][1..];
+            let next = next as usize;
+            if self.matchers.get(next)?.matches(method, uri, headers) {
+                return Some(next);
+            }
+        }
+    }
+
+    /// The first match by trying each route in turn.
+    fn scan(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<usize> {
+        self.matchers
+            .iter()
+            .position(|m| m.matches(method, uri, headers))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn route(name: &str, matcher: Matcher) -> Route {
-        Route {
-            name: name.into(),
-            matcher,
-            action: Action::Respond(Respond {
-                status: StatusCode::OK,
-                body: Bytes::new(),
-                headers: HeaderMap::new(),
-            }),
-            limits: vec![],
-            rendered: vec![],
-            body: crate::body::BodyLimits::default(),
-            websocket: false,
-            websocket_idle: std::time::Duration::from_secs(3600),
-            counters: std::sync::OnceLock::new(),
-        }
+    /// Named routes: the names, and the table of their matchers.
+    struct Named(Vec<String>, Table);
+
+    fn table(routes: Vec<(&str, Matcher)>) -> Named {
+        let (names, matchers): (Vec<_>, Vec<_>) =
+            routes.into_iter().map(|(n, m)| (n.to_owned(), m)).unzip();
+        Named(names, Table::new(matchers))
     }
 
-    fn hit<'a>(routes: &'a [Route], method: &Method, uri: &str, host: &str) -> Option<&'a str> {
+    fn hit<'a>(routes: &'a Named, method: &Method, uri: &str, host: &str) -> Option<&'a str> {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::HOST, host.parse().unwrap());
-        find(routes, method, &uri.parse().unwrap(), &headers).map(|r| &*r.name)
+        let found = routes.1.find_parts(method, &uri.parse().unwrap(), &headers);
+        found.map(|i| routes.0[i].as_str())
     }
 
     /// The index must pick exactly the route the scan picks, for every kind of path pattern,
@@ -258,25 +224,19 @@ mod tests {
             };
             let host = (i % 3 == 0).then(|| HostPattern::Exact("h.test".into()));
             let methods = (i % 5 == 4).then(|| vec![Method::POST]);
-            routes.push(route(
-                &format!("r{i}"),
-                Matcher {
-                    host,
-                    path,
-                    methods,
-                    ..Matcher::default()
-                },
-            ));
-            routes.push(route(
-                &format!("e{i}"),
-                Matcher {
-                    path: PathPattern::Exact(format!("/e/{i}")),
-                    ..Matcher::default()
-                },
-            ));
+            routes.push(Matcher {
+                host,
+                path,
+                methods,
+                ..Matcher::default()
+            });
+            routes.push(Matcher {
+                path: PathPattern::Exact(format!("/e/{i}")),
+                ..Matcher::default()
+            });
         }
-        let index = Index::new(&routes);
-        assert!(index.enabled);
+        let table = Table::new(routes);
+        assert!(table.index.enabled);
         let paths = [
             "/",
             "/api",
@@ -303,9 +263,8 @@ mod tests {
                     let mut headers = HeaderMap::new();
                     headers.insert(http::header::HOST, host.parse().unwrap());
                     let uri: Uri = path.parse().unwrap();
-                    let scan = find(&routes, &method, &uri, &headers).map(|r| &*r.name);
-                    let indexed =
-                        find_indexed(&routes, &index, &method, &uri, &headers).map(|r| &*r.name);
+                    let scan = table.scan(&method, &uri, &headers);
+                    let indexed = table.find_parts(&method, &uri, &headers);
                     assert_eq!(indexed, scan, "{method} {host}{path}");
                 }
             }
@@ -314,8 +273,8 @@ mod tests {
 
     #[test]
     fn first_match_in_order() {
-        let routes = vec![
-            route(
+        let routes = table(vec![
+            (
                 "login",
                 Matcher {
                     path: PathPattern::Exact("/login".into()),
@@ -323,7 +282,7 @@ mod tests {
                     ..Matcher::default()
                 },
             ),
-            route(
+            (
                 "api",
                 Matcher {
                     host: Some(HostPattern::parse("*.example.com").unwrap()),
@@ -331,8 +290,8 @@ mod tests {
                     ..Matcher::default()
                 },
             ),
-            route("all", Matcher::default()),
-        ];
+            ("all", Matcher::default()),
+        ]);
         assert_eq!(hit(&routes, &Method::POST, "/login", "x"), Some("login"));
         assert_eq!(hit(&routes, &Method::GET, "/login", "x"), Some("all"));
         assert_eq!(
@@ -351,16 +310,17 @@ mod tests {
 
     #[test]
     fn header_values_must_match() {
-        let routes = vec![route(
-            "tenant",
-            Matcher {
-                headers: vec![("x-tenant".parse().unwrap(), "acme".parse().unwrap())],
-                ..Matcher::default()
-            },
-        )];
+        let routes = Table::new(vec![Matcher {
+            headers: vec![("x-tenant".parse().unwrap(), "acme".parse().unwrap())],
+            ..Matcher::default()
+        }]);
         let mut h = HeaderMap::new();
-        assert!(find(&routes, &Method::GET, &"/".parse().unwrap(), &h).is_none());
+        assert!(routes
+            .find_parts(&Method::GET, &"/".parse().unwrap(), &h)
+            .is_none());
         h.insert("x-tenant", "acme".parse().unwrap());
-        assert!(find(&routes, &Method::GET, &"/".parse().unwrap(), &h).is_some());
+        assert!(routes
+            .find_parts(&Method::GET, &"/".parse().unwrap(), &h)
+            .is_some());
     }
 }

@@ -188,6 +188,42 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
+/// The TLS client settings for https upstreams: the system's roots, or only the CA in `ca`.
+pub fn client_config(ca: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read CA file {}: {e}", path.display()))?;
+            for cert in certs {
+                let cert =
+                    cert.map_err(|e| format!("cannot parse CA file {}: {e}", path.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("unusable CA certificate in {}: {e}", path.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("no certificate in CA file {}", path.display()));
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(native.certs);
+            if added == 0 {
+                tracing::warn!("no system CA certificates found: https upstreams need `tls.ca`");
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,7 +233,7 @@ fn hidden_forwarding_lines_do_not_mint_fresh_buckets() {
 #[test]
 fn normalising_keeps_non_ascii_paths_intact() {
     assert_eq!(
-        tollgate::guard::normalize_path("/caf\u{e9}/./menu")
+        tollgate::screen::normalize_path("/caf\u{e9}/./menu")
             .ok()
             .as_deref(),
         Some("/caf\u{e9}/menu")
@@ -272,7 +272,7 @@ fn a_vanishing_rate_is_refused_not_unlimited() {
     let config = "listeners: [{address: 127.0.0.1:0}]\nroutes:\n  - name: r\n    respond: {}\n    \
                   limits: [{name: l, rate: 1e-320/s, burst: 1, key: [global]}]\n";
     let three = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n".repeat(3);
-    match tollgate::config::parse(config, None) {
+    match tollgate::config::parse(config) {
         Err(problems) => assert!(!problems.is_empty()),
         Ok(_) => assert_eq!(
             harness::serve_bytes(config, &three).statuses,

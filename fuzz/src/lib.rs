@@ -24,14 +24,15 @@ use tollgate::config::{self, values};
 use tollgate::identity::{
     self, Alternative, ClientId, Exemption, ForwardedHeader, KeySpec, RequestView, Source,
 };
-use tollgate::proxy::{self, Conn, State};
+use tollgate::proxy::{self, ClientConn};
+use tollgate::state::State;
 
 // ---------------------------------------------------------------------------------------------
 // config: YAML text -> parse + validate + compile
 // ---------------------------------------------------------------------------------------------
 
-/// `config::parse` on arbitrary text. A config that compiles must compile again as a reload of
-/// itself, and each of its listeners' connection settings must serve an HTTP/1.1 and an
+/// `config::parse` on arbitrary text. A config that compiles must compile again the same way,
+/// and each of its listeners' connection settings must serve an HTTP/1.1 and an
 /// HTTP/2 connection; a rejected one must say why, with positions inside the text. Returns
 /// whether it compiled, `None` when the input was skipped (not UTF-8, or naming a special
 /// file).
@@ -40,13 +41,13 @@ pub fn config(data: &[u8]) -> Option<bool> {
     if names_special_file(text) {
         return None;
     }
-    Some(match config::parse(text, None) {
-        Ok(snapshot) => {
-            assert_eq!(snapshot.source, text, "the snapshot keeps its source text");
-            if let Err(problems) = config::parse(text, Some(&snapshot)) {
-                panic!("a config that compiled fails as a reload of itself: {problems:?}");
+    Some(match config::parse(text) {
+        Ok(settings) => {
+            assert_eq!(settings.source, text, "the settings keep their source text");
+            if let Err(problems) = config::parse(text) {
+                panic!("a config that compiled fails the second time: {problems:?}");
             }
-            for listener in &snapshot.listeners {
+            for listener in &settings.listeners {
                 open_connections(&listener.settings);
             }
             true
@@ -84,8 +85,8 @@ fn open_connections(settings: &tollgate::server::ListenerSettings) {
         \x00\x00\x00\x04\x00\x00\x00\x00\x00\
         \x00\x00\x08\x06\x00\x00\x00\x00\x00ping-me!";
     static STATE: LazyLock<Arc<State>> = LazyLock::new(|| {
-        let snapshot = config::parse(PIPELINE_CONFIG, None).expect("the pipeline config compiles");
-        Arc::new(State::new(snapshot))
+        let settings = config::parse(PIPELINE_CONFIG).expect("the pipeline config compiles");
+        Arc::new(State::build(settings, 1).expect("the pipeline state builds"))
     });
     let pipeline = Pipeline::with(STATE.clone(), settings);
     let h1 = pipeline.serve(H1);
@@ -423,8 +424,8 @@ pub fn identity(data: &[u8]) -> ClientId {
     };
     assert!(view.is_exempt(&[Exemption::parse(everyone).unwrap()]));
     let _ = identity::host(&uri, &headers);
-    if let Ok(clean) = tollgate::guard::normalize_path(uri.path()) {
-        let again = tollgate::guard::normalize_path(&clean);
+    if let Ok(clean) = tollgate::screen::normalize_path(uri.path()) {
+        let again = tollgate::screen::normalize_path(&clean);
         assert_eq!(
             again.as_deref().ok(),
             Some(clean.as_str()),
@@ -538,9 +539,10 @@ struct Pipeline {
 
 impl Pipeline {
     fn new(config_yaml: &str) -> Self {
-        let snapshot = config::parse(config_yaml, None).expect("the pipeline config compiles");
-        let settings = snapshot.listeners[0].settings.clone();
-        Self::with(Arc::new(State::new(snapshot)), &settings)
+        let settings = config::parse(config_yaml).expect("the pipeline config compiles");
+        let listener = settings.listeners[0].settings.clone();
+        let state = State::build(settings, 1).expect("the pipeline state builds");
+        Self::with(Arc::new(state), &listener)
     }
 
     fn with(state: Arc<State>, settings: &tollgate::server::ListenerSettings) -> Self {
@@ -558,23 +560,24 @@ impl Pipeline {
 
     /// Empty every bucket of every limit (a sweep at the end of time drops them all).
     fn forget_buckets(&self) {
-        for limit in self.state.config.load().limits() {
+        for limit in self.state.runtime.load().limits() {
             limit.local.sweep(f64::INFINITY);
         }
     }
 
     fn serve(&self, data: &[u8]) -> Exchange {
-        let conn = Arc::new(Conn::new(
+        let conn = Arc::new(ClientConn::new(
             SocketAddr::from(([127, 0, 0, 1], 40_000)),
             false,
             self.max_uri_bytes,
+            0,
         ));
         let state = self.state.clone();
         let (raw, timed_out) = RUNTIME.block_on(async move {
             let (mut client, server) = tokio::io::duplex(data.len() + (1 << 16));
             let service = service_fn(move |req| {
                 let (state, conn) = (state.clone(), conn.clone());
-                async move { Ok::<_, Infallible>(proxy::handle(&state, &conn, req).await) }
+                async move { Ok::<_, Infallible>(proxy::handle(&state, &conn, req).await.response) }
             });
             let connection = self
                 .connections

@@ -1,137 +1,20 @@
-//! The configuration: load a YAML file, validate it completely, and compile it to a `Snapshot`.
+//! The configuration: load a YAML file, validate it completely, and compile it to `Settings`.
 //!
-//! `file` mirrors the YAML, `compile` turns it into the types the request path uses, `locate`
-//! maps field paths back to lines so every error points into the file.
+//! `file` mirrors the YAML, `compile` turns it into plain `settings` (no live objects: those
+//! are `runtime`'s), `locate` maps field paths back to lines so every error points into the
+//! file. Nothing here imports a module above `config`.
 
 pub mod compile;
 pub mod file;
 pub mod locate;
 mod raw;
-pub mod reload;
+pub mod settings;
 pub mod values;
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
-use ipnet::IpNet;
-
-use crate::limiter::redis::{RedisConfig, RedisLimiter};
-use crate::limiter::{FailurePolicy, Limit};
-use crate::response::HeaderPolicy;
-use crate::route::Route;
-
-/// The compiled, validated configuration the request path reads. Immutable once built; a
-/// reload builds a new one.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub routes: Vec<Route>,
-    /// `routes` narrowed by path, for large tables.
-    pub route_index: crate::route::Index,
-    pub listeners: Vec<Listener>,
-    pub admin: Option<SocketAddr>,
-    pub trusted_proxies: Vec<IpNet>,
-    pub client_ip_header: crate::identity::ForwardedHeader,
-    pub headers: HeaderPolicy,
-    pub limiter: LimiterSettings,
-    /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
-    pub shutdown_timeout: std::time::Duration,
-    /// Requests in flight at once before new ones get 503.
-    pub max_inflight: usize,
-    /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
-    /// by default they are dropped.
-    pub underscores_in_headers: bool,
-    /// The shared store for `backend: redis`. Compiling never connects: the app attaches the
-    /// client (`Snapshot::attach_redis`), so `tollgate check` stays offline.
-    pub redis: Option<Arc<RedisLimiter>>,
-    /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
-    pub fingerprints: Vec<(String, u64)>,
-    /// The YAML this snapshot was compiled from (served redacted on the admin `/config`).
-    pub source: String,
-    /// Digest of the config text and of every file it names, read *before* compiling: a file
-    /// changed after that is seen as a change by the reload watcher, never missed.
-    pub inputs_digest: [u8; 32],
-}
-
-impl Snapshot {
-    /// Give a `backend: redis` snapshot its client: `previous`'s when the Redis settings did
-    /// not change (keeping its connection, breaker and cache), else a new one. Needs a tokio
-    /// runtime.
-    pub fn attach_redis(&mut self, previous: Option<&Snapshot>) -> Result<(), String> {
-        let Backend::Redis(cfg) = &self.limiter.backend else {
-            return Ok(());
-        };
-        let reusable = previous.filter(|p| p.limiter.backend == self.limiter.backend);
-        self.redis = match reusable.and_then(|p| p.redis.clone()) {
-            Some(client) => Some(client),
-            None => {
-                let limiter = Arc::new(RedisLimiter::new(cfg)?);
-                // The workers running now open their connections at once (a worker started
-                // later does so as it starts).
-                let warm = limiter.clone();
-                crate::forward::on_every_worker(move || {
-                    let limiter = warm.clone();
-                    async move { limiter.warm_up_worker().await }
-                });
-                Some(limiter)
-            }
-        };
-        Ok(())
-    }
-
-    /// Every limit of every route, in file order.
-    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
-        self.routes.iter().flat_map(|r| r.limits.iter())
-    }
-
-    /// Every upstream a route forwards to, once each (routes may share one), in file order.
-    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<crate::forward::Upstream>> {
-        let mut seen = std::collections::HashSet::new();
-        self.routes
-            .iter()
-            .filter_map(|r| match &r.action {
-                crate::route::Action::Forward(u) => Some(u),
-                crate::route::Action::Respond(_) => None,
-            })
-            .filter(move |u| seen.insert(Arc::as_ptr(u)))
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Listener {
-    pub address: SocketAddr,
-    pub tls: Option<TlsSettings>,
-    pub settings: crate::server::ListenerSettings,
-}
-
-/// A TLS listener's certificates, loaded.
-#[derive(Debug, Clone)]
-pub struct TlsSettings {
-    pub files: Vec<crate::tls::CertFiles>,
-    pub config: Arc<rustls::ServerConfig>,
-}
-
-impl PartialEq for TlsSettings {
-    /// Same files, same settings: what a reload compares (the contents are reloaded anyway).
-    fn eq(&self, other: &Self) -> bool {
-        self.files == other.files
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Backend {
-    Local,
-    Redis(RedisConfig),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct LimiterSettings {
-    pub backend: Backend,
-    pub on_failure: FailurePolicy,
-    pub divide_by: u32,
-    pub max_buckets: usize,
-}
+pub use settings::Settings;
 
 /// One thing wrong with a config, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +60,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// Read, parse and compile the file at `path`.
-pub fn load(path: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, ConfigError> {
+pub fn load(path: &Path) -> Result<Settings, ConfigError> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         file: name.clone(),
@@ -188,12 +71,12 @@ pub fn load(path: &Path, previous: Option<&Snapshot>) -> Result<Snapshot, Config
         }],
     })?;
     let digest = inputs_digest(&text);
-    let mut snapshot = parse(&text, previous).map_err(|problems| ConfigError {
+    let mut settings = parse(&text).map_err(|problems| ConfigError {
         file: name,
         problems,
     })?;
-    snapshot.inputs_digest = digest;
-    Ok(snapshot)
+    settings.inputs_digest = digest;
+    Ok(settings)
 }
 
 /// A digest of config text and of the certificate, key and CA files it names, as they are on
@@ -260,13 +143,13 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
 }
 
 /// Parse and compile config text, reporting every problem found, in file order.
-pub fn parse(text: &str, previous: Option<&Snapshot>) -> Result<Snapshot, Vec<Problem>> {
+pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
     let (raw, mut problems) = raw::read(text);
-    let compiled = raw.map(|raw| compile::compile(&raw, previous));
+    let compiled = raw.map(|raw| compile::compile(&raw));
     match compiled {
-        Some(Ok(mut snapshot)) if problems.is_empty() => {
-            text.clone_into(&mut snapshot.source);
-            return Ok(snapshot);
+        Some(Ok(mut settings)) if problems.is_empty() => {
+            text.clone_into(&mut settings.source);
+            return Ok(settings);
         }
         Some(Err(more)) => problems.extend(more),
         Some(Ok(_)) | None => {}

@@ -1,20 +1,18 @@
 //! One request against all limits of its route: exemptions, identities, the backend, and the
 //! failure policy when the shared store cannot answer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::redis::RedisLimiter;
 use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
 use crate::identity::RequestView;
 
-/// Limit decisions taken without the shared store (open, closed or local fallback), since start.
-pub static DECIDED_WITHOUT_BACKEND: AtomicU64 = AtomicU64::new(0);
-
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
-/// is given, else in process. `now` is the in-process clock, in microseconds.
+/// is given (through worker `worker`'s connection), else in process. `now` is the in-process
+/// clock, in microseconds.
 pub async fn decide(
     redis: Option<&RedisLimiter>,
+    worker: Option<usize>,
     limits: &[Arc<Limit>],
     view: &RequestView<'_>,
     now: f64,
@@ -54,7 +52,7 @@ pub async fn decide(
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
         Some(r) => {
-            let check = crate::boxed(|| r.check(&checks, &enforced));
+            let check = crate::boxed(|| r.check_on(worker, &checks, &enforced));
             match check.await {
                 Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
                 Err(_) => without_backend(&mut results, &checks, now),
@@ -95,7 +93,6 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict
 /// The shared store did not answer: each limit follows its `on_failure` policy. `local` limits
 /// are checked together in process (still all-or-nothing among themselves).
 fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
-    DECIDED_WITHOUT_BACKEND.fetch_add(1, Ordering::Relaxed);
     let local: Small<Check<'_>> = checks
         .iter()
         .filter(|c| c.limit.on_failure == FailurePolicy::Local)

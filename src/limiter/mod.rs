@@ -23,44 +23,13 @@ pub use decide::decide;
 
 use std::sync::Arc;
 
+use crate::config::settings::LimitSpec;
 use crate::identity::{ClientId, KeySpec};
+pub(crate) use crate::Small;
 
-/// A route has a handful of limits: per-request lists of them live on the stack.
-pub type Small<T> = smallvec::SmallVec<[T; 4]>;
+pub use crate::config::settings::{FailurePolicy, Rate};
 
-/// What to do with a limit when the shared store cannot answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Admit the request (and say so loudly in logs and metrics).
-    Open,
-    /// Reject with 503: for logins, SMS and anything where over-admitting costs money.
-    Closed,
-    /// Enforce the limit in process, divided by `limiter.local_fallback.divide_by`.
-    Local,
-}
-
-/// The numbers of one limit, fixed when the config is compiled.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Rate {
-    /// Tokens added per second.
-    pub per_sec: f64,
-    /// Bucket capacity in whole tokens.
-    pub burst: u32,
-}
-
-impl Rate {
-    /// Microseconds for one token to come back.
-    pub fn token_us(&self) -> f64 {
-        1e6 / self.per_sec
-    }
-
-    /// Microseconds an empty bucket takes to fill: the `w` of `RateLimit-Policy`.
-    pub fn window_us(&self) -> f64 {
-        f64::from(self.burst) * self.token_us()
-    }
-}
-
-/// A compiled limit of a route.
+/// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
 pub struct Limit {
     pub name: Arc<str>,
@@ -74,6 +43,23 @@ pub struct Limit {
     pub local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+}
+
+impl Limit {
+    /// The live limit of `spec`, counting in `local`.
+    pub fn new(spec: &LimitSpec, local: Arc<local::Buckets>) -> Self {
+        Self {
+            name: spec.name.clone(),
+            rate: spec.rate.clone(),
+            cost: spec.cost,
+            shadow: spec.shadow,
+            key: spec.key.clone(),
+            exempt: spec.exempt.clone(),
+            on_failure: spec.on_failure,
+            local,
+            fallback: spec.fallback.clone(),
+        }
+    }
 }
 
 /// One bucket to check for one request: a limit and the identity it is counted under.
@@ -175,6 +161,11 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// Decided without the shared store (it was unavailable): open, closed or local fallback.
+    pub fn without_backend(&self) -> bool {
+        self.results.iter().any(|r| r.fallback)
+    }
+
     /// The request may go on: no limit rejected it.
     pub fn admitted(&self) -> bool {
         !self

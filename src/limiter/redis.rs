@@ -25,6 +25,7 @@ mod batch;
 mod breaker;
 mod cluster;
 mod conn;
+mod failure;
 mod negative;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,10 +37,13 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use self::breaker::{Breaker, LogGate};
-use self::conn::{parse_reply, Conn, Mode, Reply, BUCKET_LUA};
+use self::conn::{parse_reply, Mode, RedisConn, Reply, BUCKET_LUA};
+pub use self::failure::Unavailable;
+use self::failure::{by_deadline, Failure};
 use self::negative::NegativeCache;
 use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
+pub use crate::config::settings::RedisConfig;
 use crate::identity::ClientId;
 
 /// Slots of a Redis Cluster.
@@ -51,60 +55,6 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Hashing the script once per process, not per call.
 static BUCKET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_LUA));
-
-/// The `limiter.redis` block, compiled. Exactly one of `url` and `cluster` is set (checked
-/// when the config is compiled). Its `Debug` hides the passwords of the URLs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisConfig {
-    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
-    pub url: Option<String>,
-    /// Seed nodes of a Redis Cluster, as URLs.
-    pub cluster: Vec<String>,
-    /// Deadline of one check; past it the failure policy applies.
-    pub timeout: Duration,
-    /// Prepended to every key, so several deployments can share a Redis.
-    pub key_prefix: String,
-}
-
-impl std::fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &self.url.as_deref().map(redact))
-            .field(
-                "cluster",
-                &self.cluster.iter().map(|u| redact(u)).collect::<Vec<_>>(),
-            )
-            .field("timeout", &self.timeout)
-            .field("key_prefix", &self.key_prefix)
-            .finish()
-    }
-}
-
-/// `redis://user:secret@host` -> `redis://user:***@host`, for logs.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority = rest.split('/').next().unwrap_or(rest);
-    match authority.rsplit_once('@') {
-        Some((userinfo, _)) => {
-            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Why Redis could not decide: the caller applies the limit's failure policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Unavailable {
-    #[error("the Redis circuit breaker is open")]
-    BreakerOpen,
-    #[error("Redis did not answer within the timeout")]
-    Timeout,
-    #[error("Redis answered with an error or could not be reached")]
-    Error,
-}
 
 /// Counters since start, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -159,56 +109,12 @@ struct Bucket<'a> {
 /// A worker's own connection, and its batching queue.
 #[derive(Debug)]
 struct Worker {
-    conn: Conn,
+    conn: RedisConn,
     batcher: batch::Batcher,
 }
 
-/// A failed call, with what the log should say about it.
-#[derive(Debug, Clone)]
-struct Failure {
-    kind: Unavailable,
-    detail: String,
-    /// On a cluster, the slot whose call failed, when a check spanned several.
-    slot: Option<u16>,
-}
-
-impl Failure {
-    fn new(kind: Unavailable, detail: impl Into<String>) -> Self {
-        Self {
-            kind,
-            detail: detail.into(),
-            slot: None,
-        }
-    }
-
-    fn timed_out(timeout: Duration) -> Self {
-        Self::new(
-            Unavailable::Timeout,
-            format!("no answer within {timeout:?}"),
-        )
-    }
-
-    fn unexpected_reply() -> Self {
-        Self::new(
-            Unavailable::Error,
-            "unexpected reply from the bucket script",
-        )
-    }
-}
-
-/// `call` cut at `deadline` (`timeout` after the check started): its error or its lateness as
-/// a `Failure`.
-async fn by_deadline<T>(
-    deadline: Instant,
-    timeout: Duration,
-    call: impl std::future::Future<Output = Result<T, ::redis::RedisError>>,
-) -> Result<T, Failure> {
-    match tokio::time::timeout_at(deadline, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(Failure::new(Unavailable::Error, e.to_string())),
-        Err(_) => Err(Failure::timed_out(timeout)),
-    }
-}
+/// The worker whose connection and batcher a check uses; `None`: the shared connection.
+type Via<'a> = Option<&'a Worker>;
 
 /// The Redis backend. Share it (`Arc`) between all requests: it holds a multiplexed
 /// connection per worker thread (and one for other threads), and its breaker and cache only
@@ -216,7 +122,7 @@ async fn by_deadline<T>(
 #[derive(Debug)]
 pub struct RedisLimiter {
     /// The connection of the thread that built the limiter (readiness probes, tests).
-    conn: Conn,
+    conn: RedisConn,
     /// One connection per worker thread, opened as the worker starts (`warm_up_worker`), or on
     /// first use there: its I/O then runs on the worker that asks, so a check never wakes
     /// another thread.
@@ -248,18 +154,22 @@ impl RedisLimiter {
 
     /// Set up the connection and return at once: it is established in the background, and
     /// until Redis answers, checks return `Unavailable`. Fails only on a malformed config, or
-    /// when called outside a tokio runtime.
+    /// when called outside a tokio runtime. Every check goes through the shared connection.
     pub fn new(cfg: &RedisConfig) -> Result<Self, String> {
-        let conn = Conn::open(cfg)?;
+        Self::for_workers(cfg, 0)
+    }
+
+    /// `new`, with a connection and batcher of its own for each of `workers` worker threads
+    /// (`check_on`).
+    pub fn for_workers(cfg: &RedisConfig, workers: usize) -> Result<Self, String> {
+        let conn = RedisConn::open(cfg)?;
         let breakers = match conn {
-            Conn::Cluster(_) => CLUSTER_SLOTS / Self::SLOTS_PER_BREAKER,
-            Conn::Single(_) => 1,
+            RedisConn::Cluster(_) => CLUSTER_SLOTS / Self::SLOTS_PER_BREAKER,
+            RedisConn::Single(_) => 1,
         };
         Ok(Self {
             conn,
-            per_worker: (0..crate::forward::workers())
-                .map(|_| std::sync::OnceLock::new())
-                .collect(),
+            per_worker: (0..workers).map(|_| std::sync::OnceLock::new()).collect(),
             cfg: cfg.clone(),
             timeout: cfg.timeout,
             key_prefix: cfg.key_prefix.clone(),
@@ -308,7 +218,19 @@ impl RedisLimiter {
         checks: &[Check<'_>],
         enforced: &[bool],
     ) -> Result<Small<Verdict>, Unavailable> {
+        self.check_on(None, checks, enforced).await
+    }
+
+    /// `check`, from worker `worker`'s own connection and batch (`None`: the shared
+    /// connection), so that its I/O runs on the thread that asks.
+    pub async fn check_on(
+        &self,
+        worker: Option<usize>,
+        checks: &[Check<'_>],
+        enforced: &[bool],
+    ) -> Result<Small<Verdict>, Unavailable> {
         bump(&self.counters.checks);
+        let via = self.worker(worker);
         if checks.is_empty() {
             return Ok(Small::new());
         }
@@ -340,7 +262,7 @@ impl RedisLimiter {
                 "not asking Redis during the breaker's cooldown",
             )));
         }
-        match self.ask(&buckets, sent).await {
+        match self.ask(via, &buckets, sent).await {
             Ok(reply) => {
                 for &i in &breakers {
                     self.breakers[i].success();
@@ -373,8 +295,8 @@ impl RedisLimiter {
             .map(|(i, c)| {
                 let key = self.key(c.limit, c.client);
                 let slot = match self.conn {
-                    Conn::Cluster(_) => cluster::slot_of(&key),
-                    Conn::Single(_) => 0,
+                    RedisConn::Cluster(_) => cluster::slot_of(&key),
+                    RedisConn::Single(_) => 0,
                 };
                 Bucket {
                     key,
@@ -439,14 +361,13 @@ impl RedisLimiter {
         failure.kind
     }
 
-    /// This worker thread's connection and batcher, opened on first use; `None` on other
-    /// threads.
-    fn worker(&self) -> Option<&Worker> {
-        let cell = crate::forward::worker_id().and_then(|id| self.per_worker.get(id))?;
+    /// Worker `id`'s connection and batcher, opened on first use; `None` for no worker.
+    fn worker(&self, id: Option<usize>) -> Via<'_> {
+        let cell = id.and_then(|id| self.per_worker.get(id))?;
         if let Some(worker) = cell.get() {
             return Some(worker);
         }
-        let conn = Conn::open(&self.cfg).ok()?;
+        let conn = RedisConn::open(&self.cfg).ok()?;
         let batcher = batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout);
         Some(cell.get_or_init(|| Worker { conn, batcher }))
     }
@@ -455,8 +376,8 @@ impl RedisLimiter {
     /// once (for a cluster, once its slots are known) and hold the script, so that the first
     /// checks do not spend their timeout connecting. Errors are only logged: the connection
     /// keeps trying on its own, and checks apply the failure policy meanwhile.
-    pub async fn warm_up_worker(&self) {
-        let Some(worker) = self.worker() else {
+    pub async fn warm_up_worker(&self, id: usize) {
+        let Some(worker) = self.worker(Some(id)) else {
             return;
         };
         let warm = async {
@@ -476,14 +397,19 @@ impl RedisLimiter {
         }
     }
 
-    /// The connection for this thread: its worker's own, else the shared one.
-    fn conn(&self) -> &Conn {
-        self.worker().map_or(&self.conn, |w| &w.conn)
+    /// The connection to use: the worker's own, else the shared one.
+    fn conn<'a>(&'a self, via: Via<'a>) -> &'a RedisConn {
+        via.map_or(&self.conn, |w| &w.conn)
     }
 
     /// One script call per slot the buckets live in (one in total on a single server), all
     /// sent at once. The deadline counts from `now`, when the check started.
-    async fn ask(&self, buckets: &[Bucket<'_>], now: Instant) -> Result<Reply, Failure> {
+    async fn ask(
+        &self,
+        via: Via<'_>,
+        buckets: &[Bucket<'_>],
+        now: Instant,
+    ) -> Result<Reply, Failure> {
         // A nonsensical timeout (Duration::MAX) must not panic on the request path.
         let deadline = now
             .checked_add(self.timeout)
@@ -493,60 +419,50 @@ impl RedisLimiter {
         let first = buckets.first().map(|b| b.slot);
         if buckets.iter().all(|b| Some(b.slot) == first) {
             let all: SmallVec<[&Bucket<'_>; 4]> = buckets.iter().collect();
-            return self.check_group(&all, deadline).await;
+            return self.check_group(via, &all, deadline).await;
         }
-        self.ask_slots(buckets, deadline).await
+        self.ask_slots(via, buckets, deadline).await
     }
 
     /// Check `group` (buckets of one slot) as one: in the worker's next batch, or, off the
     /// workers, in a call of its own.
     async fn check_group(
         &self,
+        via: Via<'_>,
         group: &[&Bucket<'_>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
-        if let Some(Worker { batcher, .. }) = self.worker() {
+        if let Some(Worker { batcher, .. }) = via {
             // The batch answers by the deadline (see `batch`): no timer per request.
             return batcher.check(group.iter().copied(), deadline).await;
         }
-        self.call(Mode::Check, group, deadline).await
+        self.call(via, Mode::Check, group, deadline).await
     }
 
     /// Run the script on `group` before `deadline`, and parse a "check" reply.
     async fn call(
         &self,
+        via: Via<'_>,
         mode: Mode,
         group: &[&Bucket<'_>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
-        let value = self.send(mode, group, deadline).await?;
+        let value = self.send(via, mode, group, deadline).await?;
         parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(Failure::unexpected_reply)
     }
 
     /// Run the script on `group` before `deadline`.
     async fn send(
         &self,
+        via: Via<'_>,
         mode: Mode,
         group: &[&Bucket<'_>],
         deadline: Instant,
     ) -> Result<::redis::Value, Failure> {
         bump(&self.counters.redis_calls);
-        let run = self.conn().run(&BUCKET_SCRIPT, mode, group.iter().copied());
+        let run = self
+            .conn(via)
+            .run(&BUCKET_SCRIPT, mode, group.iter().copied());
         by_deadline(deadline, self.timeout, run).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn debug_output_hides_passwords() {
-        assert_eq!(
-            redact("rediss://u:p@w:d@h:6380/0"),
-            "rediss://u:***@h:6380/0"
-        );
-        assert_eq!(redact("redis://:secret@h"), "redis://:***@h");
-        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
     }
 }

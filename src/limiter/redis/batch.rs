@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, reply_bytes, Conn, Reply, BUCKET_REPLY};
+use super::conn::{parse_items, reply_bytes, RedisConn, Reply, BUCKET_REPLY};
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
 
@@ -68,7 +68,7 @@ pub(super) struct Batcher {
 impl Batcher {
     /// Start the batching task on the current runtime. `timeout` is what the failures of
     /// timed-out checks report.
-    pub(super) fn start(conn: Conn, counters: Arc<Counters>, timeout: Duration) -> Self {
+    pub(super) fn start(conn: RedisConn, counters: Arc<Counters>, timeout: Duration) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
         tokio::spawn(collect(conn, queue, counters, timeout));
         Self { jobs }
@@ -103,7 +103,7 @@ fn gone() -> Failure {
 
 /// Take everything queued, send it as one call (without waiting for it), repeat.
 async fn collect(
-    conn: Conn,
+    conn: RedisConn,
     mut queue: mpsc::UnboundedReceiver<Job>,
     counters: Arc<Counters>,
     timeout: Duration,
@@ -123,10 +123,10 @@ async fn collect(
             }
         }
         match conn {
-            Conn::Single(_) => {
+            RedisConn::Single(_) => {
                 tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
             }
-            Conn::Cluster(_) => {
+            RedisConn::Cluster(_) => {
                 for batch in by_slot(batch) {
                     tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
                 }
@@ -150,7 +150,7 @@ fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
-async fn send(conn: Conn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+async fn send(conn: RedisConn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
     for late in batch.extract_if(.., |j| j.deadline <= now) {
         let _ = late.reply.send(Err(Failure::timed_out(timeout)));

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::breaker::LogGate;
 use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
-use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, BUCKET_SCRIPT};
+use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
 use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 
@@ -57,6 +57,7 @@ impl RedisLimiter {
     /// Check `buckets`, every slot group at once (see the module doc).
     pub(super) async fn ask_slots(
         &self,
+        via: Via<'_>,
         buckets: &[Bucket<'_>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
@@ -67,7 +68,12 @@ impl RedisLimiter {
             .collect();
         // `join_all` polls every group's check before awaiting any: all are queued (or sent)
         // in this turn of the event loop.
-        let replies = join_all(parts.iter().map(|group| self.check_group(group, deadline))).await;
+        let replies = join_all(
+            parts
+                .iter()
+                .map(|group| self.check_group(via, group, deadline)),
+        )
+        .await;
         let mut charged: Vec<Vec<&Bucket<'_>>> = Vec::new();
         let (mut all_admitted, mut failure) = (true, None);
         for (group, reply) in parts.iter().zip(&replies) {
@@ -91,7 +97,7 @@ impl RedisLimiter {
             }
         }
         if failure.is_some() || !all_admitted {
-            self.refund(charged, deadline).await;
+            self.refund(via, charged, deadline).await;
         }
         if let Some(failure) = failure {
             return Err(failure);
@@ -113,17 +119,17 @@ impl RedisLimiter {
     /// Give back what `charged` took, one call per slot group, all at once, each attempted
     /// exactly once: inline while the check's deadline leaves time, else in the background. A
     /// refunded bucket is forgotten by the negative cache.
-    async fn refund(&self, charged: Vec<Vec<&Bucket<'_>>>, deadline: Instant) {
+    async fn refund(&self, via: Via<'_>, charged: Vec<Vec<&Bucket<'_>>>, deadline: Instant) {
         let charged: Vec<_> = charged.into_iter().filter(|g| !g.is_empty()).collect();
         if deadline.saturating_duration_since(Instant::now()) < self.timeout / 4 {
             for group in &charged {
-                self.refund_later(group);
+                self.refund_later(via, group);
             }
             return;
         }
         join_all(charged.iter().map(|group| async move {
             bump(&self.counters.refunds);
-            let sent = self.send(Mode::Refund, group, deadline).await;
+            let sent = self.send(via, Mode::Refund, group, deadline).await;
             refunded(
                 sent.map_err(|f| f.detail),
                 group.iter().map(|b| b.key.as_str()),
@@ -137,12 +143,13 @@ impl RedisLimiter {
     }
 
     /// Send a refund from a task of its own, with a deadline of its own.
-    fn refund_later(&self, group: &[&Bucket<'_>]) {
+    fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
         let owned: Vec<(String, u16, Rate, u32)> = group
             .iter()
             .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost))
             .collect();
-        let (conn, counters, timeout) = (self.conn().clone(), self.counters.clone(), self.timeout);
+        let (conn, counters, timeout) =
+            (self.conn(via).clone(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
             (self.negative.clone(), self.log_gate.clone(), self.clock);
         bump(&counters.refunds);

@@ -39,21 +39,21 @@ impl Mode {
 /// One multiplexed connection, shared by the requests of one worker thread; cloning it is
 /// cheap (an `Arc`).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) enum RedisConn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
-impl std::fmt::Debug for Conn {
+impl std::fmt::Debug for RedisConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Conn::Single(_) => "Conn::Single",
-            Conn::Cluster(_) => "Conn::Cluster",
+            RedisConn::Single(_) => "RedisConn::Single",
+            RedisConn::Cluster(_) => "RedisConn::Cluster",
         })
     }
 }
 
-impl Conn {
+impl RedisConn {
     /// Set up the connection without waiting for it: Redis may well be down at startup, and
     /// the proxy must start anyway and apply its failure policy until Redis answers.
     pub(super) fn open(cfg: &RedisConfig) -> Result<Self, String> {
@@ -85,7 +85,7 @@ impl Conn {
         tokio::spawn(async move {
             let _: Result<Value, _> = ::redis::cmd("PING").query_async(&mut warm).await;
         });
-        Ok(Conn::Single(manager))
+        Ok(RedisConn::Single(manager))
     }
 
     fn cluster(nodes: &[String]) -> Result<Self, String> {
@@ -100,7 +100,7 @@ impl Conn {
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(CONNECT_TIMEOUT);
         // Connects to the nodes in the background; commands wait for it (and our timeout).
-        Ok(Conn::Cluster(
+        Ok(RedisConn::Cluster(
             client.get_pending_async_connection_with_config(config),
         ))
     }
@@ -110,8 +110,8 @@ impl Conn {
     pub(super) async fn ping(&self) -> Result<(), RedisError> {
         let ping = ::redis::cmd("PING");
         let _: Value = match self {
-            Conn::Single(m) => ping.query_async(&mut m.clone()).await?,
-            Conn::Cluster(c) => ping.query_async(&mut c.clone()).await?,
+            RedisConn::Single(m) => ping.query_async(&mut m.clone()).await?,
+            RedisConn::Cluster(c) => ping.query_async(&mut c.clone()).await?,
         };
         Ok(())
     }
@@ -120,8 +120,8 @@ impl Conn {
     pub(super) async fn load_script(&self, script: &Script) -> Result<(), RedisError> {
         let call = script.prepare_invoke();
         match self {
-            Conn::Single(m) => call.load_async(&mut m.clone()).await?,
-            Conn::Cluster(c) => call.load_async(&mut c.clone()).await?,
+            RedisConn::Single(m) => call.load_async(&mut m.clone()).await?,
+            RedisConn::Cluster(c) => call.load_async(&mut c.clone()).await?,
         };
         Ok(())
     }
@@ -163,8 +163,8 @@ impl Conn {
 
     async fn invoke(&self, call: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(m) => call.invoke_async(&mut m.clone()).await,
-            Conn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
+            RedisConn::Single(m) => call.invoke_async(&mut m.clone()).await,
+            RedisConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Hot reload: on a file change or SIGHUP, build a whole new snapshot and swap it in, or keep
+//! Hot reload: on a file change or SIGHUP, build a whole new runtime and swap it in, or keep
 //! the old one.
 //!
 //! The directory holding the file is watched rather than the file itself, so a reload happens
@@ -7,15 +7,16 @@
 //! change is not reloaded.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 
-use super::{inputs_digest, load, referenced_files, ConfigError, Snapshot};
-use crate::proxy::State;
+use crate::config::{inputs_digest, load, referenced_files, ConfigError, Settings};
+use crate::metrics::ReloadResult;
+use crate::runtime::Runtime;
+use crate::state::State;
 
 /// Events closer together than this are one edit.
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -28,13 +29,15 @@ enum Trigger {
     Signal,
 }
 
-/// Reload counters, for logs and `/metrics`.
-#[derive(Debug, Default)]
-pub struct ReloadStats {
-    /// Increments with every snapshot that goes live; the first one is generation 1.
-    pub generation: AtomicU64,
-    pub succeeded: AtomicU64,
-    pub failed: AtomicU64,
+/// Asks the running reloader for a reload, as SIGHUP does.
+#[derive(Debug, Clone)]
+pub struct Reloader(mpsc::UnboundedSender<Trigger>);
+
+impl Reloader {
+    /// Reload now, even if the file did not change.
+    pub fn reload(&self) {
+        let _ = self.0.send(Trigger::Signal);
+    }
 }
 
 /// Why a reload did not happen.
@@ -47,37 +50,34 @@ pub enum ReloadError {
 }
 
 /// Load `path` and, if it is valid, make it the live config in one swap. In-flight requests
-/// keep the snapshot they started with; limits whose name and rate did not change keep their
+/// keep the runtime they started with; limits whose name and rate did not change keep their
 /// buckets.
 pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
-    let current = state.config.load_full();
-    let result = load(path, Some(&current))
-        .map_err(ReloadError::from)
-        .and_then(|mut next| {
-            next.attach_redis(Some(&current))
-                .map_err(ReloadError::Redis)?;
-            Ok(next)
-        });
+    let current = state.runtime.load_full();
+    let result = load(path).map_err(ReloadError::from).and_then(|settings| {
+        Runtime::build(settings, Some(&current), &state.workers, &state.metrics)
+            .map_err(ReloadError::Redis)
+    });
     match result {
         Ok(next) => {
-            log_changes(&current, &next);
-            state.config.store(Arc::new(next));
-            crate::forward::on_every_worker(|| async { crate::proxy::forget_snapshot() });
-            state.reloads.succeeded.fetch_add(1, Ordering::Relaxed);
-            let generation = state.reloads.generation.fetch_add(1, Ordering::Relaxed) + 1;
+            log_changes(&current.settings, &next.settings);
+            let generation = state.swap(next);
+            state.metrics.reloaded(ReloadResult::ok, generation);
             tracing::info!(generation, "config reloaded");
             Ok(())
         }
         Err(e) => {
-            state.reloads.failed.fetch_add(1, Ordering::Relaxed);
+            state
+                .metrics
+                .reloaded(ReloadResult::failed, *state.generation.borrow());
             tracing::error!("config reload failed; still serving the previous config\n{e}");
             Err(e)
         }
     }
 }
 
-fn log_changes(old: &Snapshot, new: &Snapshot) {
-    let names = |s: &Snapshot| -> Vec<(String, u64)> { s.fingerprints.clone() };
+fn log_changes(old: &Settings, new: &Settings) {
+    let names = |s: &Settings| -> Vec<(String, u64)> { s.fingerprints.clone() };
     let (before, after) = (names(old), names(new));
     let find = |list: &[(String, u64)], n: &str| list.iter().find(|(m, _)| m == n).map(|(_, f)| *f);
     let added: Vec<&str> = after
@@ -106,20 +106,21 @@ fn log_changes(old: &Snapshot, new: &Snapshot) {
     }
 }
 
-/// Start watching `path` and SIGHUP until `stop`, reloading on each change. The signal handler
-/// and the file watch are in place when this returns. Must be called within a tokio runtime.
-pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) {
+/// Start watching `path` until `stop`, reloading on each change; the returned `Reloader`
+/// asks for a reload as SIGHUP does (`watch_sighup`). The file watch is in place when this
+/// returns. Must be called within a tokio runtime.
+pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) -> Reloader {
     let (tx, rx) = mpsc::unbounded_channel::<Trigger>();
     let mut watcher = watch_dir(&path, tx.clone());
     if let Some(w) = watcher.as_mut() {
-        watch_inputs(w, &state.config.load());
+        watch_inputs(w, &state.runtime.load().settings);
     }
     // An edit made before the watch was in place raised no event: look once now.
     let _ = tx.send(Trigger::FileEvent);
-    spawn_sighup(tx);
     tokio::spawn(async move {
         run(&path, &state, rx, stop, watcher).await;
     });
+    Reloader(tx)
 }
 
 async fn run(
@@ -133,7 +134,7 @@ async fn run(
     // (another file in the directory changed) neither reloads nor counts a second failure.
     // Start from the inputs as they were read for the live snapshot (before it was compiled),
     // not as they are now: a change made since must still count as a change.
-    let mut seen = state.config.load().inputs_digest;
+    let mut seen = state.runtime.load().settings.inputs_digest;
     loop {
         let mut trigger = tokio::select! {
             _ = stop.changed() => return,
@@ -151,20 +152,20 @@ async fn run(
         // Loaded: the digest of what the new snapshot was built from. Refused: what was tried,
         // so the same broken version is not tried (and counted) again.
         seen = match reload(path, state) {
-            Ok(()) => state.config.load().inputs_digest,
+            Ok(()) => state.runtime.load().settings.inputs_digest,
             Err(_) => now,
         };
         if let Some(w) = watcher.as_mut() {
-            watch_inputs(w, &state.config.load());
+            watch_inputs(w, &state.runtime.load().settings);
         }
     }
 }
 
 /// Also watch the directories of certificates and keys, so a renewed certificate is picked
 /// up without touching the config (a watch added twice is harmless).
-fn watch_inputs(watcher: &mut notify::RecommendedWatcher, snapshot: &Snapshot) {
-    // The same list the inputs digest covers: the files the snapshot's own text names.
-    for file in referenced_files(&snapshot.source) {
+fn watch_inputs(watcher: &mut notify::RecommendedWatcher, settings: &Settings) {
+    // The same list the inputs digest covers: the files the config's own text names.
+    for file in referenced_files(&settings.source) {
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
         }
@@ -200,15 +201,16 @@ fn watch_dir(
     Some(watcher)
 }
 
+/// Reload on every SIGHUP. The handler is in place when this returns.
 #[cfg(unix)]
-fn spawn_sighup(tx: mpsc::UnboundedSender<Trigger>) {
+pub fn watch_sighup(reloader: Reloader) {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::hangup()) {
         Ok(mut hup) => {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading the config");
-                    if tx.send(Trigger::Signal).is_err() {
+                    if reloader.0.send(Trigger::Signal).is_err() {
                         return;
                     }
                 }
@@ -219,4 +221,4 @@ fn spawn_sighup(tx: mpsc::UnboundedSender<Trigger>) {
 }
 
 #[cfg(not(unix))]
-fn spawn_sighup(_tx: mpsc::UnboundedSender<Trigger>) {}
+pub fn watch_sighup(_reloader: Reloader) {}

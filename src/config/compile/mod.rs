@@ -1,0 +1,195 @@
+//! Validation is the conversion: raw `file::File` -> `Settings`, collecting every problem.
+//!
+//! One file per section of the config: `listeners`, `limiter`, `upstreams`, `routes` (with
+//! their limits). Compiling reads the certificate and CA files a config names, but builds no
+//! live object: `tollgate check` runs exactly this.
+
+mod limiter;
+mod listeners;
+mod routes;
+mod upstreams;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::file;
+use super::settings::{HeaderPolicy, Listener, Settings, UpstreamSpec};
+use super::values;
+use super::Problem;
+use crate::identity::ForwardedHeader;
+use crate::route::Table;
+
+/// Collects problems with the field path each belongs to.
+#[derive(Default)]
+pub(super) struct Problems(pub(super) Vec<Problem>);
+
+impl Problems {
+    pub(super) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+            at: None,
+        });
+    }
+
+    /// Keep the value, or record the error and return `None`.
+    pub(super) fn take<T>(&mut self, path: impl Into<String>, r: Result<T, String>) -> Option<T> {
+        r.map_err(|e| self.add(path, e)).ok()
+    }
+}
+
+/// Compile a parsed file into settings, or every problem it has.
+pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
+    let mut p = Problems::default();
+    let listeners = listeners::listeners(&raw.listeners, &raw.positions.listeners, &mut p);
+    let admin = raw
+        .admin
+        .as_ref()
+        .and_then(|a| p.take("admin.address", parse_addr(&a.address)));
+    let trusted_proxies: Vec<IpNet> = raw
+        .trusted_proxies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
+        .collect();
+    let limiter = limiter::limiter(&raw.limiter, &mut p);
+    let client_ip_header = match raw.client_ip_header.as_deref() {
+        None | Some("x-forwarded-for") => ForwardedHeader::XForwardedFor,
+        Some("forwarded") => ForwardedHeader::Forwarded,
+        Some(other) => {
+            p.add(
+                "client_ip_header",
+                format!("`{other}` is not x-forwarded-for or forwarded"),
+            );
+            ForwardedHeader::XForwardedFor
+        }
+    };
+    let shutdown_timeout = duration_or(
+        &mut p,
+        "shutdown_timeout".into(),
+        raw.shutdown_timeout.as_ref(),
+        Duration::from_secs(30),
+    );
+    let upstreams = upstreams::upstreams(&raw.upstreams, &mut p);
+    let mut ctx = routes::RouteCtx {
+        upstreams: &upstreams,
+        limiter: &limiter,
+        limit_names: HashSet::new(),
+        broken_upstreams: &raw.positions.broken_upstreams,
+    };
+    let mut route_names = HashSet::new();
+    let (mut routes, mut matchers) = (Vec::new(), Vec::new());
+    for (i, r) in raw.routes.iter().enumerate() {
+        let path = format!("routes[{}]", raw.positions.routes.get(i).unwrap_or(&i));
+        if !route_names.insert(r.name.as_str()) {
+            p.add(
+                format!("{path}.name"),
+                format!("duplicate route name `{}`", r.name),
+            );
+        }
+        if let Some((route, matcher)) = routes::route(r, &path, &mut ctx, &mut p) {
+            routes.push(route);
+            matchers.push(matcher);
+        }
+    }
+    whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
+    if !p.0.is_empty() {
+        return Err(p.0);
+    }
+    let mut upstreams: Vec<Arc<UpstreamSpec>> = upstreams.into_values().flatten().collect();
+    upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Settings {
+        table: Table::new(matchers),
+        routes,
+        upstreams,
+        listeners,
+        admin,
+        trusted_proxies,
+        client_ip_header,
+        headers: HeaderPolicy {
+            ietf: raw.rate_limit_headers.ietf,
+            x_ratelimit: raw.rate_limit_headers.x_ratelimit,
+        },
+        limiter,
+        shutdown_timeout,
+        max_inflight: raw.max_inflight.unwrap_or(10_000),
+        underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+        fingerprints: fingerprints(raw),
+        source: String::new(),
+        inputs_digest: [0; 32],
+    })
+}
+
+fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let hash = |s: String| {
+        let mut h = DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    let routes = raw
+        .routes
+        .iter()
+        .map(|r| (format!("route {}", r.name), hash(format!("{r:?}"))));
+    let upstreams = raw
+        .upstreams
+        .iter()
+        .map(|(n, u)| (format!("upstream {n}"), hash(format!("{u:?}"))));
+    routes.chain(upstreams).collect()
+}
+
+/// Rules that span sections of the file.
+fn whole_file_checks(
+    raw: &file::File,
+    listeners: &[Listener],
+    trusted: &[IpNet],
+    p: &mut Problems,
+) {
+    if raw.max_inflight == Some(0) {
+        p.add("max_inflight", "must be at least 1");
+    }
+    if trusted.is_empty() && raw.listeners.iter().any(|l| l.proxy_protocol) {
+        let i = raw
+            .listeners
+            .iter()
+            .position(|l| l.proxy_protocol)
+            .unwrap_or(0);
+        let i = raw.positions.listeners.get(i).copied().unwrap_or(i);
+        p.add(
+            format!("listeners[{i}].proxy_protocol"),
+            "needs `trusted_proxies`: PROXY headers are accepted only from them",
+        );
+    }
+    // Broken listener items were reported already; only a file with none asks for one.
+    if listeners.is_empty() && raw.listeners.is_empty() && raw.positions.listeners.is_empty() {
+        p.add(
+            "listeners",
+            "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
+        );
+    }
+}
+
+pub(super) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("`{s}` is not an address like `0.0.0.0:8000` or `[::]:8000`"))
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{s}` is not a CIDR like `10.0.0.0/8` or an IP address"))
+}
+
+pub(super) fn duration_or(
+    p: &mut Problems,
+    path: String,
+    raw: Option<&String>,
+    default: Duration,
+) -> Duration {
+    raw.and_then(|s| p.take(path, values::duration(s)))
+        .unwrap_or(default)
+}

@@ -1,0 +1,316 @@
+//! The `routes` section: match conditions, actions, body limits, and each route's limits.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+use super::{duration_or, values, Problems};
+use crate::body::BodyLimits;
+use crate::config::file;
+use crate::config::settings::{
+    ActionSpec, LimitSpec, LimiterSettings, Rate, Respond, RouteSpec, UpstreamSpec,
+};
+use crate::identity::{Alternative, Exemption, KeySpec};
+use crate::route::{HostPattern, Matcher, PathPattern};
+
+/// What compiling one route needs from the rest of the file.
+pub(super) struct RouteCtx<'a> {
+    pub(super) upstreams: &'a HashMap<String, Option<Arc<UpstreamSpec>>>,
+    pub(super) limiter: &'a LimiterSettings,
+    /// Limit names seen so far (they are global: they name buckets).
+    pub(super) limit_names: HashSet<String>,
+    pub(super) broken_upstreams: &'a [String],
+}
+
+fn valid_name(s: &str) -> Result<(), String> {
+    if s.len() > 128 {
+        return Err(format!("name `{s}` is longer than 128 characters"));
+    }
+    let ok = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name `{s}` may only use letters, digits, `_`, `.` and `-`"
+        ))
+    }
+}
+
+/// One route and its match conditions.
+pub(super) fn route(
+    r: &file::Route,
+    path: &str,
+    ctx: &mut RouteCtx<'_>,
+    p: &mut Problems,
+) -> Option<(RouteSpec, Matcher)> {
+    p.take(format!("{path}.name"), valid_name(&r.name));
+    let matcher = matcher(&r.matcher, &format!("{path}.match"), p);
+    let action = match (&r.upstream, &r.respond) {
+        (Some(name), None) => match ctx.upstreams.get(name) {
+            Some(u) => u.clone().map(ActionSpec::Forward),
+            None => {
+                if !ctx.broken_upstreams.contains(name) {
+                    p.add(
+                        format!("{path}.upstream"),
+                        format!("unknown upstream `{name}`"),
+                    );
+                }
+                None
+            }
+        },
+        (None, Some(respond)) => respond_action(respond, &format!("{path}.respond"), p),
+        (Some(_), Some(_)) => {
+            p.add(path, "a route has either `upstream` or `respond`, not both");
+            None
+        }
+        (None, None) => {
+            p.add(path, "a route needs `upstream: NAME` or `respond: {...}`");
+            None
+        }
+    };
+    let limits: Vec<LimitSpec> = r
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| limit(l, &format!("{path}.limits[{i}]"), ctx, p))
+        .collect();
+    let body = body_limits(r, path, p);
+    let websocket_idle = websocket_idle(r, path, p);
+    let route = RouteSpec {
+        name: r.name.as_str().into(),
+        action: action?,
+        limits,
+        body,
+        websocket: r.websocket,
+        websocket_idle,
+    };
+    Some((route, matcher?))
+}
+
+fn websocket_idle(r: &file::Route, path: &str, p: &mut Problems) -> Duration {
+    let key = format!("{path}.timeouts.websocket_idle");
+    let idle = duration_or(
+        p,
+        key.clone(),
+        r.timeouts.as_ref().and_then(|t| t.websocket_idle.as_ref()),
+        Duration::from_secs(3600),
+    );
+    if idle.is_zero() {
+        p.add(key, "must be longer than zero");
+    }
+    idle
+}
+
+fn body_limits(r: &file::Route, path: &str, p: &mut Problems) -> BodyLimits {
+    let d = BodyLimits::default();
+    let t = r.timeouts.as_ref();
+    let idle = duration_or(
+        p,
+        format!("{path}.timeouts.body_idle"),
+        t.and_then(|t| t.body_idle.as_ref()),
+        d.idle,
+    );
+    if idle.is_zero() {
+        p.add(
+            format!("{path}.timeouts.body_idle"),
+            "must be longer than zero",
+        );
+    }
+    let request = duration_or(
+        p,
+        format!("{path}.timeouts.request"),
+        t.and_then(|t| t.request.as_ref()),
+        d.request.unwrap_or_default(),
+    );
+    let max_bytes = r
+        .max_body
+        .as_ref()
+        .and_then(|s| p.take(format!("{path}.max_body"), values::size(s)))
+        .unwrap_or(d.max_bytes);
+    BodyLimits {
+        idle,
+        request: (!request.is_zero()).then_some(request),
+        max_bytes,
+    }
+}
+
+fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
+    let host = m
+        .host
+        .as_ref()
+        .and_then(|h| p.take(format!("{path}.host"), HostPattern::parse(h)));
+    let must_start_with_slash = |s: &String| {
+        if s.starts_with('/') {
+            Ok(s.clone())
+        } else {
+            Err(format!("`{s}` must start with `/`"))
+        }
+    };
+    let path_pattern = match (&m.path, &m.path_prefix) {
+        (None, None) => PathPattern::Any,
+        (Some(x), None) => {
+            PathPattern::Exact(p.take(format!("{path}.path"), must_start_with_slash(x))?)
+        }
+        (None, Some(x)) => {
+            PathPattern::Prefix(p.take(format!("{path}.path_prefix"), must_start_with_slash(x))?)
+        }
+        (Some(_), Some(_)) => {
+            p.add(path, "use `path` (exact) or `path_prefix`, not both");
+            return None;
+        }
+    };
+    if m.methods.as_ref().is_some_and(Vec::is_empty) {
+        p.add(
+            format!("{path}.methods"),
+            "is empty, so the route could never match: list methods or remove the key",
+        );
+    }
+    let methods = m.methods.as_ref().map(|ms| {
+        ms.iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let r = Method::from_bytes(s.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| format!("`{s}` is not an HTTP method"));
+                p.take(format!("{path}.methods[{i}]"), r)
+            })
+            .collect()
+    });
+    let headers = m
+        .headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("`{k}` is not a valid header name")),
+            );
+            let value = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderValue::from_str(v).map_err(|_| format!("`{v}` is not a valid header value")),
+            );
+            Some((name?, value?))
+        })
+        .collect();
+    Some(Matcher {
+        host,
+        path: path_pattern,
+        methods,
+        headers,
+    })
+}
+
+fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<ActionSpec> {
+    let status = p.take(
+        format!("{path}.status"),
+        StatusCode::from_u16(r.status)
+            .ok()
+            .filter(|s| (200..=599).contains(&s.as_u16()))
+            .ok_or_else(|| format!("`{}` is not a final HTTP status (200-599)", r.status)),
+    );
+    let mut headers = HeaderMap::new();
+    for (k, v) in &r.headers {
+        let kv = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("`{k}` is not a valid header name"))
+            .and_then(|n| {
+                Ok((
+                    n,
+                    HeaderValue::from_str(v)
+                        .map_err(|_| format!("`{v}` is not a valid header value"))?,
+                ))
+            });
+        if let Some((n, v)) = p.take(format!("{path}.headers.{k}"), kv) {
+            headers.insert(n, v);
+        }
+    }
+    Some(ActionSpec::Respond(Arc::new(Respond {
+        status: status?,
+        body: Bytes::from(r.body.clone()),
+        headers,
+    })))
+}
+
+fn limit(
+    l: &file::Limit,
+    path: &str,
+    ctx: &mut RouteCtx<'_>,
+    p: &mut Problems,
+) -> Option<LimitSpec> {
+    p.take(format!("{path}.name"), valid_name(&l.name));
+    if !ctx.limit_names.insert(l.name.clone()) {
+        p.add(
+            format!("{path}.name"),
+            format!(
+                "duplicate limit name `{}` (limit names are global: they name buckets)",
+                l.name
+            ),
+        );
+    }
+    let rate = p.take(format!("{path}.rate"), values::rate(&l.rate));
+    let burst = match (l.burst, rate) {
+        (Some(0), _) => {
+            p.add(format!("{path}.burst"), "must be at least 1");
+            None
+        }
+        (Some(b), _) => Some(b),
+        (None, Some(r)) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        (None, None) => None,
+    };
+    let cost = l.cost.unwrap_or(1);
+    if cost == 0 {
+        p.add(format!("{path}.cost"), "must be at least 1");
+    }
+    if let Some(b) = burst {
+        if cost > b {
+            p.add(
+                format!("{path}.cost"),
+                format!("cost {cost} is larger than burst {b}: no request could ever pass"),
+            );
+        }
+    }
+    if l.key.is_empty() {
+        p.add(
+            format!("{path}.key"),
+            "needs at least one source, as in `[ip]`",
+        );
+    }
+    let key = KeySpec(
+        l.key
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| p.take(format!("{path}.key[{i}]"), Alternative::parse(k)))
+            .collect(),
+    );
+    let exempt = l
+        .exempt
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| p.take(format!("{path}.exempt[{i}]"), Exemption::parse(e)))
+        .collect();
+    let on_failure = match &l.on_failure {
+        Some(s) => p.take(format!("{path}.on_failure"), super::limiter::policy(s))?,
+        None => ctx.limiter.on_failure,
+    };
+    let rate = Rate {
+        per_sec: rate?.per_sec(),
+        burst: burst?,
+    };
+    let fallback = Rate {
+        per_sec: rate.per_sec / f64::from(ctx.limiter.divide_by),
+        burst: (rate.burst / ctx.limiter.divide_by).max(1),
+    };
+    Some(LimitSpec {
+        name: l.name.as_str().into(),
+        rate,
+        cost,
+        shadow: l.shadow,
+        key,
+        exempt,
+        on_failure,
+        fallback,
+    })
+}

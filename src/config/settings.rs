@@ -1,0 +1,288 @@
+//! The compiled settings: plain values a reload compares and the runtime is built from.
+//!
+//! Nothing here is live: no sockets, pools, buckets or metric handles. Those belong to
+//! `runtime`, which builds them from these settings (and reuses what an unchanged setting
+//! already runs).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, StatusCode};
+use ipnet::IpNet;
+
+use crate::body::BodyLimits;
+use crate::identity::{Exemption, ForwardedHeader, KeySpec};
+use crate::route::Table;
+
+/// Everything a config file says, validated.
+#[derive(Debug)]
+pub struct Settings {
+    /// In file order; `table` finds them by index.
+    pub routes: Vec<RouteSpec>,
+    /// The routes' match conditions and their path index.
+    pub table: Table,
+    /// Every upstream, by name (routes refer to them by name).
+    pub upstreams: Vec<Arc<UpstreamSpec>>,
+    pub listeners: Vec<Listener>,
+    pub admin: Option<SocketAddr>,
+    pub trusted_proxies: Vec<IpNet>,
+    pub client_ip_header: ForwardedHeader,
+    pub headers: HeaderPolicy,
+    pub limiter: LimiterSettings,
+    /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
+    pub shutdown_timeout: Duration,
+    /// Requests in flight at once before new ones get 503.
+    pub max_inflight: usize,
+    /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
+    /// by default they are dropped.
+    pub underscores_in_headers: bool,
+    /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
+    pub fingerprints: Vec<(String, u64)>,
+    /// The YAML these settings were compiled from (served redacted on the admin `/config`).
+    pub source: String,
+    /// Digest of the config text and of every file it names, read *before* compiling: a file
+    /// changed after that is seen as a change by the reload watcher, never missed.
+    pub inputs_digest: [u8; 32],
+}
+
+impl Settings {
+    /// Every limit of every route, in file order.
+    pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
+        self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+}
+
+/// One route: what it does, its limits and body limits (its match conditions are in `Table`).
+#[derive(Debug)]
+pub struct RouteSpec {
+    pub name: Arc<str>,
+    pub action: ActionSpec,
+    pub limits: Vec<LimitSpec>,
+    /// Idle timeout, deadline and size cap of request bodies on this route.
+    pub body: BodyLimits,
+    /// WebSocket upgrades are proxied (limits apply to the handshake request).
+    pub websocket: bool,
+    /// An open tunnel with no traffic either way for this long is closed.
+    pub websocket_idle: Duration,
+}
+
+/// What a route does with an admitted request.
+#[derive(Debug)]
+pub enum ActionSpec {
+    /// Forward to the upstream of this name (one of `Settings::upstreams`).
+    Forward(Arc<UpstreamSpec>),
+    Respond(Arc<Respond>),
+}
+
+/// A response the proxy gives itself.
+#[derive(Debug)]
+pub struct Respond {
+    pub status: StatusCode,
+    pub body: Bytes,
+    pub headers: HeaderMap,
+}
+
+/// A limit of a route, as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitSpec {
+    pub name: Arc<str>,
+    pub rate: Rate,
+    pub cost: u32,
+    pub shadow: bool,
+    pub key: KeySpec,
+    pub exempt: Vec<Exemption>,
+    pub on_failure: FailurePolicy,
+    /// The stricter per-replica rate the `local` failure policy enforces without Redis.
+    pub fallback: Rate,
+}
+
+/// The numbers of one limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rate {
+    /// Tokens added per second.
+    pub per_sec: f64,
+    /// Bucket capacity in whole tokens.
+    pub burst: u32,
+}
+
+impl Rate {
+    /// Microseconds for one token to come back.
+    pub fn token_us(&self) -> f64 {
+        1e6 / self.per_sec
+    }
+
+    /// Microseconds an empty bucket takes to fill: the `w` of `RateLimit-Policy`.
+    pub fn window_us(&self) -> f64 {
+        f64::from(self.burst) * self.token_us()
+    }
+}
+
+/// What to do with a limit when the shared store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admit the request (and say so loudly in logs and metrics).
+    Open,
+    /// Reject with 503: for logins, SMS and anything where over-admitting costs money.
+    Closed,
+    /// Enforce the limit in process, divided by `limiter.local_fallback.divide_by`.
+    Local,
+}
+
+/// Which rate-limit header families to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderPolicy {
+    pub ietf: bool,
+    pub x_ratelimit: bool,
+}
+
+/// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.
+#[derive(Debug, Clone)]
+pub struct UpstreamSpec {
+    pub name: Arc<str>,
+    pub scheme: Scheme,
+    pub targets: Vec<Authority>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    /// Idle connections kept per target, all workers together; `None`: the default per worker.
+    pub max_idle: Option<usize>,
+    /// Idle connections are closed after this.
+    pub idle_timeout: Duration,
+    /// Trust anchors for https targets (the system's, or a configured CA).
+    pub tls: Arc<rustls::ClientConfig>,
+    /// Identifies the settings and the CA file's bytes: a reload keeps an upstream (and its
+    /// warm connections) whose fingerprint did not change.
+    pub fingerprint: [u8; 32],
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listener {
+    pub address: SocketAddr,
+    pub tls: Option<TlsSettings>,
+    pub settings: ListenerSettings,
+}
+
+/// A TLS listener's certificates, loaded.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    pub files: Vec<crate::tls::CertFiles>,
+    pub config: Arc<rustls::ServerConfig>,
+}
+
+impl PartialEq for TlsSettings {
+    /// Same files, same settings: what a reload compares (the contents are reloaded anyway).
+    fn eq(&self, other: &Self) -> bool {
+        self.files == other.files
+    }
+}
+
+/// A listener's connection limits and timeouts (the `listeners[]` hardening keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSettings {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub max_connections: usize,
+    pub max_requests_per_connection: u64,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_uri_bytes: usize,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_stream_window: u32,
+    pub h2_connection_window: u32,
+    pub h2_max_header_list: u32,
+    /// Expect a PROXY protocol header (v1 or v2) from a trusted peer before anything else.
+    pub proxy_protocol: bool,
+}
+
+impl Default for ListenerSettings {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_connections: 10_000,
+            max_requests_per_connection: 1000,
+            max_header_bytes: 64 << 10,
+            max_headers: 100,
+            max_uri_bytes: 8 << 10,
+            h2_max_concurrent_streams: 100,
+            h2_stream_window: 64 << 10,
+            h2_connection_window: 1 << 20,
+            h2_max_header_list: 64 << 10,
+            proxy_protocol: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    Local,
+    Redis(RedisConfig),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimiterSettings {
+    pub backend: Backend,
+    pub on_failure: FailurePolicy,
+    pub divide_by: u32,
+    pub max_buckets: usize,
+}
+
+/// The `limiter.redis` block. Exactly one of `url` and `cluster` is set (checked when the
+/// config is compiled). Its `Debug` hides the passwords of the URLs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    pub url: Option<String>,
+    /// Seed nodes of a Redis Cluster, as URLs.
+    pub cluster: Vec<String>,
+    /// Deadline of one check; past it the failure policy applies.
+    pub timeout: Duration,
+    /// Prepended to every key, so several deployments can share a Redis.
+    pub key_prefix: String,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact))
+            .field(
+                "cluster",
+                &self.cluster.iter().map(|u| redact(u)).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host` -> `redis://user:***@host`, for logs.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) => {
+            let user = userinfo.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{}", &rest[userinfo.len() + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn debug_output_hides_passwords() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+    }
+}

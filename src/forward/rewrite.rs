@@ -1,0 +1,235 @@
+//! The upstream request rewrite: origin-form URI, Host, hop-by-hop headers, X-Forwarded-*.
+
+use http::header::{CONNECTION, HOST};
+use http::uri::{Authority, PathAndQuery};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri, Version};
+
+use super::Downstream;
+use crate::body::Guarded;
+use crate::error::ProxyError;
+use crate::Small;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+pub(super) fn rewrite(
+    req: &mut Request<Guarded>,
+    target: &Authority,
+    down: Downstream<'_>,
+) -> Result<(), ProxyError> {
+    // Upstream requests are origin-form: the path and query only.
+    let authority = if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let authority = req.uri().authority().cloned();
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(path);
+        authority
+    } else {
+        None
+    };
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`; an
+    // HTTP/1.0 request without either still needs one (the target's).
+    let original_host = match headers.get(HOST) {
+        Some(host) => Some(host.clone()),
+        None => {
+            let from_authority = authority
+                .map(|a| HeaderValue::from_str(a.as_str()))
+                .transpose()
+                .map_err(|_| ProxyError::BadRequest)?;
+            let host = match &from_authority {
+                Some(host) => host.clone(),
+                None => {
+                    HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?
+                }
+            };
+            headers.insert(HOST, host);
+            from_authority
+        }
+    };
+    // One pass over the names finds everything to drop; most requests have nothing.
+    strip_hop_by_hop_and(headers, |k| {
+        // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
+        // `HTTP_X_FORWARDED_FOR`) would read `X_Forwarded_For` or `X_Real_IP` as the
+        // forwarding headers tollgate controls. nginx drops them by default too.
+        (!down.underscores && k.as_str().contains('_'))
+            // Whatever an untrusted client says about forwarding is dropped, not passed on to
+            // a backend that may believe it (X-Forwarded-For is replaced below).
+            || (!down.peer_trusted
+                && (*k == http::header::FORWARDED
+                    || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)))
+    });
+    if down.client_ip == down.peer {
+        headers.insert(X_REAL_IP, down.peer_value.clone());
+    } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
+        headers.insert(X_REAL_IP, v);
+    }
+    forwarded_for(headers, down);
+    // From an untrusted peer these were just removed: no need to look.
+    if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        let proto = if down.tls { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match original_host {
+            Some(host) => headers.insert(X_FORWARDED_HOST, host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+    }
+    Ok(())
+}
+
+/// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
+/// believed as far as `identity::client_ip` believes it); from anyone else, replace the header
+/// so a client cannot plant addresses the backend might trust.
+fn forwarded_for(headers: &mut HeaderMap, down: Downstream<'_>) {
+    let chain: Vec<&str> = if down.peer_trusted {
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if chain.is_empty() {
+        headers.insert(X_FORWARDED_FOR, down.peer_value.clone());
+        return;
+    }
+    let value = format!("{}, {}", chain.join(", "), down.peer);
+    if let Ok(v) = HeaderValue::try_from(value) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+}
+
+/// Whether `name` (lower case) describes one hop, never the message (RFC 9110 7.6.1), or is a
+/// framing header hyper sets itself on the next hop.
+fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// The names to remove from `headers` before the message goes on: the hop-by-hop headers, every
+/// header a `Connection` line names, and whatever `also` picks. One pass over the names (a
+/// `match` on each), so a message that has none of them costs no lookup and no allocation.
+fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Small<HeaderName> {
+    let mut doomed = Small::new();
+    let mut connection = false;
+    for k in headers.keys() {
+        if is_hop_by_hop(k.as_str()) {
+            connection |= *k == CONNECTION;
+            doomed.push(k.clone());
+        } else if also(k) {
+            doomed.push(k.clone());
+        }
+    }
+    if connection {
+        // Options such as `close` or `keep-alive` name no header, or one already doomed: only
+        // names the message actually has are added.
+        let options = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|o| !o.is_empty());
+        for option in options {
+            // The usual options, `keep-alive` and `close`: the first names a hop-by-hop header
+            // (doomed above if present), the second none. No scan of the names for them.
+            if option.eq_ignore_ascii_case("keep-alive") || option.eq_ignore_ascii_case("close") {
+                continue;
+            }
+            if let Some(k) = headers
+                .keys()
+                .find(|k| k.as_str().eq_ignore_ascii_case(option) && !doomed.contains(k))
+            {
+                doomed.push(k.clone());
+            }
+        }
+    }
+    doomed
+}
+
+/// Remove hop-by-hop headers, including every header a `Connection` line names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_hop_by_hop_and(headers, |_| false);
+}
+
+/// `strip_hop_by_hop`, and remove the headers `also` picks in the same pass.
+fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
+    for name in doomed_names(headers, also) {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn strips_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, X-Secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-authorization", "Basic x".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarded_for_appends_only_for_trusted_peers() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
+        let peer = "10.0.0.1".parse().unwrap();
+        forwarded_for(
+            &mut h,
+            Downstream {
+                peer,
+                peer_value: &HeaderValue::from_static("10.0.0.1"),
+                peer_trusted: true,
+                tls: false,
+                client_ip: peer,
+                websocket_allowed: false,
+                websocket_idle: Duration::from_secs(3600),
+                underscores: false,
+                worker: 0,
+            },
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
+        forwarded_for(
+            &mut h,
+            Downstream {
+                peer,
+                peer_value: &HeaderValue::from_static("10.0.0.1"),
+                peer_trusted: false,
+                tls: false,
+                client_ip: peer,
+                websocket_allowed: false,
+                websocket_idle: Duration::from_secs(3600),
+                underscores: false,
+                worker: 0,
+            },
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    }
+}

@@ -1,0 +1,171 @@
+//! The live config: routes with their upstream pools, buckets, Redis client and metric handles,
+//! built from `Settings` plus the runtime it replaces.
+//!
+//! Building reuses what did not change, by comparing specs: a limit with the same name and rate
+//! keeps its buckets, an upstream with the same fingerprint its warm connections, the same
+//! Redis settings the same client (connections, breaker, negative cache). The request path
+//! reads one immutable `Runtime`; a reload builds a whole new one and swaps it in.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Request;
+
+use crate::body::BodyLimits;
+use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
+use crate::forward::Upstream;
+use crate::limiter::local::Buckets;
+use crate::limiter::redis::RedisLimiter;
+use crate::limiter::Limit;
+use crate::metrics::{Metrics, RouteCounters};
+use crate::response::Rendered;
+use crate::workers::Workers;
+
+/// One config, live. Immutable once built.
+#[derive(Debug)]
+pub struct Runtime {
+    pub settings: Arc<Settings>,
+    /// In file order, as `settings.routes`.
+    pub routes: Vec<Route>,
+    /// Every upstream of the settings, once each.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// The shared store for `backend: redis`.
+    pub redis: Option<Arc<RedisLimiter>>,
+}
+
+/// A route, live.
+#[derive(Debug)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub action: Action,
+    pub limits: Vec<Arc<Limit>>,
+    /// The fixed parts of each limit's response headers, in `limits` order.
+    pub rendered: Vec<Rendered>,
+    /// Idle timeout, deadline and size cap of request bodies on this route.
+    pub body: BodyLimits,
+    /// WebSocket upgrades are proxied (limits apply to the handshake request).
+    pub websocket: bool,
+    /// An open tunnel with no traffic either way for this long is closed.
+    pub websocket_idle: Duration,
+    /// This route's request and decision counters.
+    pub counters: RouteCounters,
+}
+
+/// What a route does with an admitted request.
+#[derive(Debug)]
+pub enum Action {
+    Forward(Arc<Upstream>),
+    Respond(Arc<Respond>),
+}
+
+impl Runtime {
+    /// The runtime of `settings`, reusing what `previous` runs for unchanged specs. Needs a
+    /// tokio runtime when the limiter is Redis (its client connects in the background).
+    pub fn build(
+        settings: Settings,
+        previous: Option<&Runtime>,
+        workers: &Workers,
+        metrics: &Metrics,
+    ) -> Result<Self, String> {
+        let redis = redis(&settings, previous, workers)?;
+        let old_upstreams: HashMap<&str, &Arc<Upstream>> = previous
+            .map(|p| p.upstreams.iter().map(|u| (&*u.name, u)).collect())
+            .unwrap_or_default();
+        let upstreams: Vec<Arc<Upstream>> = settings
+            .upstreams
+            .iter()
+            .map(|spec| match old_upstreams.get(&*spec.name) {
+                Some(kept) if kept.fingerprint == spec.fingerprint => Arc::clone(kept),
+                _ => Arc::new(Upstream::new(
+                    spec,
+                    workers.count(),
+                    metrics.upstream_histogram(&spec.name),
+                )),
+            })
+            .collect();
+        let by_name: HashMap<&str, &Arc<Upstream>> =
+            upstreams.iter().map(|u| (&*u.name, u)).collect();
+        let old_limits: HashMap<&str, &Arc<Limit>> = previous
+            .map(|p| p.limits().map(|l| (&*l.name, l)).collect())
+            .unwrap_or_default();
+        let max_buckets = settings.limiter.max_buckets;
+        let mut routes = Vec::with_capacity(settings.routes.len());
+        for spec in &settings.routes {
+            let limits: Vec<Arc<Limit>> = spec
+                .limits
+                .iter()
+                .map(|l| {
+                    let local = match old_limits.get(&*l.name) {
+                        Some(old) if old.rate == l.rate => old.local.clone(),
+                        _ => Arc::new(Buckets::new(max_buckets)),
+                    };
+                    Arc::new(Limit::new(l, local))
+                })
+                .collect();
+            let action = match &spec.action {
+                ActionSpec::Forward(u) => Action::Forward(
+                    by_name
+                        .get(&*u.name)
+                        .map(|u| Arc::clone(u))
+                        .ok_or_else(|| format!("upstream `{}` was not built", u.name))?,
+                ),
+                ActionSpec::Respond(r) => Action::Respond(r.clone()),
+            };
+            routes.push(Route {
+                name: spec.name.clone(),
+                action,
+                rendered: limits.iter().map(|l| Rendered::of(l)).collect(),
+                counters: metrics.route_counters(&spec.name, limits.iter().map(|l| &*l.name)),
+                limits,
+                body: spec.body,
+                websocket: spec.websocket,
+                websocket_idle: spec.websocket_idle,
+            });
+        }
+        Ok(Self {
+            settings: Arc::new(settings),
+            routes,
+            upstreams,
+            redis,
+        })
+    }
+
+    /// The first route, in file order, that matches the request.
+    pub fn find<B>(&self, req: &Request<B>) -> Option<&Route> {
+        let i = self.settings.table.find(req)?;
+        self.routes.get(i)
+    }
+
+    /// Every limit of every route, in file order.
+    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
+        self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+}
+
+/// The Redis client of `settings`: `previous`'s when the Redis settings did not change, else a
+/// new one whose workers' connections open at once.
+fn redis(
+    settings: &Settings,
+    previous: Option<&Runtime>,
+    workers: &Workers,
+) -> Result<Option<Arc<RedisLimiter>>, String> {
+    let Backend::Redis(cfg) = &settings.limiter.backend else {
+        return Ok(None);
+    };
+    let kept = previous
+        .filter(|p| p.settings.limiter.backend == settings.limiter.backend)
+        .and_then(|p| p.redis.clone());
+    if let Some(kept) = kept {
+        return Ok(Some(kept));
+    }
+    let limiter = Arc::new(RedisLimiter::for_workers(cfg, workers.count())?);
+    // The workers running now open their connections at once (a worker started later does so
+    // as it starts).
+    let warm = limiter.clone();
+    workers.on_every(move |id| {
+        let limiter = warm.clone();
+        async move { limiter.warm_up_worker(id).await }
+    });
+    Ok(Some(limiter))
+}

@@ -1,0 +1,175 @@
+//! The connection watchdog: head and idle timeouts, the request cap, rapid-reset retirement.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::time::Instant;
+
+use super::connection::Shared;
+use crate::config::settings::ListenerSettings;
+
+/// Watches one connection: asks it to close gracefully on shutdown, when it has served its
+/// quota of requests or was caught in a rapid reset, or when it sat idle too long; asks it to
+/// drop when a request head did not complete in time. Sleeps until the next deadline and
+/// re-reads the connection's marks only then: requests themselves never wake it.
+pub(super) async fn watchdog(
+    shared: Arc<Shared>,
+    settings: Arc<ListenerSettings>,
+    mut stop: watch::Receiver<bool>,
+    verdict: oneshot::Sender<Command>,
+) {
+    let activity = &shared.activity;
+    let sleep = tokio::time::sleep_until(activity.next_check(&settings));
+    tokio::pin!(sleep);
+    let command = loop {
+        tokio::select! {
+            _ = stop.changed() => break Command::Close,
+            () = activity.retire.notified() => break Command::Close,
+            () = sleep.as_mut() => match activity.overdue(&settings) {
+                Overdue::No => sleep.as_mut().reset(activity.next_check(&settings)),
+                Overdue::Idle => break Command::Close,
+                Overdue::Head => break Command::Drop,
+            },
+        }
+    };
+    let _ = verdict.send(command);
+}
+
+/// Aborts the watchdog when its connection ends.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What the watchdog asks of its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Command {
+    Close,
+    Drop,
+}
+
+/// Requests per window of the rapid-reset guard, and how many of them may be cancelled.
+const RESET_WINDOW: u32 = 100;
+const RESETS_ALLOWED: u32 = 50;
+
+/// What a connection is doing, for its timeouts and its request cap.
+pub(super) struct Activity {
+    inflight: AtomicUsize,
+    served: AtomicU64,
+    /// The client speaks HTTP/2: its frames (pings, window updates, settings acks) arrive at
+    /// any time, so bytes read do not mean a request head is in progress.
+    pub(super) http2: AtomicBool,
+    /// Requests and client cancellations in the current window of `RESET_WINDOW` requests.
+    window: parking_lot::Mutex<(u32, u32)>,
+    /// When the connection last went idle (accepted, or its last response head sent), and
+    /// when the first byte after that arrived (a request head in progress).
+    marks: parking_lot::Mutex<Marks>,
+    pub(super) retire: Notify,
+}
+
+#[derive(Clone, Copy)]
+struct Marks {
+    idle_since: Instant,
+    head_started: Option<Instant>,
+}
+
+/// What the watchdog should do about a connection with nothing in flight.
+enum Overdue {
+    No,
+    /// Idle too long between requests: close it gracefully.
+    Idle,
+    /// A request head started but did not complete in time: drop it.
+    Head,
+}
+
+impl Activity {
+    pub(super) fn new() -> Self {
+        Self {
+            inflight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+            window: parking_lot::Mutex::new((0, 0)),
+            marks: parking_lot::Mutex::new(Marks {
+                idle_since: Instant::now(),
+                head_started: None,
+            }),
+            retire: Notify::new(),
+        }
+    }
+
+    /// A request starts; returns how many this connection has now served, this one included.
+    pub(super) fn begin(&self) -> u64 {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+        self.served.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// A request is done: answered, or cancelled by the client before its response head.
+    /// A connection whose client cancels most of its recent requests is retired (HTTP/2
+    /// GOAWAY): that is the rapid-reset attack on streams already being proxied, which the
+    /// HTTP/2 layer's own reset cap (streams reset before they are accepted) cannot see.
+    pub(super) fn end(&self, answered: bool) {
+        *self.marks.lock() = Marks {
+            idle_since: Instant::now(),
+            head_started: None,
+        };
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
+        let mut window = self.window.lock();
+        window.0 += 1;
+        window.1 += u32::from(!answered);
+        if window.1 > RESETS_ALLOWED {
+            tracing::warn!(
+                "client cancels most of its requests (rapid reset): closing its connection"
+            );
+            *window = (0, 0);
+            self.retire.notify_one();
+        } else if window.0 >= RESET_WINDOW {
+            *window = (0, 0);
+        }
+    }
+
+    pub(super) fn bytes_read(&self) {
+        if self.inflight.load(Ordering::Acquire) == 0 && !self.http2.load(Ordering::Acquire) {
+            let mut marks = self.marks.lock();
+            marks.head_started.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn deadline(&self, s: &ListenerSettings) -> (Instant, Overdue) {
+        let marks = *self.marks.lock();
+        match marks.head_started {
+            Some(started) => (started + s.header_read_timeout, Overdue::Head),
+            // A fresh connection must send its first head within the header timeout.
+            None if self.served.load(Ordering::Acquire) == 0 => {
+                (marks.idle_since + s.header_read_timeout, Overdue::Idle)
+            }
+            None => (marks.idle_since + s.idle_timeout, Overdue::Idle),
+        }
+    }
+
+    /// When the watchdog should look next. While a request is in flight nothing can be
+    /// overdue: look again after the shorter timeout (never a deadline in the past, which
+    /// would spin for as long as a slow request takes). A request that ends before that look
+    /// leaves a deadline later than it, so the look then finds the exact deadline.
+    fn next_check(&self, s: &ListenerSettings) -> Instant {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return Instant::now() + s.idle_timeout.min(s.header_read_timeout);
+        }
+        self.deadline(s).0
+    }
+
+    fn overdue(&self, s: &ListenerSettings) -> Overdue {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return Overdue::No;
+        }
+        let (deadline, kind) = self.deadline(s);
+        if Instant::now() >= deadline {
+            kind
+        } else {
+            Overdue::No
+        }
+    }
+}
