@@ -76,6 +76,9 @@ fn bind_shared(
 pub struct Options {
     /// Worker threads serving the proxy listeners; `None`: `TOLLGATE_WORKERS`, else one per core.
     pub workers: Option<usize>,
+    /// Serve the listeners on the calling runtime instead, as one worker and no thread: a test
+    /// that pauses tokio's clock then controls the proxy's time too.
+    pub inline: bool,
     /// Reload on SIGHUP (the binary does; a proxy started in a test process need not).
     pub sighup: bool,
 }
@@ -108,8 +111,8 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     // kill the process with a SIGHUP or SIGTERM meant for it.
     let shutdown = shutdown_signal();
     let options = Options {
-        workers: None,
         sighup: true,
+        ..Options::default()
     };
     start(path, options, shutdown).await?.stopped().await;
     Ok(())
@@ -128,7 +131,12 @@ pub async fn start(
     options: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Running, StartError> {
-    let workers = Arc::new(Workers::new(options.workers.unwrap_or_else(worker_count)));
+    let count = if options.inline {
+        1
+    } else {
+        options.workers.unwrap_or_else(worker_count)
+    };
+    let workers = Arc::new(Workers::new(count));
     let metrics = Metrics::new();
     let settings = config::load(path)?;
     let runtime = Runtime::build(settings, None, &workers, &metrics).map_err(StartError::Redis)?;
@@ -172,12 +180,19 @@ pub async fn start(
             });
         }
     }
-    let threads: Vec<_> = per_worker
-        .into_iter()
-        .enumerate()
-        .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
-        .collect::<Result<_, _>>()
-        .map_err(StartError::Worker)?;
+    let (threads, inline) = if options.inline {
+        let listeners = per_worker.into_iter().next().unwrap_or_default();
+        let worker = tokio::spawn(serve_worker(0, listeners, state.clone(), stop_rx.clone()));
+        (Vec::new(), Some(worker))
+    } else {
+        let threads: Vec<_> = per_worker
+            .into_iter()
+            .enumerate()
+            .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
+            .collect::<Result<_, _>>()
+            .map_err(StartError::Worker)?;
+        (threads, None)
+    };
     let admin_address = match admin {
         Some(admin) => {
             let address = admin.local_addr().ok();
@@ -194,6 +209,9 @@ pub async fn start(
         shutdown.await;
         tracing::info!("shutting down: no new connections, draining in-flight requests");
         let _ = stop_tx.send(true);
+        if let Some(inline) = inline {
+            let _ = inline.await;
+        }
         let _ = tokio::task::spawn_blocking(move || {
             for t in threads {
                 let _ = t.join();
@@ -221,6 +239,7 @@ struct WorkerListener {
     inbox: tokio::sync::mpsc::UnboundedReceiver<server::Handoff>,
 }
 
+/// A worker thread: a single-threaded runtime of its own serving `listeners`.
 fn spawn_worker(
     id: usize,
     listeners: Vec<WorkerListener>,
@@ -240,38 +259,46 @@ fn spawn_worker(
                     return;
                 }
             };
-            state.workers.started(id, runtime.handle().clone());
-            // Open this worker's Redis connection now, not on its first check.
-            if let Some(redis) = state.runtime.load().redis.clone() {
-                runtime.spawn(async move { redis.warm_up_worker(id).await });
-            }
-            runtime.block_on(async move {
-                let mut loops = Vec::new();
-                for wl in listeners {
-                    let listener = match TcpListener::from_std(wl.socket) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot register a listener");
-                            continue;
-                        }
-                    };
-                    let l = server::Listening {
-                        listener,
-                        configured: wl.listener.address,
-                        settings: wl.listener.settings.clone(),
-                        tls: wl.listener.tls.as_ref().map(|t| t.config.clone()),
-                        slots: wl.slots,
-                        balance: wl.balance,
-                        worker: id,
-                        inbox: wl.inbox,
-                    };
-                    loops.push(tokio::spawn(server::serve(l, state.clone(), stop.clone())));
-                }
-                for l in loops {
-                    let _ = l.await;
-                }
-            });
+            runtime.block_on(serve_worker(id, listeners, state, stop));
         })
+}
+
+/// Serve worker `id`'s listeners on the current runtime until `stop` and the drain end.
+async fn serve_worker(
+    id: usize,
+    listeners: Vec<WorkerListener>,
+    state: Arc<State>,
+    stop: watch::Receiver<bool>,
+) {
+    state.workers.started(id, tokio::runtime::Handle::current());
+    // Open this worker's Redis connection now, not on its first check.
+    if let Some(redis) = state.runtime.load().redis.clone() {
+        tokio::spawn(async move { redis.warm_up_worker(id).await });
+    }
+    let mut loops = Vec::new();
+    for wl in listeners {
+        let listener = match TcpListener::from_std(wl.socket) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot register a listener");
+                continue;
+            }
+        };
+        let l = server::Listening {
+            listener,
+            configured: wl.listener.address,
+            settings: wl.listener.settings.clone(),
+            tls: wl.listener.tls.as_ref().map(|t| t.config.clone()),
+            slots: wl.slots,
+            balance: wl.balance,
+            worker: id,
+            inbox: wl.inbox,
+        };
+        loops.push(tokio::spawn(server::serve(l, state.clone(), stop.clone())));
+    }
+    for l in loops {
+        let _ = l.await;
+    }
 }
 
 /// Forget full buckets periodically so memory follows the active clients, not all clients ever,

@@ -2,12 +2,12 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use crate::body::{BodyFailure, Guarded, Sent};
 use crate::config::settings::Respond;
@@ -202,12 +202,12 @@ async fn pipeline<'a>(
                 worker: conn.worker,
             };
             let (parts, body) = req.into_parts();
-            let body = Guarded::new(body, route.body, started.into());
+            let body = Guarded::new(body, route.body, started);
             let sent = body.sent();
             trace.body_taken = true;
             // Boxed: each stage down to hyper's client takes the request by value, and moved
-            // whole it is 352 bytes, copied twice per async stage (into the stage's future,
-            // then into its body's locals); boxed, those moves are of a pointer.
+            // whole it would be copied twice per async stage (into the stage's future, then
+            // into its body's locals); boxed, those moves are of a pointer.
             let req = Box::new(Request::from_parts(parts, body));
             // Goes upstream now: with the in-process limiter that is microseconds after its
             // arrival (no clock read); a Redis check may have taken milliseconds.
@@ -251,12 +251,12 @@ async fn forward_timed(
     now: Instant,
 ) -> Result<forward::Forwarded, ProxyError> {
     // A request whose own body failed is the client's fault, not the upstream's.
-    // Boxed: the exchange's state is about 2 KB, and every future that held it inline (this
-    // one, the pipeline's, the request's) would be copied in full each time one is created
-    // and moved: memcpy was the largest user-space item of a forwarded request's profile.
+    // Boxed: the exchange's state is large, and every future that held it inline (this one,
+    // the pipeline's, the request's) would be copied in full each time one is created and
+    // moved.
     // In a statement of its own: a temporary of the `.await` statement would be kept in this
     // future's state, unboxed, for the whole exchange.
-    let exchange = crate::boxed(|| forward::send(upstream, req, down, now.into()));
+    let exchange = crate::boxed(|| forward::send(upstream, req, down, now));
     let result = exchange.await.map_err(|e| match body.failure() {
         Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
         Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,

@@ -17,7 +17,7 @@ use rewrite::rewrite;
 pub use rewrite::strip_hop_by_hop;
 use tunnel::is_websocket_upgrade;
 pub use tunnel::Tunnel;
-pub use upstream::{Upstream, DEFAULT_MAX_IDLE_PER_WORKER};
+pub use upstream::Upstream;
 
 /// An upstream's answer: its response head (the body still streaming), and the tunnel a
 /// WebSocket handshake opened.

@@ -35,10 +35,8 @@ pub struct Upstream {
 
 /// Idle connections each worker keeps per target when `keepalive.max_idle` is not set. A cap
 /// below the requests in flight to a target at the peaks of normal load makes its connections
-/// close and reopen all the time (a returned connection finds the pool full): 256 for the whole
-/// proxy halved the rate of 640 concurrent HTTP/2 streams (82.8k to 43.8k req/s, benches'
-/// scenario 5), with 14,000 connections closed in 3 s. So the default only bounds what a burst
-/// leaves behind.
+/// close and reopen all the time (a returned connection finds the pool full), so the default
+/// only bounds what a burst leaves behind (docs/performance.md has the measurement).
 pub const DEFAULT_MAX_IDLE_PER_WORKER: usize = 1024;
 
 impl Upstream {

@@ -325,8 +325,7 @@ fn digest_source(h: &mut blake3::Hasher, tag: u8, value: &[u8]) {
 
 /// The digest of alternative number `alt` when it is `global` alone, as the general path
 /// computes it. Computed once: it is a constant, and a digest costs more than the rest of an
-/// in-process check (1,400 instructions of BLAKE3 on every request of a route with a `global`
-/// limit).
+/// in-process check.
 fn global_digest(alt: u8) -> ClientId {
     const REMEMBERED: usize = 4;
     static DIGESTS: std::sync::LazyLock<[ClientId; REMEMBERED]> =

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -24,7 +24,8 @@ use crate::identity::ClientId;
 
 const SHARDS: usize = 64;
 
-/// A monotonic clock in microseconds; tests construct buckets and pass their own `now`.
+/// A monotonic clock in microseconds, on tokio's clock (so a test that pauses time moves it);
+/// unit tests construct buckets and pass their own `now`.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     origin: Instant,

@@ -237,7 +237,7 @@ impl RedisLimiter {
         let buckets = self.buckets(checks, enforced);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
         let sent = Instant::now();
-        let sent_us = self.clock.at_us(sent.into_std());
+        let sent_us = self.clock.at_us(sent);
         if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
             tracing::trace!("rejected from the negative cache, without asking Redis");

@@ -111,8 +111,8 @@ impl Connection {
                 // One reference count per request, on this connection's own allocation.
                 let mut request = ActiveRequest::begin(shared.clone());
                 // Boxed: hyper keeps a slot for the service's future in every connection's
-                // state, in use or not, so an idle keep-alive connection held this request's
-                // future inline (3.1 KB of its 38.8). One allocation per request instead.
+                // state, in use or not, so an idle keep-alive connection would hold a whole
+                // request's future inline. One allocation per request instead.
                 crate::boxed(|| async move {
                     let s = &*request.shared;
                     if req.version() == http::Version::HTTP_2 {

@@ -1,17 +1,21 @@
-//! Helpers shared by the integration tests: the real binary on `127.0.0.1:0` (`TestProxy`), a
-//! real HTTP/1.1 backend that records what reached it (`MockUpstream`), and HTTP clients.
+//! Helpers shared by the integration tests: the proxy served in-process on `127.0.0.1:0`
+//! (`TestProxy`), the real binary for what only a process has (`BinaryProxy`), a real HTTP/1.1
+//! backend that records what reached it (`MockUpstream`), and HTTP clients.
 //!
 //! Every test binary compiles this module and uses a different part of it.
 #![allow(dead_code)]
 
 pub mod client;
+pub mod inproc;
 pub mod proxy;
 pub mod upstream;
 
 #[allow(unused_imports)]
 pub use client::{Http, RawConn, Reply};
 #[allow(unused_imports)]
-pub use proxy::{check, TestProxy};
+pub use inproc::TestProxy;
+#[allow(unused_imports)]
+pub use proxy::{check, BinaryProxy};
 #[allow(unused_imports)]
 pub use upstream::{refused_addr, MockUpstream, Seen};
 

@@ -1,5 +1,6 @@
-//! `TestProxy`: the real `tollgate` binary, started on `127.0.0.1:0` with a config written to a
-//! temporary file, its stderr captured so tests can wait on and assert its log lines.
+//! `BinaryProxy`: the real `tollgate` binary, started on `127.0.0.1:0` with a config written to
+//! a temporary file, its stderr captured so tests can wait on and assert its log lines. For the
+//! tests of what only a process has: its logs, signals, exit and memory.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -55,14 +56,14 @@ impl Log {
 }
 
 /// A running `tollgate run` process. Killed on drop.
-pub struct TestProxy {
+pub struct BinaryProxy {
     child: Child,
     addrs: Vec<SocketAddr>,
     log: Arc<Log>,
     config: tempfile::TempPath,
 }
 
-impl TestProxy {
+impl BinaryProxy {
     /// Write `yaml` to a temporary file and run the binary on it; return once the first listener
     /// is bound. Panics, with everything the binary wrote, if it does not get that far.
     pub fn start(yaml: &str) -> Self {
@@ -212,7 +213,7 @@ impl TestProxy {
     }
 }
 
-impl Drop for TestProxy {
+impl Drop for BinaryProxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,13 +1,10 @@
 //! tollgate's global allocator: mimalloc, with plain `mi_malloc` for the layouts that need no
 //! more alignment than any mimalloc block has.
 //!
-//! The `mimalloc` crate's `MiMalloc` passes every allocation to `mi_malloc_aligned`. For a
-//! block over 1 KB, or one whose size class is not a power of two, mimalloc then takes its
-//! generic aligned path: it over-allocates by `align - 1` bytes and aligns by hand. A forwarded
-//! request makes about five such allocations (hyper's 8 KB read buffers, boxed futures of a
-//! few KB), and callgrind put them at about 1,800 instructions, 5% of the request; served by
-//! `mi_malloc` they cost about 1,200, a saving of 1.6% of the request. This is the
-//! fix proposed upstream (`purpleprotocol/mimalloc_rust#170`, open): a layout whose alignment is
+//! Hand-written over the `mimalloc` crate because its `MiMalloc` sends every allocation to
+//! `mi_malloc_aligned`, whose generic aligned path (for blocks over 1 KB, such as hyper's read
+//! buffers and boxed futures) over-allocates and aligns by hand; `mi_malloc` is cheaper for
+//! them (docs/performance.md has the measurement). This is the fix proposed upstream (`purpleprotocol/mimalloc_rust#170`, open): a layout whose alignment is
 //! at most 16 and divides its size is served by `mi_malloc`, whose blocks of such sizes are
 //! aligned to it. The pointer is still checked, and a misaligned one (which mimalloc does not
 //! produce) is freed and asked for again through the aligned call, so the guarantee `GlobalAlloc`
