@@ -14,6 +14,7 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v openssl >/dev/null || need_apt+=(openssl)
+[ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if ((${#need_apt[@]})); then
   echo "installing: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -29,6 +30,7 @@ fi
 if [ -z "${SKIP_LINT:-}" ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --locked -- -D warnings
+  shellcheck -x benches/*.sh benches/*/*.sh scripts/*.sh
 fi
 
 # Advisory audit: needs the RustSec database, which is fetched from outside the package
@@ -49,10 +51,10 @@ fi
 # The Dockerfile's build stage sees only what it copies (and .dockerignore lets through): cargo
 # must be able to load the workspace (members, path dependencies, targets) from those files.
 docker_context=$(mktemp -d)
-for src in $(awk '$1 == "COPY" && $2 !~ /^--/ { for (i = 2; i < NF; i++) print $i }' Dockerfile); do
+while read -r src; do
   grep -qx "!${src%/}/\?" .dockerignore || { echo "Dockerfile copies $src, which .dockerignore leaves out" >&2; exit 1; }
   cp -r "$src" "$docker_context/"
-done
+done < <(awk '$1 == "COPY" && $2 !~ /^--/ { for (i = 2; i < NF; i++) print $i }' Dockerfile)
 (cd "$docker_context" && cargo tree --locked --offline --target "$(rustc -vV | sed -n "s/^host: //p")" >/dev/null) ||
   { echo "cargo cannot load the manifest from the files the Dockerfile copies" >&2; exit 1; }
 rm -rf "$docker_context"

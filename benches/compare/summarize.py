@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parses wrk and h2load output for benches/compare.sh and prints the Markdown report.
+"""Parses wrk and h2load output for benches/load.sh (compare, ab, floor) and prints the report.
 
   summarize.py wrk OUT                 -> req/s, p50 ms, p99 ms, requests, non-2xx, errors
   summarize.py h2load OUT LOG          -> the same, p50/p99 computed from h2load's --log-file

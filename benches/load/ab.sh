@@ -1,0 +1,50 @@
+# shellcheck shell=bash
+# benches/load.sh ab OLD NEW: an A/B of two tollgate binaries on this machine, which one costs
+# less per request. Sourced by benches/load.sh, with benches/load/lib.sh.
+#
+# Starts on 127.0.0.1 only the backend of `compare`, then, ROUNDS times and alternating which
+# goes first, each binary on scenario 1 (forwarded, the limit never reached) and scenario 2
+# (rejected, every request answered 429). For the figures of docs/performance.md, "Before and
+# after". About ROUNDS * 4 * (WARMUP + DURATION + 1) seconds.
+
+help_ab() {
+    cat <<'TXT'
+ab OLD NEW         two tollgate binaries, A (OLD) and B (NEW), alternating ROUNDS times on
+                   compare's scenarios 1 (forwarded) and 2 (rejected): req/s, p99 and the
+                   proxy's user and system CPU per request (which moves less with background
+                   load than req/s), then B/A between the medians and round by round.
+    ROUNDS [2]  DURATION [5]  WARMUP [1]  CONNECTIONS [64]  THREADS [2]
+    TOLLGATE_HEADERS [true]  KEEP_TMP [0]  (as for compare)
+TXT
+}
+
+run_ab() {
+    [ $# -eq 2 ] || usage_error "benches/load.sh ab OLD_BINARY NEW_BINARY"
+    ROUNDS=${ROUNDS:-2}
+    DURATION=${DURATION:-5}
+    WARMUP=${WARMUP:-1}
+    CONNECTIONS=${CONNECTIONS:-64}
+    THREADS=${THREADS:-2}
+    need nginx wrk curl python3 ss
+    start_run
+    copy_binary A "$1"
+    copy_binary B "$2"
+    start_backend
+    rounds "ab_a ab_b"
+    ratio "forwarded, B/A" forwarded B forwarded A
+    ratio "rejected, B/A" rejected B rejected A
+    echo "A: $A_SOURCE"
+    echo "B: $B_SOURCE"
+    echo
+    report
+}
+
+# ab_run A|B: that binary forwarded, then rejected.
+ab_run() {
+    # shellcheck disable=SC2034 # start_tollgate's binary
+    TOLLGATE=${!1}
+    tollgate_measures "ab-$1-forwarded" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk forwarded "$1"
+    tollgate_measures "ab-$1-rejected" "$LOCAL" "${REJ_TOLLGATE[@]}" measure_wrk rejected "$1"
+}
+ab_a() { ab_run A; }
+ab_b() { ab_run B; }

@@ -1,0 +1,102 @@
+# shellcheck shell=bash
+# benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]: instructions per request of the
+# proxy, counted by callgrind, a figure that does not move with the load on a shared machine,
+# for comparing two commits or tollgate with the bare hyper floor. Sourced by benches/load.sh,
+# with benches/load/lib.sh.
+#
+# Builds the target with frame pointers and line tables (target dir target/callgrind/build),
+# starts on 127.0.0.1 the backend of `compare`, Redis for `redis`, and the proxy under
+# `valgrind --tool=callgrind` with instrumentation off; warms up for 3 s, counts DURATION
+# seconds of `wrk -t1 -cCONNECTIONS`, and prints the instructions per request with the 40
+# functions that execute most of them (self cost, inlined code counted in its caller). The full
+# profile stays in target/callgrind/NAME.profile for `callgrind_annotate --inclusive=yes`.
+# About 2 minutes with the build.
+
+help_callgrind() {
+    cat <<'TXT'
+callgrind [tollgate|bare] [fwd|rej|redis]   (defaults: tollgate fwd)
+                   instructions per request under callgrind, with the 40 functions that
+                   execute most of them; the profile stays in target/callgrind/. Builds the
+                   target with frame pointers into target/callgrind/build.
+    DURATION [10]     seconds counted            CONNECTIONS [8]  (more: larger Redis batches)
+    VALGRIND_EXTRA    further callgrind options (`--dump-instr=yes` for costs by address)
+    HEADERS [true]    whether tollgate sends the rate-limit headers
+    LIMITS [on]       `off` for a route without limits (the proxy without a check)
+    EXTRA             further limits of the route as YAML lines, e.g. compare's scenario 3d:
+                      EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+TXT
+}
+
+run_callgrind() {
+    [ $# -le 2 ] || usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]"
+    local what=${1:-tollgate} mode=${2:-fwd} out=$ROOT/target/callgrind bin limiter name port
+    local pid requests build extra=() limit=("${FWD_TOLLGATE[@]}") args
+    DURATION=${DURATION:-10}
+    CONNECTIONS=${CONNECTIONS:-8}
+    build=(cargo build --release --locked --target-dir "$out/build")
+    case $what in
+        tollgate) build+=(--bin tollgate); bin=$out/build/release/tollgate ;;
+        bare) build+=(--example bare_hyper_proxy); bin=$out/build/release/examples/bare_hyper_proxy ;;
+        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]" ;;
+    esac
+    case $mode in
+        fwd | redis) ;;
+        rej) limit=("${REJ_TOLLGATE[@]}") ;;
+        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]" ;;
+    esac
+    need valgrind callgrind_annotate callgrind_control nginx wrk curl python3 ss
+    [ "$mode" != redis ] || need redis-server redis-cli
+    read -r -a extra <<<"${VALGRIND_EXTRA:-}"
+    mkdir -p "$out"
+    log "building $what with frame pointers (${build[*]})"
+    (cd "$ROOT" && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+        RUSTFLAGS="-C force-frame-pointers=yes" "${build[@]}") 2>&1 | tail -1 >&2
+
+    start_run
+    start_backend
+    limiter=$LOCAL
+    if [ "$mode" = redis ]; then
+        start_redis
+        limiter=$(redis_limiter)
+    fi
+    port=$(free_port)
+    TOLLGATE_HEADERS=${HEADERS:-true} TOLLGATE_EXTRA=${EXTRA:-} \
+        tollgate_config "$TMP/callgrind.yaml" "$port" "$limiter" "${limit[@]}"
+    # The route's limits are the last lines of the config.
+    [ "${LIMITS:-on}" != off ] || sed -i '/^    limits:/,$d' "$TMP/callgrind.yaml"
+    name=$what-$mode
+    rm -f "$out/$name.out"*
+    args=(run --config "$TMP/callgrind.yaml" --access-log false --log-level warn)
+    [ "$what" = bare ] && args=("127.0.0.1:$port" "127.0.0.1:$BACKEND_PORT")
+    spawn callgrind valgrind --tool=callgrind --instr-atstart=no "${extra[@]}" \
+        --callgrind-out-file="$out/$name.out" "$bin" "${args[@]}"
+    pid=$SPAWNED
+    wait_port "$port" "$pid" "$what under valgrind" 60
+    bounded 40 /dev/null wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$port/"
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    bounded $((DURATION + 30)) "$TMP/wrk.txt" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" \
+        "http://127.0.0.1:$port/" || die "wrk failed: $(cat "$TMP/wrk.txt")"
+    callgrind_control -i off "$pid" >/dev/null 2>&1
+    callgrind_control -d "$pid" >/dev/null 2>&1
+    # The dump asked for above (callgrind numbers its dumps: NAME.out.1).
+    for _ in $(seq 100); do [ -s "$out/$name.out.1" ] && break; sleep 0.1; done
+    sleep 1
+    [ -s "$out/$name.out.1" ] || die "callgrind wrote no dump (see $TMP/callgrind)"
+    stop "$pid"
+    mv "$out/$name.out.1" "$out/$name.profile"
+    requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.txt")
+    callgrind_annotate --auto=no --inclusive=no --threshold=100 "$out/$name.profile" 2>/dev/null |
+        sed -n '/file:function/,$p' | tail -n +3 | grep -v '^ *$' |
+        awk -v n="$requests" -v name="$what" -v mode="$mode" '{
+            c = $1; gsub(",", "", c); $1 = ""; $2 = ""; sub(/^ +/, ""); sub(/ \[[^]]*\]$/, "")
+            f = substr($0, index($0, ":") + 1); per[f] += c / n; total += c / n
+        } END {
+            printf "%s %s: %d requests counted, %.0f instructions per request\n", name, mode, n, total
+            for (f in per) printf "%8.0f  %s\n", per[f], f
+        }' | {
+        read -r head
+        echo "$head"
+        sort -rn | awk 'NR <= 40'
+    }
+    echo "profile: $out/$name.profile (callgrind_annotate --inclusive=yes $out/$name.profile)"
+}
