@@ -4,9 +4,9 @@
 //! are `runtime`'s), `locate` maps field paths back to lines so every error points into the
 //! file. Nothing here imports a module above `config`.
 
-pub mod compile;
-pub mod file;
-pub mod locate;
+pub(crate) mod compile;
+pub(crate) mod file;
+pub(crate) mod locate;
 mod raw;
 pub mod settings;
 pub mod values;

@@ -15,7 +15,7 @@
 //! its state is one number, so Redis stores one string per bucket and can expire the key at
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
-pub mod decide;
+pub(crate) mod decide;
 pub mod local;
 pub mod redis;
 
