@@ -95,9 +95,25 @@ impl Sent {
     }
 }
 
-/// `Incoming` with the route's limits applied.
+/// A request body on its way upstream: the client's, streamed with the route's limits applied,
+/// or one that can be sent again (`replay`) because nothing of it is left to read.
 #[derive(Debug)]
 pub struct Guarded {
+    kind: Kind,
+    sent: Sent,
+}
+
+#[derive(Debug)]
+enum Kind {
+    /// Streamed from the client as it arrives.
+    Streaming(Box<Streaming>),
+    /// No bytes (every GET): complete on arrival.
+    Empty,
+}
+
+/// `Incoming` with the route's limits applied.
+#[derive(Debug)]
+struct Streaming {
     inner: Incoming,
     limits: BodyLimits,
     /// Armed on the first wait for data: a request whose body is already complete (every
@@ -106,7 +122,6 @@ pub struct Guarded {
     deadline: Option<Pin<Box<Sleep>>>,
     deadline_at: Option<Instant>,
     seen: u64,
-    sent: Sent,
 }
 
 impl Guarded {
@@ -117,15 +132,37 @@ impl Guarded {
 
     /// Wrap `inner`; `started` is when the request arrived (the deadline counts from there).
     pub fn new(inner: Incoming, limits: BodyLimits, started: Instant) -> Self {
-        let sent = Sent((!inner.is_end_stream()).then(Arc::default));
+        if inner.is_end_stream() {
+            return Self::empty();
+        }
         Self {
-            inner,
-            limits,
-            idle: None,
-            deadline: None,
-            deadline_at: limits.request.map(|d| started + d),
-            seen: 0,
-            sent,
+            kind: Kind::Streaming(Box::new(Streaming {
+                inner,
+                limits,
+                idle: None,
+                deadline: None,
+                deadline_at: limits.request.map(|d| started + d),
+                seen: 0,
+            })),
+            sent: Sent(Some(Arc::default())),
+        }
+    }
+
+    /// A body without bytes.
+    pub fn empty() -> Self {
+        Self {
+            kind: Kind::Empty,
+            sent: Sent(None),
+        }
+    }
+
+    /// The same body again, from its start, for another attempt upstream; `None` when its
+    /// bytes were streamed and are gone.
+    #[allow(dead_code)] // until retries replay bodies
+    pub fn replay(&self) -> Option<Self> {
+        match &self.kind {
+            Kind::Empty => Some(Self::empty()),
+            Kind::Streaming(_) => None,
         }
     }
 
@@ -145,9 +182,43 @@ impl Body for Guarded {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = match &mut this.kind {
+            Kind::Empty => return Poll::Ready(None),
+            Kind::Streaming(s) => s.poll(cx),
+        };
+        match polled {
+            Poll::Ready(Some(Err(why))) => this.fail(why),
+            Poll::Ready(None) => {
+                this.sent.mark();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Streaming(s) => s.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Streaming(s) => s.inner.size_hint(),
+        }
+    }
+}
+
+impl Streaming {
+    /// The next frame, or why the body failed.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyFailure>>> {
         if let Some(deadline) = self.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                return self.fail(BodyFailure::Deadline);
+                return Poll::Ready(Some(Err(BodyFailure::Deadline)));
             }
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
@@ -155,14 +226,14 @@ impl Body for Guarded {
                 if let Some(data) = frame.data_ref() {
                     self.seen += data.len() as u64;
                     if self.seen > self.limits.max_bytes {
-                        return self.fail(BodyFailure::TooLarge);
+                        return Poll::Ready(Some(Err(BodyFailure::TooLarge)));
                     }
                 }
                 // Before the timers are armed (data arrived without a wait so far), the
                 // deadline is checked against the clock.
                 let now = Instant::now();
                 if self.deadline.is_none() && self.deadline_at.is_some_and(|at| now >= at) {
-                    return self.fail(BodyFailure::Deadline);
+                    return Poll::Ready(Some(Err(BodyFailure::Deadline)));
                 }
                 let next = now + self.limits.idle;
                 if let Some(idle) = self.idle.as_mut() {
@@ -170,17 +241,14 @@ impl Body for Guarded {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(_))) => self.fail(BodyFailure::Malformed),
-            Poll::Ready(None) => {
-                self.sent.mark();
-                Poll::Ready(None)
-            }
+            Poll::Ready(Some(Err(_))) => Poll::Ready(Some(Err(BodyFailure::Malformed))),
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                let this = &mut *self;
+                let this = self;
                 if let (None, Some(at)) = (&this.deadline, this.deadline_at) {
                     let mut deadline = Box::pin(tokio::time::sleep_until(at));
                     if deadline.as_mut().poll(cx).is_ready() {
-                        return this.fail(BodyFailure::Deadline);
+                        return Poll::Ready(Some(Err(BodyFailure::Deadline)));
                     }
                     this.deadline = Some(deadline);
                 }
@@ -189,16 +257,8 @@ impl Body for Guarded {
                     .idle
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
                 ready!(idle.as_mut().poll(cx));
-                self.fail(BodyFailure::Idle)
+                Poll::Ready(Some(Err(BodyFailure::Idle)))
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
