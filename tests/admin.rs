@@ -1,5 +1,6 @@
 //! The admin listener end to end: `/healthz`, `/readyz` with and without a reachable Redis,
 //! `/metrics` counting admitted and limited requests exactly, `/config` with secrets masked.
+//! Every proxy here is served in-process (`TestProxy`).
 
 mod common;
 
@@ -184,7 +185,7 @@ async fn connections_are_spread_evenly_over_the_workers() {
             "admin:\n  address: 127.0.0.1:0\n{}",
             answering("      - { name: per-ip, rate: 100/s, burst: 100, key: [ip] }\n")
         ));
-        let proxy = TestProxy::start_with_env(&yaml, &[("TOLLGATE_WORKERS", "4")]);
+        let proxy = TestProxy::start_with_workers(&yaml, 4);
         let workers = |scrape: &str| -> Vec<u64> {
             (0..4)
                 .map(|w| {

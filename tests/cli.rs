@@ -1,13 +1,14 @@
 //! The command line: `check` on valid configs (its summary, the shipped config), `run` on the
 //! shipped config, an invalid config refused by `run`, `--version`/`--help`, and shutdown on
-//! SIGTERM with in-flight requests drained.
+//! SIGTERM with in-flight requests drained. All of it is about the binary, so every proxy here
+//! is the real process (`BinaryProxy`).
 
 mod common;
 
 use std::time::Duration;
 
 use common::proxy::run_cli;
-use common::{check, config, upstream_app, Http, MockUpstream, TestProxy};
+use common::{check, config, upstream_app, BinaryProxy, Http, MockUpstream};
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -102,7 +103,7 @@ async fn the_shipped_config_runs_and_limits_as_its_comment_says() {
         .expect("read config/tollgate.yaml");
     assert!(shipped.contains("127.0.0.1:8000"));
     // The same file on a free port.
-    let proxy = TestProxy::start(&shipped.replace("127.0.0.1:8000", "127.0.0.1:0"));
+    let proxy = BinaryProxy::start(&shipped.replace("127.0.0.1:8000", "127.0.0.1:0"));
     let http = Http::new();
     let mut codes = Vec::new();
     for _ in 0..8 {
@@ -118,7 +119,7 @@ async fn the_shipped_config_runs_and_limits_as_its_comment_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits() {
     let up = MockUpstream::start();
-    let mut proxy = TestProxy::start(&config(&format!(
+    let mut proxy = BinaryProxy::start(&config(&format!(
         "{}routes:\n  - name: r\n    upstream: app\n",
         upstream_app(up.addr(), "5s")
     )));

@@ -1,6 +1,9 @@
 //! The Redis backend through the real proxy: replicas sharing buckets, the failure policies
 //! with Redis killed, frozen or flushed, and a Redis Cluster. Every Redis here is a real
 //! `redis-server` this file starts on a free port.
+//!
+//! The proxies are served in-process (`TestProxy`), except where a test reads the proxy's log
+//! (`BinaryProxy`). Refills here are Redis's, on its own clock: these tests run on real time.
 
 mod common;
 #[allow(dead_code)]
@@ -9,7 +12,7 @@ mod redis_helpers;
 
 use std::time::{Duration, Instant};
 
-use common::{config, upstream_app, Http, MockUpstream, TestProxy};
+use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, TestProxy};
 use redis_helpers::{RedisCluster, RedisServer};
 
 fn redis_block(url: &str, extra: &str) -> String {
@@ -164,8 +167,10 @@ async fn batched_and_exact(limiter_block: &str, calls: impl Fn() -> u64) {
             "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    upstream: app\n    limits:\n      - {{ name: {name}, rate: 1/min, burst: {burst}, key: [header:X-API-Key] }}\n"
         )
     };
+    // The admin listener's Redis error counters say, if the count is off, whether Redis
+    // left checks undecided (an in-process proxy has no log to show).
     let proxy = TestProxy::start(&config(&format!(
-        "{limiter_block}{}routes:\n{}{}{}",
+        "admin:\n  address: 127.0.0.1:0\n{limiter_block}{}routes:\n{}{}{}",
         upstream_app(backend.addr(), "5s"),
         route("exact", 50),
         route("roomy", 10_000),
@@ -192,10 +197,15 @@ async fn batched_and_exact(limiter_block: &str, calls: impl Fn() -> u64) {
     let codes = burst("/exact").await;
     let ok = codes.iter().filter(|c| **c == 200).count();
     let limited = codes.iter().filter(|c| **c == 429).count();
-    let undecided: Vec<String> = proxy
-        .logs()
-        .into_iter()
-        .filter(|l| l.contains("not decided by Redis"))
+    let scrape = http
+        .get(&format!("http://{}/metrics", proxy.admin_addr()))
+        .await;
+    let undecided: Vec<&str> = scrape
+        .text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_redis_errors") || l.starts_with("tollgate_redis_timeouts")
+        })
         .collect();
     assert_eq!(
         (ok, limited),
@@ -314,7 +324,8 @@ async fn failure_policies_with_redis_killed_then_restarted() {
         redis_block(&redis.url(), "  local_fallback:\n    divide_by: 2\n"),
         policy_routes()
     ));
-    let proxy = TestProxy::start(&yaml);
+    // The binary: the test reads its log.
+    let proxy = BinaryProxy::start(&yaml);
     let http = Http::new();
     assert_eq!(admitted(&http, &proxy.url("/closed"), 1, &[]).await, 1);
     redis.kill();
@@ -421,7 +432,7 @@ async fn every_worker_connects_before_its_first_request_and_again_after_a_reload
             policy_routes()
         ))
     };
-    let proxy = TestProxy::start_with_env(&yaml("a:"), &[("TOLLGATE_WORKERS", "2")]);
+    let proxy = TestProxy::start_with_workers(&yaml("a:"), 2);
     // No request yet: each of the two workers has connected and loaded the script.
     assert_eq!(
         until_script_loads(&redis, 2),
@@ -430,7 +441,8 @@ async fn every_worker_connects_before_its_first_request_and_again_after_a_reload
     );
     // New Redis settings make a new client, whose workers connect at once too.
     std::fs::write(proxy.config_path(), yaml("b:")).expect("rewrite the config");
-    proxy.signal("HUP");
+    // As SIGHUP does: reload now, whether or not the file watch has seen the edit yet.
+    proxy.reload();
     assert_eq!(
         until_script_loads(&redis, 4),
         4,

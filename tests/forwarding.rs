@@ -1,5 +1,8 @@
 //! Forwarding: X-Forwarded-* and the client address behind trusted proxies, hop-by-hop headers
 //! both ways, 50 MB streamed each way, 404/502/504, HTTP/2 prior knowledge, keep-alive.
+//!
+//! The proxies are served in-process (`TestProxy`); the streaming tests, which judge the proxy
+//! by its peak memory, run the binary (`BinaryProxy`), the only one with a peak RSS of its own.
 
 mod common;
 
@@ -7,13 +10,20 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::client::{drain, request, upload};
-use common::{config, refused_addr, upstream_app, Http, MockUpstream, RawConn, TestProxy};
+use common::{
+    config, refused_addr, upstream_app, BinaryProxy, Http, MockUpstream, RawConn, TestProxy,
+};
 use http::Version;
 
 /// `/limited/` counts per client address (burst 2, nothing refills during a test), `/dead/`
 /// goes to a refused address, everything else to `up` unlimited (timeout 500 ms).
 fn proxy(up: &MockUpstream, trusted: &str) -> TestProxy {
-    TestProxy::start(&config(&format!(
+    TestProxy::start(&proxy_config(up, trusted))
+}
+
+/// The config of `proxy`.
+fn proxy_config(up: &MockUpstream, trusted: &str) -> String {
+    config(&format!(
         "trusted_proxies: {trusted}
 {}  dead:
     targets: [{}]
@@ -34,7 +44,7 @@ routes:
 ",
         upstream_app(up.addr(), "500ms"),
         refused_addr()
-    )))
+    ))
 }
 
 #[tokio::test]
@@ -207,7 +217,7 @@ const FIFTY_MB: u64 = 50 * 1024 * 1024;
 /// measured as growth over the peak before the transfer, not as an absolute peak: the process's
 /// own footprint (a debug build's, the allocator's) moves between machines and builds, and a
 /// 40 MiB bound on the whole peak left only 2 MiB of room.
-fn assert_streamed(proxy: &TestProxy, before_kib: u64, what: &str) {
+fn assert_streamed(proxy: &BinaryProxy, before_kib: u64, what: &str) {
     let peak = proxy.peak_rss_kib();
     let grown = peak.saturating_sub(before_kib);
     eprintln!(
@@ -226,7 +236,7 @@ fn assert_streamed(proxy: &TestProxy, before_kib: u64, what: &str) {
 #[tokio::test]
 async fn a_50_mb_upload_is_streamed_through() {
     let up = MockUpstream::start();
-    let proxy = proxy(&up, "[]");
+    let proxy = BinaryProxy::start(&proxy_config(&up, "[]"));
     let before = proxy.peak_rss_kib();
     let started = Instant::now();
     let r = Http::new()
@@ -247,7 +257,7 @@ async fn a_50_mb_upload_is_streamed_through() {
 #[tokio::test]
 async fn a_50_mb_download_is_streamed_through() {
     let up = MockUpstream::start();
-    let proxy = proxy(&up, "[]");
+    let proxy = BinaryProxy::start(&proxy_config(&up, "[]"));
     let before = proxy.peak_rss_kib();
     let started = Instant::now();
     let url = proxy.url(&format!("/app/download/{FIFTY_MB}"));
@@ -412,7 +422,7 @@ routes:
 ",
         upstream_app(up.addr(), "5s")
     ));
-    TestProxy::start_with_env(&yaml, &[("TOLLGATE_WORKERS", "1")])
+    TestProxy::start_with_workers(&yaml, 1)
 }
 
 /// `n` requests to `url` at once, each on a client connection of its own.
@@ -558,12 +568,12 @@ async fn an_upstream_that_silently_closes_each_connection_costs_no_502() {
 #[tokio::test]
 async fn a_connection_still_uploading_is_not_reused() {
     let (addr, _) = raw_upstream(true).await;
-    let proxy = TestProxy::start_with_env(
+    let proxy = TestProxy::start_with_workers(
         &config(&format!(
             "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
             upstream_app(addr, "2s")
         )),
-        &[("TOLLGATE_WORKERS", "1")],
+        1,
     );
     // An upload that stalls after 10 of its 1000 bytes.
     let mut uploader = RawConn::open(proxy.addr()).await;

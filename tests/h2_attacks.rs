@@ -2,6 +2,9 @@
 //! client can do what well-behaved libraries refuse to: open more streams than the server
 //! allows, reset every stream right after opening it (rapid reset, CVE-2023-44487), and send a
 //! header block that never ends (CONTINUATION flood, CVE-2024-27316 and relatives).
+//!
+//! The proxies are served in-process (`TestProxy`); the floods, which judge the proxy by how
+//! much its peak memory grows, run the binary (`BinaryProxy`), whose peak RSS is its own.
 
 mod common;
 
@@ -9,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::client::{h2c_to, request};
-use common::{config, upstream_app, Http, MockUpstream, TestProxy};
+use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, TestProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -37,10 +40,19 @@ const CANCEL: u32 = 0x8;
 
 /// A proxy forwarding everything to `up`.
 fn proxy(up: &MockUpstream) -> TestProxy {
-    TestProxy::start(&config(&format!(
+    TestProxy::start(&forward_all(up))
+}
+
+/// The binary forwarding everything to `up`, for the tests that read its peak memory.
+fn binary(up: &MockUpstream) -> BinaryProxy {
+    BinaryProxy::start(&forward_all(up))
+}
+
+fn forward_all(up: &MockUpstream) -> String {
+    config(&format!(
         "{}routes:\n  - name: all\n    upstream: app\n",
         upstream_app(up.addr(), "5s")
-    )))
+    ))
 }
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -206,15 +218,18 @@ impl H2 {
     }
 }
 
-/// The proxy is still serving: an HTTP/1.1 and an HTTP/2 client each get a 200.
-async fn still_serving(proxy: &TestProxy) {
-    let r = timeout(WAIT, Http::new().get(&proxy.url("/after")))
+/// The proxy at `addr` is still serving: an HTTP/1.1 and an HTTP/2 client each get a 200.
+async fn still_serving(addr: SocketAddr) {
+    let r = timeout(WAIT, Http::new().get(&format!("http://{addr}/after")))
         .await
         .expect("HTTP/1.1 client timed out");
     assert_eq!(r.code(), 200);
     let r = timeout(
         WAIT,
-        h2c_to(proxy.addr(), request("GET", &proxy.url("/after-h2"), &[])),
+        h2c_to(
+            addr,
+            request("GET", &format!("http://{addr}/after-h2"), &[]),
+        ),
     )
     .await
     .expect("HTTP/2 client timed out");
@@ -286,8 +301,8 @@ async fn max_concurrent_streams_is_100_and_enforced() {
 async fn a_rapid_reset_flood_is_cut_off_and_memory_stays_bounded() {
     const STREAMS: u32 = 2000;
     let up = MockUpstream::start();
-    let proxy = proxy(&up);
-    still_serving(&proxy).await;
+    let proxy = binary(&up);
+    still_serving(proxy.addr()).await;
     let baseline = proxy.peak_rss_kib();
     let (mut h2, _) = H2::handshake(proxy.addr()).await;
     let block = get_block("/slow/1000");
@@ -312,7 +327,7 @@ async fn a_rapid_reset_flood_is_cut_off_and_memory_stays_bounded() {
         up.count(),
         proxy.peak_rss_kib()
     );
-    still_serving(&proxy).await;
+    still_serving(proxy.addr()).await;
     let grown = proxy.peak_rss_kib().saturating_sub(baseline);
     assert!(grown < 64 * 1024, "peak RSS grew by {grown} KiB");
 }
@@ -401,8 +416,8 @@ async fn a_paced_reset_of_proxied_streams_ends_in_goaway() {
 #[tokio::test]
 async fn a_continuation_flood_is_cut_off() {
     let up = MockUpstream::start();
-    let proxy = proxy(&up);
-    still_serving(&proxy).await;
+    let proxy = binary(&up);
+    still_serving(proxy.addr()).await;
     let baseline = proxy.peak_rss_kib();
     let before = up.count();
     let (mut h2, _) = H2::handshake(proxy.addr()).await;
@@ -450,7 +465,7 @@ async fn a_continuation_flood_is_cut_off() {
     );
     assert!(sent < 32 << 20, "the server read 32 MB of one header block");
     assert_eq!(up.count(), before, "{:?}", up.seen());
-    still_serving(&proxy).await;
+    still_serving(proxy.addr()).await;
     let grown = proxy.peak_rss_kib().saturating_sub(baseline);
     assert!(grown < 64 * 1024, "peak RSS grew by {grown} KiB");
 }
@@ -464,5 +479,5 @@ async fn frames_for_unknown_streams_do_not_crash_the_server() {
     let _ = h2.send(&frame(DATA, END_STREAM, 7, b"junk")).await;
     let ended = h2.goaway(Instant::now() + WAIT).await;
     assert!(ended.is_some(), "DATA on an idle stream was ignored");
-    still_serving(&proxy).await;
+    still_serving(proxy.addr()).await;
 }

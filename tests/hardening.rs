@@ -5,6 +5,9 @@
 //!
 //! Requests whose exact bytes matter are written on raw sockets; every read has a deadline.
 //! A `MockUpstream` records what reached the backend, so "refused" also means "never forwarded".
+//! Every proxy here is served in-process (`TestProxy`). Timeout tests whose route answers
+//! itself run the proxy on the test's runtime (`TestProxy::inline`) with tokio's clock paused,
+//! so the proxy's timers fire at their exact time, without waiting for it.
 
 mod common;
 
@@ -33,6 +36,16 @@ fn start(up: &MockUpstream, listener: &str, top: &str, routes: &str) -> TestProx
         "{listener}{}{top}routes:\n{routes}",
         upstream_app(up.addr(), "5s")
     )))
+}
+
+/// A proxy on the calling runtime (for tests on a paused clock) with one route answering 200
+/// itself: nothing it does waits on another thread, so the paused clock only jumps ahead when
+/// every task is waiting for a timer. `listener` as for `start`.
+async fn inline_answering(listener: &str) -> TestProxy {
+    TestProxy::inline(&config(&format!(
+        "{listener}routes:\n  - name: ok\n    respond: {{ status: 200 }}\n"
+    )))
+    .await
 }
 
 /// Bytes as text for assertion messages, cut short.
@@ -974,10 +987,9 @@ async fn slowloris_heads_are_closed_at_header_read_and_others_are_served() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_fresh_connection_that_sends_nothing_is_closed_at_header_read() {
-    let up = MockUpstream::start();
-    let proxy = start(&up, SHORT, "", CATCH_ALL);
+    let proxy = inline_answering(SHORT).await;
     let opened = Instant::now();
     let mut c = Raw::open(proxy.addr()).await;
     assert!(
@@ -993,10 +1005,9 @@ async fn a_fresh_connection_that_sends_nothing_is_closed_at_header_read() {
 }
 
 /// Between requests the keep-alive idle timeout applies, not the head timeout.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_idle_keep_alive_connection_outlives_header_read_and_closes_at_idle() {
-    let up = MockUpstream::start();
-    let proxy = start(&up, SHORT, "", CATCH_ALL);
+    let proxy = inline_answering(SHORT).await;
     let mut c = Raw::open(proxy.addr()).await;
     c.send(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").await;
     let r = c.response().await;
@@ -1324,20 +1335,8 @@ async fn ipv4_mapped_ipv6_clients_count_as_ipv4() {
         "listeners:\n  - address: \"[::]:0\"\n  - address: 127.0.0.1:0\n{}routes:\n{PER_IP}",
         upstream_app(up.addr(), "5s")
     ));
-    // `TestProxy::start` returns at the first listener; every one is logged before this line.
-    assert!(
-        proxy.wait_for_log("tollgate started", WAIT),
-        "{:#?}",
-        proxy.logs()
-    );
-    let listening: Vec<SocketAddr> = proxy
-        .logs()
-        .iter()
-        .filter_map(|l| {
-            let rest = &l[l.find("listening address=")? + "listening address=".len()..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .collect();
+    // `TestProxy::start` returns once every listener is bound.
+    let listening = proxy.addrs();
     let v6 = *listening
         .iter()
         .find(|a| a.is_ipv6())

@@ -1,5 +1,10 @@
 //! Limits end to end: burst then 429 with every header, refill against the token-bucket formula,
 //! cost, shadow, exempt, several limits on one route, and many clients racing for one bucket.
+//!
+//! The proxies are served in-process (`TestProxy`). Refill tests whose route answers itself run
+//! the proxy on the test's own runtime (`TestProxy::inline`) with tokio's clock paused: the
+//! limiter reads that clock, so `tokio::time::advance` (or a `sleep`, which then returns at once)
+//! refills buckets without waiting, to the microsecond. One refill test stays on real time.
 
 mod common;
 
@@ -17,9 +22,20 @@ fn forwarding(up: &MockUpstream, limits: &str) -> TestProxy {
 
 /// A proxy with one `respond` route answering 200 to everything, with the given limits.
 fn answering(limits: &str) -> TestProxy {
-    TestProxy::start(&config(&format!(
+    TestProxy::start(&answering_config(limits))
+}
+
+/// `answering`, served on the calling runtime: under a paused clock, the proxy's time is the
+/// test's. Only for routes that answer themselves: an upstream on a thread of its own would be
+/// waited for on real time while the paused clock jumps ahead to the next timer.
+async fn answering_inline(limits: &str) -> TestProxy {
+    TestProxy::inline(&answering_config(limits)).await
+}
+
+fn answering_config(limits: &str) -> String {
+    config(&format!(
         "routes:\n  - name: r\n    respond: {{ status: 200, body: \"ok\\n\" }}\n    limits:\n{limits}"
-    )))
+    ))
 }
 
 fn problem(r: &Reply) -> serde_json::Value {
@@ -115,11 +131,14 @@ async fn x_ratelimit_headers_can_be_turned_off() {
     }
 }
 
-#[tokio::test]
+/// On the paused clock: the 2 s take no real time, and each `sleep` advances it exactly.
+#[tokio::test(start_paused = true)]
 async fn admitted_requests_follow_the_token_bucket_formula() {
+    use tokio::time::Instant;
     // 10/s with a burst of 5, hammered for 2 s: the bucket never fills up again, so exactly
     // burst + rate * elapsed requests can pass (a token every 100 ms after the first five).
-    let proxy = answering("      - { name: refill, rate: 10/s, burst: 5, key: [ip] }\n");
+    let proxy =
+        answering_inline("      - { name: refill, rate: 10/s, burst: 5, key: [ip] }\n").await;
     let http = Http::new();
     let url = proxy.url("/");
     let (mut admitted, mut rejected) = (0u32, 0u32);
@@ -132,8 +151,9 @@ async fn admitted_requests_follow_the_token_bucket_formula() {
             429 => rejected += 1,
             other => panic!("unexpected status {other}"),
         }
-        // Polling every millisecond loses at most a millisecond per token: negligible.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // On the paused clock a request takes no time, and a poll every 10 ms lands on each
+        // token's return (every 100 ms) exactly.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = last_sent.duration_since(first).as_secs_f64();
     // Tokens return at 100 ms, 200 ms, ...: only whole ones count.
@@ -149,6 +169,8 @@ async fn admitted_requests_follow_the_token_bucket_formula() {
     );
 }
 
+/// On real time (the proxy on threads of its own): the one refill test that shows the limiter's
+/// clock runs at the wall clock's pace when nothing pauses it.
 #[tokio::test]
 async fn a_token_comes_back_after_one_token_interval() {
     // 4/s: once the single token is taken, the next one exists 250 ms later, not before.
@@ -189,6 +211,37 @@ async fn a_token_comes_back_after_one_token_interval() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A spent burst on the paused clock: one token back after exactly a minute, none before.
+#[tokio::test(start_paused = true)]
+async fn a_spent_burst_refills_one_token_a_minute_on_a_paused_clock() {
+    let proxy =
+        answering_inline("      - { name: slow, rate: 1/min, burst: 2, key: [ip] }\n").await;
+    let http = Http::new();
+    let url = proxy.url("/");
+    assert_eq!(http.statuses(2, &url, &[]).await, [200, 200]);
+    let r = http.get(&url).await;
+    assert_eq!(r.code(), 429);
+    assert_eq!(r.header("retry-after"), "60");
+    assert_eq!(r.header("ratelimit"), r#""slow";r=0;t=120"#);
+
+    // A second short of the token: still limited, and told to wait that second.
+    tokio::time::advance(Duration::from_secs(59)).await;
+    let r = http.get(&url).await;
+    assert_eq!(r.code(), 429);
+    assert_eq!(r.header("retry-after"), "1");
+    assert_eq!(r.header("ratelimit"), r#""slow";r=0;t=61"#);
+
+    // The minute is up: one token, and only one.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let r = http.get(&url).await;
+    assert_eq!(r.code(), 200, "{:?}", r.headers);
+    assert_eq!(r.header("ratelimit"), r#""slow";r=0;t=120"#);
+    let r = http.get(&url).await;
+    assert_eq!(r.code(), 429);
+    assert_eq!(r.header("retry-after"), "60");
+    assert_eq!(problem(&r)["limit"], "slow");
 }
 
 #[tokio::test]

@@ -4,8 +4,10 @@
 //! reload that does not touch its limit.
 //!
 //! Tests that must see exactly their own file events, or need a config path of their own shape
-//! (a symlink), run the binary through `Proc` on a config in a private directory; the others use
-//! `TestProxy`, whose config sits in the shared temporary directory.
+//! (a symlink), run the binary through `Proc` on a config in a private directory; tests that
+//! check what a reload logged run the binary through `BinaryProxy`; the others serve the proxy
+//! in-process (`TestProxy`) and wait for its config generation rather than for a log line. The
+//! configs of `BinaryProxy` and `TestProxy` sit in the shared temporary directory.
 
 mod common;
 
@@ -17,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{config, Http, Reply, TestProxy};
+use common::{config, BinaryProxy, Http, Reply, TestProxy};
 
 /// No test here may take longer than this, whatever the proxy does.
 const TEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -49,14 +51,48 @@ fn policy_q(r: &Reply) -> String {
         .to_owned()
 }
 
-/// Anything whose log lines a failing test should show.
+/// Anything whose log lines a failing test should show (an in-process proxy has no log: its
+/// config generation instead).
 trait Logs {
     fn lines(&self) -> Vec<String>;
 }
 
 impl Logs for TestProxy {
     fn lines(&self) -> Vec<String> {
+        vec![format!(
+            "(in-process, no log) config generation {}",
+            self.generation()
+        )]
+    }
+}
+
+impl Logs for BinaryProxy {
+    fn lines(&self) -> Vec<String> {
         self.logs()
+    }
+}
+
+/// A proxy serving on a config file that a test rewrites: in-process or the binary.
+trait Served: Logs {
+    fn url(&self, path: &str) -> String;
+    fn config_path(&self) -> &Path;
+}
+
+impl Served for TestProxy {
+    fn url(&self, path: &str) -> String {
+        TestProxy::url(self, path)
+    }
+    fn config_path(&self) -> &Path {
+        TestProxy::config_path(self)
+    }
+}
+
+impl Served for BinaryProxy {
+    fn url(&self, path: &str) -> String {
+        BinaryProxy::url(self, path)
+    }
+    fn config_path(&self) -> &Path {
+        BinaryProxy::config_path(self)
     }
 }
 
@@ -86,7 +122,7 @@ async fn until(
 }
 
 /// Write `config` over the proxy's file and wait until `/two` answers `body`: the reload took.
-async fn reload_until_two(proxy: &TestProxy, config: String, body: &str, what: &str) {
+async fn reload_until_two(proxy: &impl Served, config: String, body: &str, what: &str) {
     std::fs::write(proxy.config_path(), config).expect(what);
     until(proxy, &proxy.url("/two"), what, |r| r.text() == body).await;
 }
@@ -218,7 +254,11 @@ async fn an_in_place_edit_changes_the_limit_live() {
             "reload latency (in-place edit -> first reply on the new config): {} ms",
             took.as_millis()
         );
-        assert!(proxy.wait_for_log("config reloaded generation=2", Duration::from_secs(1)));
+        assert!(
+            proxy.wait_for_generation(2, Duration::from_secs(1)).await,
+            "generation {}",
+            proxy.generation()
+        );
         let r = Http::new().get(&url).await;
         assert_eq!(r.code(), 200);
         assert_eq!(r.header("ratelimit-policy"), r#""per-ip";q=5;w=1"#);
@@ -476,7 +516,8 @@ fn two_routes(one_rate: &str, two: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_state_survives_an_unrelated_reload() {
     bounded(async {
-        let proxy = TestProxy::start(&two_routes("rate: 1/min, burst: 2", "two-v1"));
+        // The binary: the test checks what the reload logged.
+        let proxy = BinaryProxy::start(&two_routes("rate: 1/min, burst: 2", "two-v1"));
         let http = Http::new();
         let one = proxy.url("/one");
         assert_eq!(http.statuses(3, &one, &[]).await, [200, 200, 429]);
@@ -515,7 +556,8 @@ async fn routes_added_and_removed_by_a_reload() {
         )
     };
     bounded(async {
-        let proxy = TestProxy::start(&config(&format!(
+        // The binary: the test checks what the reload logged.
+        let proxy = BinaryProxy::start(&config(&format!(
             "routes:\n{}{}",
             route("keep"),
             route("old")
@@ -548,7 +590,7 @@ async fn routes_added_and_removed_by_a_reload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_right_after_startup_is_not_lost() {
     bounded(async {
-        // Each proxy gets its edit as soon as it reports listening. The race this guards
+        // Each proxy gets its edit as soon as it is listening. The race this guards
         // against is lost only some of the time, so try it on several proxies at once.
         let proxies: Vec<TestProxy> = (0..12)
             .map(|_| {
@@ -561,7 +603,7 @@ async fn an_edit_right_after_startup_is_not_lost() {
         let mut lost = Vec::new();
         for proxy in &proxies {
             let left = deadline.saturating_duration_since(Instant::now());
-            if !proxy.wait_for_log("config reloaded generation=2", left) {
+            if !proxy.wait_for_generation(2, left).await {
                 lost.push(proxy.config_path().display().to_string());
             }
         }

@@ -1,6 +1,8 @@
 //! Graceful shutdown end to end: on SIGTERM (or SIGINT) the proxy stops accepting at once, lets
 //! slow in-flight requests (HTTP/1.1 and HTTP/2) finish, closes idle keep-alive connections, and
 //! exits 0 as soon as nothing is left in flight.
+//!
+//! Signals and exit statuses belong to a process: every proxy here is the binary (`BinaryProxy`).
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{config, upstream_app, Http, MockUpstream, RawConn, TestProxy};
+use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, RawConn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -25,8 +27,8 @@ async fn bounded<F: Future>(test: F) -> F::Output {
 }
 
 /// Everything forwarded to `up` (5 s timeout), except `/fast`, answered by the proxy.
-fn proxy_for(up: &MockUpstream) -> TestProxy {
-    TestProxy::start(&config(&format!(
+fn proxy_for(up: &MockUpstream) -> BinaryProxy {
+    BinaryProxy::start(&config(&format!(
         "{}routes:\n  - name: fast\n    match: {{ path: /fast }}\n    respond: {{ status: 200 }}\n  \
          - name: r\n    upstream: app\n",
         upstream_app(up.addr(), "5s")
@@ -229,7 +231,7 @@ async fn a_stalled_tls_handshake_does_not_hold_up_the_exit() {
         let (crt, key) = (dir.path().join("a.crt"), dir.path().join("a.key"));
         std::fs::write(&crt, cert.pem()).expect("write the certificate");
         std::fs::write(&key, signing_key.serialize_pem()).expect("write the key");
-        let mut proxy = TestProxy::start(&format!(
+        let mut proxy = BinaryProxy::start(&format!(
             "listeners:\n  - address: 127.0.0.1:0\n    tls: {{ cert: {}, key: {} }}\n\
              routes:\n  - name: r\n    respond: {{ status: 200 }}\n",
             crt.display(),

@@ -1,13 +1,16 @@
 //! WebSocket upgrades: proxied on routes with `websocket: true`, limited at the handshake, and
 //! refused (Upgrade stripped) elsewhere. The backend is a raw socket that answers 101 and
 //! echoes, so the test sees exactly what crosses the proxy.
+//!
+//! The proxies are served in-process (`TestProxy`); the drain test, which signals and waits for
+//! the exit, runs the binary (`BinaryProxy`).
 
 mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{config, TestProxy};
+use common::{config, BinaryProxy, TestProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -64,8 +67,8 @@ fn proxy(backend: SocketAddr) -> TestProxy {
 
 const HANDSHAKE: &str = "HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
 
-async fn handshake(proxy: &TestProxy, path: &str) -> (TcpStream, String) {
-    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+async fn handshake(proxy: SocketAddr, path: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
     s.write_all(format!("GET {path} {HANDSHAKE}").as_bytes())
         .await
         .unwrap();
@@ -91,7 +94,7 @@ async fn echo(s: &mut TcpStream, bytes: &[u8], within: Duration, what: &str) {
 #[tokio::test]
 async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
     let proxy = proxy(echo_backend().await);
-    let (mut s, head) = handshake(&proxy, "/ws").await;
+    let (mut s, head) = handshake(proxy.addr(), "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         head.to_ascii_lowercase().contains("upgrade: websocket"),
@@ -99,9 +102,9 @@ async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
     );
     echo(&mut s, b"frame bytes", Duration::from_secs(5), "the echo").await;
 
-    let (_second, head) = handshake(&proxy, "/ws").await;
+    let (_second, head) = handshake(proxy.addr(), "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    let (_third, head) = handshake(&proxy, "/ws").await;
+    let (_third, head) = handshake(proxy.addr(), "/ws").await;
     assert!(
         head.starts_with("HTTP/1.1 429"),
         "burst 2: the third handshake is limited: {head}"
@@ -113,7 +116,7 @@ async fn websocket_is_tunnelled_and_limited_at_the_handshake() {
 #[tokio::test]
 async fn routes_without_websocket_strip_the_upgrade() {
     let proxy = proxy(echo_backend().await);
-    let (_s, head) = handshake(&proxy, "/other").await;
+    let (_s, head) = handshake(proxy.addr(), "/other").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
 
@@ -123,12 +126,12 @@ async fn routes_without_websocket_strip_the_upgrade() {
 #[tokio::test]
 async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
     let backend = echo_backend().await;
-    let mut proxy = TestProxy::start(&format!(
+    let mut proxy = BinaryProxy::start(&format!(
         "listeners:\n  - address: 127.0.0.1:0\n    max_connections: 1\nshutdown_timeout: 1500ms\n\
          upstreams:\n  app:\n    targets: [{backend}]\n    timeout: 2s\nroutes:\n  - name: ws\n    \
          match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n"
     ));
-    let (mut tunnel, head) = handshake(&proxy, "/ws").await;
+    let (mut tunnel, head) = handshake(proxy.addr(), "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     echo(&mut tunnel, b"ping", Duration::from_secs(5), "the tunnel").await;
 
@@ -172,7 +175,7 @@ async fn an_idle_tunnel_is_closed_after_its_timeout() {
          match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n    \
          timeouts: {{ websocket_idle: 400ms }}\n"
     )));
-    let (mut tunnel, head) = handshake(&proxy, "/ws").await;
+    let (mut tunnel, head) = handshake(proxy.addr(), "/ws").await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     // Traffic every 150 ms for 900 ms: more than twice the timeout, never idle for it.
     for _ in 0..6 {
