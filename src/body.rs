@@ -11,8 +11,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
+
+use crate::buffer::{Filling, HeldReader, Store};
 
 /// Why a request body stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +33,15 @@ pub enum BodyFailure {
 #[derive(Debug, thiserror::Error)]
 #[error("request body: {0:?}")]
 pub struct BodyError(pub BodyFailure);
+
+/// Why a body could not be held whole.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("request body: {0:?}")]
+    Body(BodyFailure),
+    #[error("cannot write the request body to a temporary file: {0}")]
+    Store(std::io::Error),
+}
 
 /// The limits one route puts on request bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +121,8 @@ enum Kind {
     Streaming(Box<Streaming>),
     /// No bytes (every GET): complete on arrival.
     Empty,
+    /// Received whole before the upstream was contacted (request buffering).
+    Held(HeldReader),
 }
 
 /// `Incoming` with the route's limits applied.
@@ -162,8 +176,35 @@ impl Guarded {
     pub fn replay(&self) -> Option<Self> {
         match &self.kind {
             Kind::Empty => Some(Self::empty()),
+            Kind::Held(r) => Some(Self {
+                kind: Kind::Held(r.restart()),
+                sent: Sent(None),
+            }),
             Kind::Streaming(_) => None,
         }
+    }
+
+    /// Receive the whole body now, with the route's limits, into memory and (past
+    /// `store.memory_per_body`) a temporary file; the result is sent with its length known.
+    /// A streamed body's failure is recorded as for any body (`Sent::failure`).
+    pub async fn hold(mut self, store: &Store) -> Result<(Self, u64), HoldError> {
+        if !matches!(self.kind, Kind::Streaming(_)) {
+            return Ok((self, 0));
+        }
+        let mut filling = Filling::new(store);
+        while let Some(frame) = self.frame().await {
+            let frame = frame.map_err(|BodyError(why)| HoldError::Body(why))?;
+            if let Ok(data) = frame.into_data() {
+                filling.push(data).map_err(HoldError::Store)?;
+            }
+        }
+        let held = Arc::new(filling.finish());
+        let len = held.size();
+        let body = Self {
+            kind: Kind::Held(held.reader()),
+            sent: Sent(None),
+        };
+        Ok((body, len))
     }
 
     fn fail(&self, why: BodyFailure) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
@@ -185,6 +226,11 @@ impl Body for Guarded {
         let this = &mut *self;
         let polled = match &mut this.kind {
             Kind::Empty => return Poll::Ready(None),
+            Kind::Held(r) => {
+                return Pin::new(r)
+                    .poll_frame(cx)
+                    .map_err(|_| BodyError(BodyFailure::Malformed));
+            }
             Kind::Streaming(s) => s.poll(cx),
         };
         match polled {
@@ -201,6 +247,7 @@ impl Body for Guarded {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Empty => true,
+            Kind::Held(r) => r.is_end_stream(),
             Kind::Streaming(s) => s.inner.is_end_stream(),
         }
     }
@@ -208,6 +255,7 @@ impl Body for Guarded {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
+            Kind::Held(r) => r.size_hint(),
             Kind::Streaming(s) => s.inner.size_hint(),
         }
     }

@@ -24,6 +24,8 @@ pub enum ProxyError {
     PayloadTooLarge,
     #[error("too many requests in flight")]
     Overloaded,
+    #[error("a body could not be buffered (no room in memory, and no temporary file)")]
+    BufferUnavailable,
     #[error("upstream unreachable")]
     UpstreamUnreachable,
     #[error("upstream did not answer in time")]
@@ -40,7 +42,8 @@ impl ProxyError {
             | ProxyError::UriTooLong
             | ProxyError::NotImplemented
             | ProxyError::RequestTimeout
-            | ProxyError::PayloadTooLarge => true,
+            | ProxyError::PayloadTooLarge
+            | ProxyError::BufferUnavailable => true,
             ProxyError::NoRoute
             | ProxyError::MethodNotAllowed
             | ProxyError::UpstreamUnreachable
@@ -62,9 +65,9 @@ impl ProxyError {
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Overloaded | ProxyError::LimiterUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::Overloaded
+            | ProxyError::BufferUnavailable
+            | ProxyError::LimiterUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

@@ -38,6 +38,7 @@
 pub(crate) mod admin;
 pub mod app;
 pub(crate) mod body;
+pub(crate) mod buffer;
 pub mod cli;
 pub mod config;
 pub(crate) mod error;

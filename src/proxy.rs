@@ -9,7 +9,8 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::body::{BodyFailure, Guarded, Sent};
+use crate::body::{BodyFailure, Guarded, HoldError, Sent};
+use crate::buffer::{self, ReadAhead};
 use crate::config::settings::Respond;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream, Tunnel};
@@ -18,6 +19,7 @@ use crate::limiter::{self, Outcome};
 use crate::metrics::{
     OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind, UpstreamErrorLabels,
 };
+use crate::pool::Pooled;
 use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
@@ -201,24 +203,30 @@ async fn pipeline<'a>(
                 underscores: settings.underscores_in_headers,
                 worker: conn.worker,
             };
-            let (parts, body) = req.into_parts();
-            let body = Guarded::new(body, route.body, started);
-            let sent = body.sent();
+            let (mut parts, body) = req.into_parts();
+            let mut body = Guarded::new(body, route.body, started);
             trace.body_taken = true;
+            let buffered = route.buffer_request && !body.is_end_stream();
+            if buffered {
+                body = hold(body, &mut parts, &rt.store).await?;
+            }
+            let sent = body.sent();
+            let head = parts.method == http::Method::HEAD;
             // Boxed: each stage down to hyper's client takes the request by value, and moved
             // whole it would be copied twice per async stage (into the stage's future, then
             // into its body's locals); boxed, those moves are of a pointer.
             let req = Box::new(Request::from_parts(parts, body));
             // Goes upstream now: with the in-process limiter that is microseconds after its
             // arrival (no clock read); a Redis check may have taken milliseconds.
-            let now = if redis.is_some() {
+            let now = if redis.is_some() || buffered {
                 Instant::now()
             } else {
                 started
             };
             let forwarded = forward_timed(state, upstream, req, down, &sent, now).await?;
             trace.tunnel = forwarded.tunnel;
-            forwarded.response.map(Either::Left)
+            let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
+            body_out(forwarded.response, read_ahead, &rt.store).await?
         }
         Action::Respond(r) => respond(r),
     };
@@ -230,6 +238,63 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// Receive the request body whole (see `buffer`), and say its length upstream.
+async fn hold(
+    body: Guarded,
+    parts: &mut http::request::Parts,
+    store: &buffer::Store,
+) -> Result<Guarded, ProxyError> {
+    let (held, len) = body.hold(store).await.map_err(|e| match e {
+        HoldError::Body(why) => body_error(why),
+        HoldError::Store(e) => {
+            tracing::warn!(error = %e, dir = %store.temp_dir.display(), "cannot buffer a request body");
+            ProxyError::BufferUnavailable
+        }
+    })?;
+    let headers = &mut parts.headers;
+    headers.remove(http::header::TRANSFER_ENCODING);
+    // The body is here already: the upstream has nothing to wait for.
+    headers.remove(http::header::EXPECT);
+    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    Ok(held)
+}
+
+/// The upstream response as the client gets it: read ahead (`buffer::read_ahead`), or
+/// streamed as the client reads. An HTTP/1.0 upstream's answer goes out in the client's
+/// protocol: the client keeps its keep-alive; read ahead, a body that ends with the upstream's
+/// connection is read whole first (up to the memory bound) so it gets a Content-Length.
+async fn body_out(
+    mut res: Response<Pooled>,
+    read_ahead: bool,
+    store: &buffer::Store,
+) -> Result<Response<Body>, ProxyError> {
+    let close_delimited = res.version() == Version::HTTP_10
+        && !res.headers().contains_key(http::header::CONTENT_LENGTH);
+    *res.version_mut() = Version::HTTP_11;
+    if !read_ahead || res.body().is_end_stream() {
+        return Ok(res.map(|b| Either::Left(Either::Left(b))));
+    }
+    let (parts, body) = res.into_parts();
+    let body = match buffer::read_ahead(body, store, close_delimited).await {
+        Ok(ReadAhead::Complete(bytes)) => Either::Right(Full::new(bytes)),
+        Ok(ReadAhead::Spooled(spooled)) => Either::Left(Either::Right(spooled)),
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %store.temp_dir.display(), "cannot buffer a response body");
+            return Err(ProxyError::BufferUnavailable);
+        }
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// The error a request body's failure answers with.
+fn body_error(why: BodyFailure) -> ProxyError {
+    match why {
+        BodyFailure::Idle | BodyFailure::Deadline => ProxyError::RequestTimeout,
+        BodyFailure::TooLarge => ProxyError::PayloadTooLarge,
+        BodyFailure::Malformed => ProxyError::BadRequest,
+    }
 }
 
 /// The Content-Length the client declared, if any.
@@ -257,12 +322,9 @@ async fn forward_timed(
     // In a statement of its own: a temporary of the `.await` statement would be kept in this
     // future's state, unboxed, for the whole exchange.
     let exchange = crate::boxed(|| forward::send(upstream, req, down, now));
-    let result = exchange.await.map_err(|e| match body.failure() {
-        Some(BodyFailure::Idle | BodyFailure::Deadline) => ProxyError::RequestTimeout,
-        Some(BodyFailure::TooLarge) => ProxyError::PayloadTooLarge,
-        Some(BodyFailure::Malformed) => ProxyError::BadRequest,
-        None => e,
-    });
+    let result = exchange
+        .await
+        .map_err(|e| body.failure().map_or(e, body_error));
     let kind = match &result {
         Ok(_) => {
             upstream.seconds.observe(now.elapsed().as_secs_f64());
@@ -283,7 +345,7 @@ async fn forward_timed(
 }
 
 fn respond(r: &Respond) -> Response<Body> {
-    let mut res = Response::new(Either::Right(Full::new(r.body.clone())));
+    let mut res: Response<Body> = Response::new(Either::Right(Full::new(r.body.clone())));
     *res.status_mut() = r.status;
     *res.headers_mut() = r.headers.clone();
     if !res.headers().contains_key(http::header::CONTENT_TYPE) {

@@ -12,8 +12,9 @@ pub use crate::config::settings::HeaderPolicy;
 use crate::error::ProxyError;
 use crate::limiter::{Decision, Limit, Verdict};
 
-/// Every response body: an upstream's stream, or bytes the proxy made.
-pub type Body = Either<crate::pool::Pooled, Full<Bytes>>;
+/// Every response body: an upstream's, streamed or read ahead, or bytes in memory (the proxy's
+/// own, or a whole upstream body read ahead).
+pub type Body = Either<Either<crate::pool::Pooled, crate::buffer::Spooled>, Full<Bytes>>;
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use http::Request;
 
 use crate::body::BodyLimits;
+use crate::buffer::{Budget, Store};
 use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
 use crate::forward::Upstream;
 use crate::limiter::local::Buckets;
@@ -32,6 +33,8 @@ pub struct Runtime {
     pub upstreams: Vec<Arc<Upstream>>,
     /// The shared store for `backend: redis`.
     pub redis: Option<Arc<RedisLimiter>>,
+    /// Where buffered bodies go, with the proxy-wide memory budget.
+    pub store: Store,
 }
 
 /// A route, live.
@@ -50,6 +53,10 @@ pub struct Route {
     pub websocket_idle: Duration,
     /// This route's request and decision counters.
     pub counters: RouteCounters,
+    /// Receive request bodies whole before contacting the upstream.
+    pub buffer_request: bool,
+    /// Read upstream responses ahead, as fast as the upstream sends them.
+    pub buffer_response: bool,
 }
 
 /// What a route does with an admitted request.
@@ -121,9 +128,13 @@ impl Runtime {
                 body: spec.body,
                 websocket: spec.websocket,
                 websocket_idle: spec.websocket_idle,
+                buffer_request: spec.buffer_request,
+                buffer_response: spec.buffer_response,
             });
         }
+        let store = store(&settings, previous);
         Ok(Self {
+            store,
             settings: Arc::new(settings),
             routes,
             upstreams,
@@ -140,6 +151,24 @@ impl Runtime {
     /// Every limit of every route, in file order.
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+}
+
+/// Where `settings` buffer bodies. The memory budget is `previous`'s when its cap is the same:
+/// the bodies held now keep counting against it.
+fn store(settings: &Settings, previous: Option<&Runtime>) -> Store {
+    let b = &settings.buffering;
+    let budget = previous
+        .filter(|p| p.settings.buffering.max_memory == b.max_memory)
+        .map_or_else(
+            || Arc::new(Budget::new(b.max_memory)),
+            |p| p.store.budget.clone(),
+        );
+    Store {
+        temp_dir: b.temp_dir.clone(),
+        memory_per_body: b.memory_per_body,
+        max_file: b.max_response_file,
+        budget,
     }
 }
 

@@ -570,7 +570,8 @@ async fn a_connection_still_uploading_is_not_reused() {
     let (addr, _) = raw_upstream(true).await;
     let proxy = TestProxy::start_with_workers(
         &config(&format!(
-            "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n",
+            "{}routes:\n  - name: app\n    match: {{ path_prefix: / }}\n    upstream: app\n    \
+             buffering: {{ request: false }}\n",
             upstream_app(addr, "2s")
         )),
         1,

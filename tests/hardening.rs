@@ -346,8 +346,11 @@ async fn content_length_with_chunked_is_read_as_chunked_and_the_connection_close
         assert_eq!(up.count(), before + 1, "{order}: {:?}", paths(&up));
         let seen = up.last();
         assert_eq!(seen.uri.path(), "/upload");
+        // The body goes upstream as the proxy read it: buffered, with the length it has.
         assert!(
-            !seen.headers.contains_key("content-length"),
+            seen.headers
+                .get("content-length")
+                .is_none_or(|v| v.as_bytes() == b"3"),
             "{order}: the client's Content-Length went upstream: {:?}",
             seen.headers
         );

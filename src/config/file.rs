@@ -28,6 +28,8 @@ pub struct File {
     pub client_ip_header: Option<String>,
     /// Pass request headers whose names contain `_` upstream (default: drop them, as nginx).
     pub underscores_in_headers: Option<bool>,
+    /// Where and how much request and response bodies are buffered.
+    pub buffering: Option<Buffering>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,
@@ -73,6 +75,8 @@ pub struct ListenerTimeouts {
     /// A keep-alive connection with no request in flight is closed after this long.
     pub idle: Option<String>,
     pub tls_handshake: Option<String>,
+    /// A client that accepts no response bytes for this long is disconnected.
+    pub send: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -205,6 +209,29 @@ pub struct Route {
     /// Proxy WebSocket upgrades on this route (off: `Upgrade` is stripped like any hop header).
     #[serde(default)]
     pub websocket: bool,
+    /// Whether request and response bodies are buffered on this route (both by default).
+    pub buffering: Option<RouteBuffering>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteBuffering {
+    pub request: Option<bool>,
+    pub response: Option<bool>,
+}
+
+/// The proxy-wide `buffering` section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Buffering {
+    /// Directory of the temporary files bodies spill to.
+    pub temp_dir: Option<String>,
+    /// Bytes of one body kept in memory before the rest spills to a file.
+    pub memory_per_body: Option<String>,
+    /// Bytes of all buffered bodies in memory together.
+    pub max_memory: Option<String>,
+    /// Unread bytes one response may hold in its file.
+    pub max_response_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 12] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -20,6 +20,7 @@ const KEYS: [&str; 11] = [
     "max_inflight",
     "client_ip_header",
     "underscores_in_headers",
+    "buffering",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -71,6 +72,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         max_inflight: r.one("max_inflight"),
         client_ip_header: r.one("client_ip_header"),
         underscores_in_headers: r.one("underscores_in_headers"),
+        buffering: r.one("buffering"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,

@@ -39,6 +39,8 @@ pub struct Settings {
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
     /// by default they are dropped.
     pub underscores_in_headers: bool,
+    /// Where and how much bodies are buffered.
+    pub buffering: BufferSettings,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML these settings were compiled from (served redacted on the admin `/config`).
@@ -67,6 +69,30 @@ pub struct RouteSpec {
     pub websocket: bool,
     /// An open tunnel with no traffic either way for this long is closed.
     pub websocket_idle: Duration,
+    /// Receive request bodies whole before contacting the upstream.
+    pub buffer_request: bool,
+    /// Read upstream responses ahead, as fast as the upstream sends them.
+    pub buffer_response: bool,
+}
+
+/// The `buffering` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferSettings {
+    pub temp_dir: std::path::PathBuf,
+    pub memory_per_body: u64,
+    pub max_memory: u64,
+    pub max_response_file: u64,
+}
+
+impl Default for BufferSettings {
+    fn default() -> Self {
+        Self {
+            temp_dir: std::env::temp_dir(),
+            memory_per_body: 64 << 10,
+            max_memory: 64 << 20,
+            max_response_file: 1 << 30,
+        }
+    }
 }
 
 /// What a route does with an admitted request.
@@ -184,6 +210,8 @@ pub struct ListenerSettings {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    /// A client that accepts no response bytes for this long is disconnected.
+    pub send_timeout: Duration,
     pub max_connections: usize,
     pub max_requests_per_connection: u64,
     pub max_header_bytes: usize,
@@ -203,6 +231,7 @@ impl Default for ListenerSettings {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             tls_handshake_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             max_requests_per_connection: 1000,
             max_header_bytes: 64 << 10,

@@ -114,10 +114,11 @@ impl Connection {
                 // state, in use or not, so an idle keep-alive connection would hold a whole
                 // request's future inline. One allocation per request instead.
                 crate::boxed(|| async move {
-                    let s = &*request.shared;
                     if req.version() == http::Version::HTTP_2 {
-                        s.activity.http2.store(true, Ordering::Release);
+                        request.shared.activity.http2.store(true, Ordering::Release);
+                        request.http2 = true;
                     }
+                    let s = &*request.shared;
                     let handled = proxy::handle(&s.state, &s.conn, req).await;
                     if let Some(tunnel) = handled.tunnel {
                         // HTTP/1.1 only, one request at a time: at most one per connection.
@@ -134,7 +135,8 @@ impl Connection {
                     // In flight until the response body is sent: a long download is not idle.
                     Ok::<_, Infallible>(res.map(|body| Scoped {
                         body,
-                        _request: request,
+                        request,
+                        waiting: false,
                     }))
                 })
             })
@@ -142,7 +144,11 @@ impl Connection {
         // Bytes arriving mark a request head in progress for the watchdog.
         let io = {
             let shared = shared.clone();
-            ReadNoted::new(io, move || shared.activity.bytes_read())
+            let watched = WriteWatched {
+                inner: io,
+                shared: shared.clone(),
+            };
+            ReadNoted::new(watched, move || shared.activity.bytes_read())
         };
         let connection = self
             .builder
@@ -205,6 +211,7 @@ struct ActiveRequest {
     shared: Arc<Shared>,
     served: u64,
     answered: bool,
+    http2: bool,
 }
 
 impl ActiveRequest {
@@ -214,13 +221,77 @@ impl ActiveRequest {
             shared,
             served,
             answered: false,
+            http2: false,
         }
     }
 }
 
 impl Drop for ActiveRequest {
     fn drop(&mut self) {
+        if self.http2 {
+            self.shared.activity.unsent(self.served, false);
+        }
         self.shared.activity.end(self.answered);
+    }
+}
+
+/// The client's socket, telling the connection's `Activity` when a write has to wait for it
+/// and when it goes through (the send timeout).
+struct WriteWatched<I> {
+    inner: I,
+    shared: Arc<Shared>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for WriteWatched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> WriteWatched<I> {
+    fn noted<T>(&self, polled: Poll<T>) -> Poll<T> {
+        match &polled {
+            Poll::Pending => self.shared.activity.write_pending(),
+            Poll::Ready(_) => self.shared.activity.write_done(),
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for WriteWatched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.noted(polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.noted(polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.noted(polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -238,7 +309,9 @@ pub(super) struct Shared {
 /// A response body that keeps its request in flight until hyper is done with it.
 struct Scoped<B> {
     body: B,
-    _request: ActiveRequest,
+    request: ActiveRequest,
+    /// HTTP/2: data was handed to hyper and not asked past yet (see `Activity::unsent`).
+    waiting: bool,
 }
 
 impl<B: http_body::Body + Unpin> http_body::Body for Scoped<B> {
@@ -249,7 +322,18 @@ impl<B: http_body::Body + Unpin> http_body::Body for Scoped<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        // hyper asks an HTTP/2 body for more only once the stream's window has room: data
+        // handed over and never asked past means the client's window stays shut.
+        if self.request.http2 {
+            let waiting = matches!(&polled, Poll::Ready(Some(Ok(f))) if f.is_data());
+            if waiting || self.waiting {
+                let id = self.request.served;
+                self.request.shared.activity.unsent(id, waiting);
+                self.waiting = waiting;
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

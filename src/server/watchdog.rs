@@ -30,6 +30,10 @@ pub(super) async fn watchdog(
                 Overdue::No => sleep.as_mut().reset(activity.next_check(&settings)),
                 Overdue::Idle => break Command::Close,
                 Overdue::Head => break Command::Drop,
+                Overdue::Send => {
+                    tracing::debug!("client took no response bytes within send_timeout: closed");
+                    break Command::Drop;
+                }
             },
         }
     };
@@ -69,6 +73,13 @@ pub(super) struct Activity {
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     pub(super) retire: Notify,
+    /// Since when a write to the client has been waiting for the socket (milliseconds after
+    /// `origin`, plus one; 0: none waits).
+    write_waiting: AtomicU64,
+    /// HTTP/2 responses whose last data the client has not taken yet (its stream window is
+    /// shut), by request number, with since when.
+    unsent: parking_lot::Mutex<Vec<(u64, Instant)>>,
+    origin: Instant,
 }
 
 #[derive(Clone, Copy)]
@@ -84,6 +95,8 @@ enum Overdue {
     Idle,
     /// A request head started but did not complete in time: drop it.
     Head,
+    /// The client took no response bytes for `send_timeout`: drop it.
+    Send,
 }
 
 impl Activity {
@@ -98,7 +111,46 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
+            write_waiting: AtomicU64::new(0),
+            unsent: parking_lot::Mutex::new(Vec::new()),
+            origin: Instant::now(),
         }
+    }
+
+    /// A write to the client found its socket full.
+    pub(super) fn write_pending(&self) {
+        if self.write_waiting.load(Ordering::Relaxed) == 0 {
+            let ms = self.origin.elapsed().as_millis();
+            let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1);
+            self.write_waiting.store(ms + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// A write to the client went through.
+    pub(super) fn write_done(&self) {
+        if self.write_waiting.load(Ordering::Relaxed) != 0 {
+            self.write_waiting.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// HTTP/2 request `id`'s response handed data to hyper that the client has yet to take
+    /// (`true`), or asked for more, so it took it (`false`).
+    pub(super) fn unsent(&self, id: u64, waiting: bool) {
+        let mut unsent = self.unsent.lock();
+        unsent.retain(|(r, _)| *r != id);
+        if waiting {
+            unsent.push((id, Instant::now()));
+        }
+    }
+
+    /// Since when the client has taken nothing that waits for it, if anything waits.
+    fn stalled_since(&self) -> Option<Instant> {
+        let socket = match self.write_waiting.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.origin + std::time::Duration::from_millis(ms - 1)),
+        };
+        let stream = self.unsent.lock().iter().map(|(_, at)| *at).min();
+        socket.into_iter().chain(stream).min()
     }
 
     /// A request starts; returns how many this connection has now served, this one included.
@@ -156,14 +208,22 @@ impl Activity {
     /// leaves a deadline later than it, so the look then finds the exact deadline.
     fn next_check(&self, s: &ListenerSettings) -> Instant {
         if self.inflight.load(Ordering::Acquire) > 0 {
-            return Instant::now() + s.idle_timeout.min(s.header_read_timeout);
+            let look = Instant::now() + s.idle_timeout.min(s.header_read_timeout);
+            let look = look.min(Instant::now() + s.send_timeout);
+            return match self.stalled_since() {
+                Some(since) => look.min(since + s.send_timeout).max(Instant::now()),
+                None => look,
+            };
         }
         self.deadline(s).0
     }
 
     fn overdue(&self, s: &ListenerSettings) -> Overdue {
         if self.inflight.load(Ordering::Acquire) > 0 {
-            return Overdue::No;
+            let stalled = self
+                .stalled_since()
+                .is_some_and(|since| Instant::now() >= since + s.send_timeout);
+            return if stalled { Overdue::Send } else { Overdue::No };
         }
         let (deadline, kind) = self.deadline(s);
         if Instant::now() >= deadline {

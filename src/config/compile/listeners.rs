@@ -64,6 +64,11 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
         timeouts.and_then(|t| t.tls_handshake.as_ref()),
         defaults.tls_handshake_timeout,
     );
+    let send_timeout = timeout(
+        "send",
+        timeouts.and_then(|t| t.send.as_ref()),
+        defaults.send_timeout,
+    );
     let mut sizes = Sizes { path, p };
     let h2 = l.http2.as_ref();
     let window = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
@@ -71,6 +76,7 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
         header_read_timeout,
         idle_timeout,
         tls_handshake_timeout,
+        send_timeout,
         max_connections: sizes.count(
             "max_connections",
             l.max_connections.map(|v| v as u64),

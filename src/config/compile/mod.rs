@@ -17,7 +17,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file;
-use super::settings::{HeaderPolicy, Listener, Settings, UpstreamSpec};
+use super::settings::{BufferSettings, HeaderPolicy, Listener, Settings, UpstreamSpec};
 use super::values;
 use super::Problem;
 use crate::identity::ForwardedHeader;
@@ -96,6 +96,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
             matchers.push(matcher);
         }
     }
+    let buffering = buffering(raw.buffering.as_ref(), &mut p);
     whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
@@ -118,6 +119,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         shutdown_timeout,
         max_inflight: raw.max_inflight.unwrap_or(10_000),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+        buffering,
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
@@ -170,6 +172,48 @@ fn whole_file_checks(
             "listeners",
             "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
         );
+    }
+}
+
+/// The `buffering` section: sizes, and a temporary directory that exists.
+fn buffering(raw: Option<&file::Buffering>, p: &mut Problems) -> BufferSettings {
+    let d = BufferSettings::default();
+    let Some(raw) = raw else {
+        return d;
+    };
+    let mut size = |key: &str, v: Option<&String>, default: u64| {
+        v.and_then(|s| p.take(format!("buffering.{key}"), values::size(s)))
+            .unwrap_or(default)
+    };
+    let memory_per_body = size(
+        "memory_per_body",
+        raw.memory_per_body.as_ref(),
+        d.memory_per_body,
+    );
+    let max_memory = size("max_memory", raw.max_memory.as_ref(), d.max_memory);
+    let max_response_file = size(
+        "max_response_file",
+        raw.max_response_file.as_ref(),
+        d.max_response_file,
+    );
+    if max_response_file == 0 {
+        p.add("buffering.max_response_file", "must be at least 1 byte");
+    }
+    let temp_dir = raw
+        .temp_dir
+        .as_ref()
+        .map_or(d.temp_dir, std::path::PathBuf::from);
+    if raw.temp_dir.is_some() && !temp_dir.is_dir() {
+        p.add(
+            "buffering.temp_dir",
+            format!("`{}` is not a directory", temp_dir.display()),
+        );
+    }
+    BufferSettings {
+        temp_dir,
+        memory_per_body,
+        max_memory,
+        max_response_file: max_response_file.max(1),
     }
 }
 

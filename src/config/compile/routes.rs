@@ -81,7 +81,10 @@ pub(super) fn route(
         .collect();
     let body = body_limits(r, path, p);
     let websocket_idle = websocket_idle(r, path, p);
+    let buffering = r.buffering.as_ref();
     let route = RouteSpec {
+        buffer_request: buffering.and_then(|b| b.request).unwrap_or(true),
+        buffer_response: buffering.and_then(|b| b.response).unwrap_or(true),
         name: r.name.as_str().into(),
         action: action?,
         limits,
