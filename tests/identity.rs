@@ -1,6 +1,7 @@
 //! Who a limit counts: alternatives in order, `+` joins, every key source, and the one shared
 //! `anonymous` bucket for requests that carry none of the alternatives. Different client
 //! addresses are real TCP peers (127.0.0.2, 127.0.0.3: Linux routes all of 127/8 to loopback).
+//! The proxy is served in-process (`TestProxy`).
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! PROXY protocol listeners: the balancer's header names the client, only trusted peers may
-//! send one, and anything else is closed before a byte of HTTP is read.
+//! send one, and anything else is closed before a byte of HTTP is read. The proxy is served
+//! in-process (`TestProxy`).
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Routing through the real proxy: first match in file order on host (exact or `*.suffix`, port
 //! ignored, from `Host` or HTTP/2's `:authority`), exact path, prefix, methods, header values;
 //! `respond` routes with their status, body and headers; round robin over upstream targets.
+//! The proxy is served in-process (`TestProxy`).
 
 mod common;
 
