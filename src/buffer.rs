@@ -143,7 +143,7 @@ impl Filling {
             && self.store.budget.reserve(n)
         {
             h.reserved += n;
-            h.chunks.push(data);
+            h.chunks.push(own(data));
             return Ok(());
         }
         if h.file.is_none() {
@@ -216,6 +216,12 @@ impl Body for HeldReader {
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.left)
     }
+}
+
+/// `data` in an allocation of its own. A frame is often a slice of a connection's whole read
+/// buffer, and held for long it would keep all of that buffer alive, not just its own bytes.
+fn own(data: Bytes) -> Bytes {
+    Bytes::copy_from_slice(&data)
 }
 
 /// `len` bytes of `file` from `at` (fewer at its end).
@@ -390,7 +396,7 @@ impl Spool {
             && self.store.budget.reserve(n)
         {
             s.in_memory += n;
-            s.chunks.push_back(data);
+            s.chunks.push_back(own(data));
         } else {
             if s.file.is_none() {
                 s.file = Some(Arc::new(self.store.temp_file()?));

@@ -283,6 +283,9 @@ impl Pool {
     }
 }
 
+/// The most an upstream connection's read buffer grows to.
+const UPSTREAM_READ_BUFFER: usize = 64 << 10;
+
 /// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker.
 async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Link, SendError>
 where
@@ -297,7 +300,10 @@ where
         .call(uri.clone())
         .await
         .map_err(|e| SendError::Connect(e.into()))?;
+    // hyper's read buffer grows with large responses and keeps its size: 64 KiB bounds what
+    // each upstream connection (busy or idle in the pool) holds.
     let (sender, connection) = http1::Builder::new()
+        .max_buf_size(UPSTREAM_READ_BUFFER)
         .handshake(io)
         .await
         .map_err(SendError::Exchange)?;

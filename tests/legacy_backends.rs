@@ -328,3 +328,45 @@ async fn large_bodies_go_through_files_intact() {
     let r = Http::new().send(upload).await;
     assert_eq!(r.text(), format!("ok {}\n", 3 << 20));
 }
+
+/// 200 clients ask for 1 MiB each and read nothing, all at once: the proxy's memory stays
+/// bounded (memory per body, the proxy-wide cap, files beyond), where streaming would keep
+/// each response's data in flight in the proxy. Prints both figures.
+#[tokio::test]
+async fn memory_stays_bounded_under_200_stalled_downloads() {
+    const CLIENTS: usize = 200;
+    let up = common::MockUpstream::start();
+    let mut grown = Vec::new();
+    for buffering in ["true", "false"] {
+        let proxy = common::BinaryProxy::start(&config(&format!(
+            "upstreams:\n  app:\n    targets: [{}]\n    timeout: 30s\n\
+             routes:\n  - name: all\n    upstream: app\n    buffering: {{ response: {buffering} }}\n",
+            up.addr()
+        )));
+        let before = proxy.peak_rss_kib();
+        let seen = up.count();
+        let _held = non_readers(proxy.addr(), CLIENTS, "/download/1048576").await;
+        assert!(
+            up.wait_for(seen + CLIENTS, Duration::from_secs(30)),
+            "the upstream saw {} of {CLIENTS} requests",
+            up.count() - seen
+        );
+        // Let the proxy take in what the upstream and the sockets let it.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let kib = proxy.peak_rss_kib().saturating_sub(before);
+        eprintln!(
+            "{CLIENTS} stalled 1 MiB downloads, response buffering {buffering}: peak RSS grew \
+             {} MiB ({} KiB per download)",
+            kib / 1024,
+            kib / CLIENTS as u64
+        );
+        grown.push(kib);
+    }
+    // About 300 KiB a download in a debug build (hyper's buffers on both sides and the
+    // spool's memory part), whatever the response's size.
+    assert!(
+        grown[0] < 96 * 1024,
+        "buffered: the proxy's peak RSS grew by {} MiB for {CLIENTS} stalled downloads",
+        grown[0] / 1024
+    );
+}
