@@ -195,7 +195,7 @@ impl Guarded {
         while let Some(frame) = self.frame().await {
             let frame = frame.map_err(|BodyError(why)| HoldError::Body(why))?;
             if let Ok(data) = frame.into_data() {
-                filling.push(data).map_err(HoldError::Store)?;
+                filling.push(&data).map_err(HoldError::Store)?;
             }
         }
         let held = Arc::new(filling.finish());

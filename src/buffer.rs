@@ -134,8 +134,9 @@ impl Filling {
         }
     }
 
-    /// Add `data` at the end.
-    pub fn push(&mut self, data: Bytes) -> io::Result<()> {
+    /// Add `data` at the end. Kept in memory, it is copied: a frame is often a slice of a
+    /// connection's whole read buffer, and held for long it would keep all of it alive.
+    pub fn push(&mut self, data: &[u8]) -> io::Result<()> {
         let n = data.len() as u64;
         let h = &mut self.held;
         if h.file.is_none()
@@ -143,14 +144,14 @@ impl Filling {
             && self.store.budget.reserve(n)
         {
             h.reserved += n;
-            h.chunks.push(own(data));
+            h.chunks.push(Bytes::copy_from_slice(data));
             return Ok(());
         }
         if h.file.is_none() {
             h.file = Some(self.store.temp_file()?);
         }
         if let Some(file) = &h.file {
-            file.write_all_at(&data, h.file_len)?;
+            file.write_all_at(data, h.file_len)?;
         }
         h.file_len += n;
         Ok(())
@@ -216,12 +217,6 @@ impl Body for HeldReader {
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.left)
     }
-}
-
-/// `data` in an allocation of its own. A frame is often a slice of a connection's whole read
-/// buffer, and held for long it would keep all of that buffer alive, not just its own bytes.
-fn own(data: Bytes) -> Bytes {
-    Bytes::copy_from_slice(&data)
 }
 
 /// `len` bytes of `file` from `at` (fewer at its end).
@@ -296,7 +291,7 @@ where
     }
     let spool = Spool::new(store);
     for data in ready {
-        spool.push(data)?;
+        spool.push(&data)?;
     }
     if failed {
         spool.finish(true);
@@ -319,7 +314,7 @@ where
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    if spool.push(data).is_err() {
+                    if spool.push(&data).is_err() {
                         spool.finish(true);
                         return;
                     }
@@ -386,8 +381,8 @@ impl Spool {
         })
     }
 
-    /// Add `data` at the end.
-    pub fn push(&self, data: Bytes) -> io::Result<()> {
+    /// Add `data` at the end (copied when kept in memory, as `Filling::push`).
+    pub fn push(&self, data: &[u8]) -> io::Result<()> {
         let n = data.len() as u64;
         let mut s = self.state.lock();
         let backlog = s.written - s.read;
@@ -396,13 +391,13 @@ impl Spool {
             && self.store.budget.reserve(n)
         {
             s.in_memory += n;
-            s.chunks.push_back(own(data));
+            s.chunks.push_back(Bytes::copy_from_slice(data));
         } else {
             if s.file.is_none() {
                 s.file = Some(Arc::new(self.store.temp_file()?));
             }
             if let Some(file) = &s.file {
-                file.write_all_at(&data, s.written)?;
+                file.write_all_at(data, s.written)?;
             }
             s.written += n;
         }
@@ -531,7 +526,7 @@ mod tests {
         let s = store(10, 1 << 20);
         let mut f = Filling::new(&s);
         for part in ["hello", "world", "and the rest", "!"] {
-            f.push(Bytes::from(part)).unwrap();
+            f.push(part.as_bytes()).unwrap();
         }
         let held = Arc::new(f.finish());
         assert_eq!(held.size(), 23);
@@ -548,9 +543,9 @@ mod tests {
     async fn the_budget_sends_bodies_to_files_when_memory_is_taken() {
         let s = store(1 << 20, 8);
         let mut a = Filling::new(&s);
-        a.push(Bytes::from_static(b"12345678")).unwrap();
+        a.push(b"12345678").unwrap();
         let mut b = Filling::new(&s);
-        b.push(Bytes::from_static(b"abc")).unwrap();
+        b.push(b"abc").unwrap();
         let (a, b) = (Arc::new(a.finish()), Arc::new(b.finish()));
         assert_eq!(s.budget.used(), 8);
         assert!(b.file.is_some(), "no budget left: b went to a file");
@@ -565,12 +560,12 @@ mod tests {
         let s = store(4, 1 << 20);
         let spool = Spool::new(&s);
         let mut reader = Spooled::new(spool.clone());
-        spool.push(Bytes::from_static(b"ab")).unwrap();
-        spool.push(Bytes::from_static(b"cd")).unwrap();
-        spool.push(Bytes::from_static(b"ef")).unwrap(); // memory full: to the file
+        spool.push(b"ab").unwrap();
+        spool.push(b"cd").unwrap();
+        spool.push(b"ef").unwrap(); // memory full: to the file
         let first = reader.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"ab");
-        spool.push(Bytes::from_static(b"gh")).unwrap(); // the file has unread bytes: after them
+        spool.push(b"gh").unwrap(); // the file has unread bytes: after them
         spool.finish(false);
         let rest = reader.collect().await.unwrap().to_bytes();
         assert_eq!(&rest[..], b"cdefgh");
