@@ -14,7 +14,7 @@ ab OLD NEW         two tollgate binaries, A (OLD) and B (NEW), alternating ROUND
                    proxy's user and system CPU per request (which moves less with background
                    load than req/s), then B/A between the medians and round by round.
     ROUNDS [2]  DURATION [5]  WARMUP [1]  CONNECTIONS [64]  THREADS [2]
-    TOLLGATE_HEADERS [true]  KEEP_TMP [0]  (as for compare)
+    TOLLGATE_HEADERS [true]  TOLLGATE_BUFFERING [unset]  KEEP_TMP [0]  (as for compare)
 TXT
 }
 

@@ -25,6 +25,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), every scenar
     KEYS [100000]     distinct X-API-Key values in scenario 4
     TOLLGATE_HEADERS [true]  tollgate's rate-limit response headers (nginx sends none);
                       `false` turns both header families off
+    TOLLGATE_BUFFERING [unset]  `true` or `false`: the route's request and response buffering
+                      (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
     SCENARIOS [baseline forwarded rejected redis cluster slots keys h2 fixed]
     ROUNDS [1]        measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
@@ -314,7 +316,7 @@ compare_report() {
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
         "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
-        "tollgate rate-limit headers: $TOLLGATE_HEADERS."
+        "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default}."
     echo
     report
     echo

@@ -195,11 +195,17 @@ redis_limiter() {
 
 # tollgate_config FILE PORT LIMITER RATE BURST KEY: tollgate forwarding to the backend with one
 # limit (benches/compare/tollgate.yaml.in). TOLLGATE_HEADERS [true] turns the rate-limit
-# headers on or off; TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines.
+# headers on or off; TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines;
+# TOLLGATE_BUFFERING [unset: the binary's default] sets the route's request and response
+# buffering.
 tollgate_config() {
+    local buffering="    # buffering: the binary's default"
+    if [ -n "${TOLLGATE_BUFFERING:-}" ]; then
+        buffering="    buffering: { request: $TOLLGATE_BUFFERING, response: $TOLLGATE_BUFFERING }"
+    fi
     fill "$CONF/tollgate.yaml.in" "$1" PORT="$2" BACKEND_PORT="$BACKEND_PORT" LIMITER="$3" \
         HEADERS="${TOLLGATE_HEADERS:-true}" RATE="$4" BURST="$5" KEY="$6" \
-        EXTRA="${TOLLGATE_EXTRA:-}"
+        EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering"
 }
 
 # --- binaries -------------------------------------------------------------------------------
