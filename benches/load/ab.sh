@@ -21,10 +21,7 @@ TXT
 run_ab() {
     [ $# -eq 2 ] || usage_error "benches/load.sh ab OLD_BINARY NEW_BINARY"
     ROUNDS=${ROUNDS:-2}
-    DURATION=${DURATION:-5}
-    WARMUP=${WARMUP:-1}
-    CONNECTIONS=${CONNECTIONS:-64}
-    THREADS=${THREADS:-2}
+    client_defaults 5 1
     need nginx wrk curl python3 ss
     start_run
     copy_binary A "$1"

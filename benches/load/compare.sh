@@ -41,10 +41,7 @@ TXT
 
 run_compare() {
     [ $# -eq 0 ] || usage_error "benches/load.sh compare   (no arguments; benches/load.sh help compare)"
-    DURATION=${DURATION:-10}
-    WARMUP=${WARMUP:-2}
-    CONNECTIONS=${CONNECTIONS:-64}
-    THREADS=${THREADS:-2}
+    client_defaults 10 2
     H2_STREAMS=${H2_STREAMS:-10}
     KEYS=${KEYS:-100000}
     export KEYS # for keys.lua

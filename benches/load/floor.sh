@@ -24,10 +24,7 @@ TXT
 run_floor() {
     [ $# -eq 0 ] || usage_error "benches/load.sh floor   (no arguments; benches/load.sh help floor)"
     ROUNDS=${ROUNDS:-3}
-    DURATION=${DURATION:-5}
-    WARMUP=${WARMUP:-1}
-    CONNECTIONS=${CONNECTIONS:-64}
-    THREADS=${THREADS:-2}
+    client_defaults 5 1
     need nginx wrk curl python3 ss
     start_run
     tollgate_binary

@@ -193,6 +193,15 @@ redis_limiter() {
     printf '  backend: redis\n  on_failure: closed\n  redis:\n    url: redis://127.0.0.1:%s' "$REDIS_PORT"
 }
 
+# client_defaults DURATION WARMUP: the load client's settings, from the environment or these
+# defaults (64 connections, 2 threads).
+client_defaults() {
+    DURATION=${DURATION:-$1}
+    WARMUP=${WARMUP:-$2}
+    CONNECTIONS=${CONNECTIONS:-64}
+    THREADS=${THREADS:-2}
+}
+
 # tollgate_config FILE PORT LIMITER RATE BURST KEY: tollgate forwarding to the backend with one
 # limit (benches/compare/tollgate.yaml.in). TOLLGATE_HEADERS [true] turns the rate-limit
 # headers on or off; TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines;
