@@ -370,3 +370,33 @@ async fn memory_stays_bounded_under_200_stalled_downloads() {
         grown[0] / 1024
     );
 }
+
+/// HTTP/2: a client that keeps its stream's flow-control window shut takes no bytes either,
+/// and is cut off by the send timeout just the same.
+#[tokio::test]
+async fn an_http2_client_with_a_shut_window_is_cut_off_by_the_send_timeout() {
+    let backend = LegacyBackend::start(2, Speaks::Http11);
+    let yaml = yaml(backend.addr, "{ response: true }").replace(
+        "  - address: 127.0.0.1:0\n",
+        "  - address: 127.0.0.1:0\n    timeouts: { send: 1s }\n",
+    );
+    let proxy = TestProxy::start(&yaml);
+    let tcp = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("an HTTP/2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::get("http://legacy/big").body(()).unwrap();
+    let (response, _) = client.send_request(req, true).unwrap();
+    let response = response.await.expect("a response head");
+    assert_eq!(response.status(), 200);
+    // Never release any window: the proxy cannot send a byte of the body.
+    let ended = tokio::time::timeout(Duration::from_secs(20), connection).await;
+    assert!(
+        ended.is_ok(),
+        "the proxy kept a connection whose client takes nothing"
+    );
+}
