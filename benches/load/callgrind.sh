@@ -20,6 +20,8 @@ callgrind [tollgate|bare] [fwd|rej|redis]   (defaults: tollgate fwd)
                    target with frame pointers into target/callgrind/build.
     DURATION [10]     seconds counted            CONNECTIONS [8]  (more: larger Redis batches)
     VALGRIND_EXTRA    further callgrind options (`--dump-instr=yes` for costs by address)
+    BIN               a binary to count instead of building one (an older commit's, say):
+                      the totals hold, the function list is coarser without frame pointers
     HEADERS [true]    whether tollgate sends the rate-limit headers
     LIMITS [on]       `off` for a route without limits (the proxy without a check)
     EXTRA             further limits of the route as YAML lines, e.g. compare's scenario 3d:
@@ -48,9 +50,13 @@ run_callgrind() {
     [ "$mode" != redis ] || need redis-server redis-cli
     read -r -a extra <<<"${VALGRIND_EXTRA:-}"
     mkdir -p "$out"
-    log "building $what with frame pointers (${build[*]})"
-    (cd "$ROOT" && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-        RUSTFLAGS="-C force-frame-pointers=yes" "${build[@]}") 2>&1 | tail -1 >&2
+    if [ -n "${BIN:-}" ]; then
+        bin=$BIN
+    else
+        log "building $what with frame pointers (${build[*]})"
+        (cd "$ROOT" && CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+            RUSTFLAGS="-C force-frame-pointers=yes" "${build[@]}") 2>&1 | tail -1 >&2
+    fi
 
     start_run
     start_backend
