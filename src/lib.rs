@@ -13,11 +13,12 @@
 //! ```
 //!
 //! Modules, from the bottom up (each uses only those above it in this list):
-//! - `error`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`,
-//!   `screen`, `health`: leaves. Request-path errors; request bodies with their limits; the
-//!   client address and the identity digest a limit counts under; rustls configs; the PROXY
-//!   header; per-thread counters; socket wrappers; the worker set; request screening and path
-//!   normalisation; the container health probe.
+//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`,
+//!   `workers`, `screen`, `health`: leaves. Request-path errors; bodies held in memory and
+//!   temporary files (request buffering, response read-ahead); request bodies with their
+//!   limits; the client address and the identity digest a limit counts under; rustls configs;
+//!   the PROXY header; per-thread counters; socket wrappers; the worker set; request screening
+//!   and path normalisation; the container health probe.
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
