@@ -25,7 +25,7 @@ WORKDIR /src
 # target, and cargo refuses a manifest whose target file is missing. crates/ holds the allocator
 # crate, a path dependency. tests/ is not needed. scripts/test.sh checks that cargo can load the
 # manifest from exactly these files.
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY benches ./benches
 COPY crates ./crates
 COPY src ./src
@@ -33,6 +33,10 @@ COPY src ./src
 # this step compiles. --locked: exactly the versions in Cargo.lock. The cache mounts keep
 # downloaded crates and compiled dependencies between builds. target/ is a cache mount, so the
 # binary is copied out of it into the layer.
+# The commit `tollgate --version` names: the context has no .git (`--build-arg
+# TOLLGATE_COMMIT=$(git rev-parse --short=12 HEAD)`).
+ARG TOLLGATE_COMMIT=unknown
+ENV TOLLGATE_COMMIT=${TOLLGATE_COMMIT}
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \

@@ -56,7 +56,7 @@ impl Default for BodyLimits {
     fn default() -> Self {
         Self {
             idle: Duration::from_secs(30),
-            request: Some(Duration::from_secs(300)),
+            request: Some(Duration::from_mins(5)),
             max_bytes: 10 << 20,
         }
     }

@@ -1,4 +1,4 @@
-//! The command line: `run` (the default) and `check`.
+//! The command line: `run` (the default), `check`, `health`, `completions` and `man`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -9,8 +9,16 @@ use crate::config::settings::{ActionSpec, LimitSpec, RouteSpec};
 use crate::config::Settings;
 use crate::route::{HostPattern, Matcher, PathPattern};
 
+/// The version `--version` prints: the package's, and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOLLGATE_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about = "A rate-limiting reverse proxy")]
+#[command(name = "tollgate", version = VERSION, about = "A rate-limiting reverse proxy")]
 pub struct Cli {
     /// Config file.
     #[arg(
@@ -22,7 +30,13 @@ pub struct Cli {
     )]
     pub config: PathBuf,
     /// Log level or filter (error, warn, info, debug, trace, or a tracing filter).
-    #[arg(long, global = true, env = "TOLLGATE_LOG", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_LOG",
+        default_value = "info",
+        value_parser = log_filter
+    )]
     pub log_level: String,
     /// Log format: text or json (one JSON object per line).
     #[arg(
@@ -37,6 +51,24 @@ pub struct Cli {
     pub access_log: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// A log level or tracing filter, checked: a typo is an error, not a filter that silently
+/// logs nothing (`warnn` would be read as a target name).
+fn log_filter(s: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let expected = "expected off, error, warn, info, debug, trace, or directives such as \
+                    `info,tollgate=debug`";
+    let is_level = |l: &str| LEVELS.iter().any(|x| x.eq_ignore_ascii_case(l.trim()));
+    for directive in s.split(',').filter(|d| !d.trim().is_empty()) {
+        let level = directive.rsplit_once('=').map_or(directive, |(_, l)| l);
+        if !is_level(level) {
+            return Err(format!("`{}` is not a level: {expected}", level.trim()));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("{e}: {expected}"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -58,6 +90,28 @@ pub enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) to stdout, as in `tollgate man > tollgate.1`.
+    Man,
+}
+
+/// Write the completion script of `shell` to `out`. Made in memory first: clap_complete
+/// panics on a failed write (a closed pipe, as in `| head`).
+pub fn completions(
+    shell: clap_complete::Shell,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "tollgate", &mut script);
+    out.write_all(&script)
+}
+
+/// Write the manual page to `out`.
+pub fn man(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    clap_mangen::Man::new(Cli::command()).render(out)
 }
 
 /// A one-line summary of every route and limit, as `tollgate check` prints it.

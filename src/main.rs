@@ -26,6 +26,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Completions { shell } => {
+            printed(tollgate::cli::completions(shell, &mut std::io::stdout()))
+        }
+        Command::Man => printed(tollgate::cli::man(&mut std::io::stdout())),
         Command::Health { url } => match tollgate::health::check(&cli.config, url.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -57,11 +61,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// The exit code of printing to stdout: a closed pipe (`| head`) is not a failure.
+fn printed(result: std::io::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn init_logging(cli: &Cli) {
     let mut directives = cli.log_level.clone();
     if !cli.access_log {
         directives.push_str(",tollgate::access=off");
     }
+    // Checked when the command line was parsed (`cli::log_filter`).
     let filter = tracing_subscriber::EnvFilter::try_new(&directives)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

@@ -1,5 +1,6 @@
 //! The command line: `check` on valid configs (its summary, the shipped config), `run` on the
-//! shipped config, an invalid config refused by `run`, `--version`/`--help`, and shutdown on
+//! shipped config, an invalid config refused by `run`, `--version` (with the commit), `--help`,
+//! a mistyped `--log-level`, completions and the man page, and shutdown on
 //! SIGTERM with in-flight requests drained. All of it is about the binary, so every proxy here
 //! is the real process (`BinaryProxy`).
 
@@ -66,16 +67,17 @@ fn the_config_path_can_come_from_the_environment() {
 
 #[test]
 fn version_and_help() {
-    let out = run_cli(&["--version"]);
-    assert!(out.status.success());
-    assert_eq!(
-        stdout(&out),
-        format!("tollgate {}\n", env!("CARGO_PKG_VERSION"))
-    );
     let out = run_cli(&["--help"]);
     assert!(out.status.success());
     let help = stdout(&out);
-    for word in ["run", "check", "--config", "--log-level"] {
+    for word in [
+        "run",
+        "check",
+        "completions",
+        "man",
+        "--config",
+        "--log-level",
+    ] {
         assert!(
             help.contains(word),
             "--help does not mention {word}:\n{help}"
@@ -143,4 +145,71 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
         .expect("tollgate exits after SIGTERM");
     assert!(status.success(), "exit status {status:?}");
     assert!(proxy.logs().iter().any(|l| l.contains("stopped")));
+}
+
+#[test]
+fn version_names_the_commit() {
+    let out = run_cli(&["--version"]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!("tollgate {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_invalid_log_level_is_an_error_not_info() {
+    for bad in ["warnn", "info,tollgate=loud", "=debug"] {
+        let out = run_cli(&[
+            "--log-level",
+            bad,
+            "check",
+            "--config",
+            "config/tollgate.yaml",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--log-level"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+    let out = run_cli(&[
+        "--log-level",
+        "warn,tollgate=debug",
+        "check",
+        "--config",
+        "config/tollgate.yaml",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn completions_and_the_man_page_are_generated() {
+    let out = run_cli(&["completions", "bash"]);
+    assert!(out.status.success());
+    let script = std::env::temp_dir().join(format!("tollgate-{}.bash", std::process::id()));
+    std::fs::write(&script, &out.stdout).unwrap();
+    let parsed = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .status()
+        .expect("run bash -n");
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        parsed.success(),
+        "the bash completion script does not parse"
+    );
+    assert!(stdout(&out).contains("completions"));
+    for shell in ["zsh", "fish"] {
+        assert!(run_cli(&["completions", shell]).status.success(), "{shell}");
+    }
+    let man = run_cli(&["man"]);
+    assert!(man.status.success());
+    let page = stdout(&man);
+    assert!(
+        page.starts_with(".ie") && page.contains(".TH tollgate 1"),
+        "{page}"
+    );
 }

@@ -229,9 +229,9 @@ impl Default for ListenerSettings {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_mins(1),
             tls_handshake_timeout: Duration::from_secs(10),
-            send_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_mins(1),
             max_connections: 10_000,
             max_requests_per_connection: 1000,
             max_header_bytes: 64 << 10,

@@ -80,9 +80,9 @@ pub fn rate(s: &str) -> Result<RateValue, String> {
         .ok_or_else(|| format!("rate `{s}`: `{count}` is not a positive number"))?;
     let per = match per.trim() {
         "s" | "sec" | "second" => Duration::from_secs(1),
-        "m" | "min" | "minute" => Duration::from_secs(60),
-        "h" | "hour" => Duration::from_secs(3600),
-        "d" | "day" => Duration::from_secs(86400),
+        "m" | "min" | "minute" => Duration::from_mins(1),
+        "h" | "hour" => Duration::from_hours(1),
+        "d" | "day" => Duration::from_hours(24),
         other if other.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
             duration(other).map_err(|e| format!("rate `{s}`: {e}"))?
         }
@@ -119,8 +119,8 @@ mod tests {
     fn durations() {
         assert_eq!(duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(duration("2s").unwrap(), Duration::from_secs(2));
-        assert_eq!(duration("5m").unwrap(), Duration::from_secs(300));
-        assert_eq!(duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(duration("5m").unwrap(), Duration::from_mins(5));
+        assert_eq!(duration("1h").unwrap(), Duration::from_hours(1));
         assert_eq!(duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(duration("5").unwrap_err().contains("needs a unit"));
         assert!(duration("5y").unwrap_err().contains("unknown unit"));

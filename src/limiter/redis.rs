@@ -413,7 +413,7 @@ impl RedisLimiter {
         // A nonsensical timeout (Duration::MAX) must not panic on the request path.
         let deadline = now
             .checked_add(self.timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(86_400));
+            .unwrap_or_else(|| now + Duration::from_hours(24));
         // All in one slot (always on a single server, where every bucket's slot is 0): the
         // common case, known without grouping.
         let first = buckets.first().map(|b| b.slot);

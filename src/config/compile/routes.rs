@@ -101,7 +101,7 @@ fn websocket_idle(r: &file::Route, path: &str, p: &mut Problems) -> Duration {
         p,
         key.clone(),
         r.timeouts.as_ref().and_then(|t| t.websocket_idle.as_ref()),
-        Duration::from_secs(3600),
+        Duration::from_hours(1),
     );
     if idle.is_zero() {
         p.add(key, "must be longer than zero");
