@@ -2,28 +2,45 @@
 
 use std::time::Duration;
 
-/// Parse `250ms`, `2s`, `1.5s`, `5m`, `1h`, `1d`.
+/// Parse `250ms`, `2s`, `1.5s`, `5m`, `1h`, `1d`, or several of them in a row, as in `1m30s`
+/// or `1h30m` (Go's and systemd's compound form).
 pub fn duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("duration `{s}` needs a unit: ms, s, m, h or d (as in `2s`)"))?;
-    let (number, unit) = s.split_at(split);
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("duration `{s}` does not start with a number"))?;
-    let seconds = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        _ => {
-            return Err(format!(
-                "duration `{s}` has unknown unit `{unit}` (ms, s, m, h or d)"
-            ))
-        }
-    };
+    let mut rest = s;
+    let mut seconds = 0.0;
+    if rest.is_empty() {
+        return Err(format!(
+            "duration `{s}` needs a unit: ms, s, m, h or d (as in `2s`)"
+        ));
+    }
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("duration `{s}` needs a unit: ms, s, m, h or d (as in `2s`)"))?;
+        let (number, tail) = rest.split_at(split);
+        let n: f64 = number
+            .parse()
+            .map_err(|_| format!("duration `{s}` does not start with a number"))?;
+        let unit_len = tail
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let factor = match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            _ => {
+                return Err(format!(
+                    "duration `{s}` has unknown unit `{unit}` (ms, s, m, h or d, alone or \
+                     combined as in `1m30s`)"
+                ))
+            }
+        };
+        seconds += n * factor;
+        rest = tail;
+    }
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("duration `{s}` is out of range"))
 }
 
@@ -124,6 +141,13 @@ mod tests {
         assert_eq!(duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(duration("5").unwrap_err().contains("needs a unit"));
         assert!(duration("5y").unwrap_err().contains("unknown unit"));
+        assert_eq!(duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(duration("1h30m").unwrap(), Duration::from_mins(90));
+        assert_eq!(duration("2d12h").unwrap(), Duration::from_hours(60));
+        assert_eq!(duration("1s500ms").unwrap(), Duration::from_millis(1500));
+        assert!(duration("1m30").unwrap_err().contains("needs a unit"));
+        assert!(duration("1m 30s").is_err());
+        assert!(duration("").unwrap_err().contains("needs a unit"));
     }
 
     #[test]
