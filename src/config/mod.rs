@@ -5,6 +5,7 @@
 //! file. Nothing here imports a module above `config`.
 
 pub(crate) mod compile;
+mod env;
 pub(crate) mod file;
 pub(crate) mod locate;
 mod raw;

@@ -26,11 +26,11 @@ const KEYS: [&str; 12] = [
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
 /// (nothing after it can be trusted) and is reported with serde_yaml's own position.
 pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
-    let root: Value = match serde_yaml::from_str(text) {
+    let mut root: Value = match serde_yaml::from_str(text) {
         Ok(v) => v,
         Err(e) => return (None, vec![problem_at(String::new(), &e)]),
     };
-    let mut problems = Vec::new();
+    let mut problems = super::env::substitute(&mut root, &|name| std::env::var(name).ok());
     let map = match root {
         Value::Mapping(m) => m,
         Value::Null => Mapping::new(),
