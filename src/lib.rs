@@ -14,10 +14,11 @@
 //!
 //! Modules, from the bottom up (each uses only those above it in this list):
 //! - `error`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`,
-//!   `screen`, `health`: leaves. Request-path errors; request bodies with their limits; the
-//!   client address and the identity digest a limit counts under; rustls configs; the PROXY
-//!   header; per-thread counters; socket wrappers; the worker set; request screening and path
-//!   normalisation; the container health probe.
+//!   `screen`, `health`, `log_gate`: leaves. Request-path errors; request bodies with their
+//!   limits; the client address and the identity digest a limit counts under; rustls configs;
+//!   the PROXY header; per-thread counters; socket wrappers; the worker set; request screening
+//!   and path normalisation; the container health probe; one log line a second for a failure
+//!   that repeats.
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
@@ -46,6 +47,7 @@ pub mod health;
 pub mod identity;
 pub(crate) mod io;
 pub mod limiter;
+pub(crate) mod log_gate;
 pub(crate) mod metrics;
 pub(crate) mod pool;
 pub mod proxy;
