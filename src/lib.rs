@@ -22,8 +22,9 @@
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
-//!   stores. `pool`: keep-alive upstream connections. `forward`: the upstream rewrite,
-//!   streaming, WebSocket tunnels. `metrics`: the Prometheus registry. `response`: 429 and the
+//!   stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
+//!   balancing, passive and active health), retries, the upstream rewrite, streaming,
+//!   WebSocket tunnels. `metrics`: the Prometheus registry. `response`: 429 and the
 //!   error responses.
 //! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
 //!   the Redis client and metric handles reused where their spec is unchanged).

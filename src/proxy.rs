@@ -200,6 +200,8 @@ async fn pipeline<'a>(
                 websocket_idle: route.websocket_idle,
                 underscores: settings.underscores_in_headers,
                 worker: conn.worker,
+                route: &route.name,
+                retry_idempotent: route.retry_idempotent,
             };
             let (parts, body) = req.into_parts();
             let body = Guarded::new(body, route.body, started);

@@ -2,9 +2,10 @@
 //! built from `Settings` plus the runtime it replaces.
 //!
 //! Building reuses what did not change, by comparing specs: a limit with the same name and rate
-//! keeps its buckets, an upstream with the same fingerprint its warm connections, the same
-//! Redis settings the same client (connections, breaker, negative cache). The request path
-//! reads one immutable `Runtime`; a reload builds a whole new one and swaps it in.
+//! keeps its buckets, an upstream with the same fingerprint its warm connections (and its
+//! targets' health, with the task that checks it), the same Redis settings the same client
+//! (connections, breaker, negative cache). The request path reads one immutable `Runtime`; a
+//! reload builds a whole new one and swaps it in.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ pub struct Route {
     pub websocket: bool,
     /// An open tunnel with no traffic either way for this long is closed.
     pub websocket_idle: Duration,
+    /// Idempotent requests that reached a failing target go to another one.
+    pub retry_idempotent: bool,
     /// This route's request and decision counters.
     pub counters: RouteCounters,
 }
@@ -77,11 +80,7 @@ impl Runtime {
             .iter()
             .map(|spec| match old_upstreams.get(&*spec.name) {
                 Some(kept) if kept.fingerprint == spec.fingerprint => Arc::clone(kept),
-                _ => Arc::new(Upstream::new(
-                    spec,
-                    workers.count(),
-                    metrics.upstream_histogram(&spec.name),
-                )),
+                _ => Arc::new(Upstream::new(spec, workers.count(), metrics.upstream(spec))),
             })
             .collect();
         let by_name: HashMap<&str, &Arc<Upstream>> =
@@ -121,6 +120,7 @@ impl Runtime {
                 body: spec.body,
                 websocket: spec.websocket,
                 websocket_idle: spec.websocket_idle,
+                retry_idempotent: spec.retry_idempotent,
             });
         }
         Ok(Self {
