@@ -16,10 +16,10 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::body::{Guarded, Sent};
+use crate::body::Guarded;
 use crate::error::ProxyError;
 use crate::metrics::RetryReason;
-use crate::pool::{Failed, InFlight, Lease, Pooled, SendError};
+use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
 use rewrite::rewrite;
 pub use rewrite::strip_hop_by_hop;
@@ -79,7 +79,7 @@ pub async fn send(
 ) -> Result<Forwarded, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
-    let client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
+    let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
     let mut target = upstream.pick(now, &[]);
     let host_is_target = rewrite(&mut req, &upstream.targets[target], down)?;
     if websocket {
@@ -97,16 +97,53 @@ pub async fn send(
         let replay = if replayable && left { copy(&req) } else { None };
         let sent = req.body().sent();
         let in_flight = upstream.enter(target);
-        let (retry, next) = match exchange(upstream, target, req, &sent, down.worker, at).await {
-            Ok((res, lease)) if !upstream.is_failure(res.status()) => {
-                upstream.succeeded(target);
-                return Ok(answer(res, lease, in_flight, client_side, down));
+        // `timeout` runs from the moment the request is fully sent: until then the route's
+        // body limits judge the client, and the connect timeout the connection. A request
+        // without a body is sent now, and its connection's task keeps the deadline; one whose
+        // body is still streaming gets a timer that starts when the body is done. In this
+        // future, not one of its own: the response would be copied once more on its way out.
+        let head_by = sent.is_done().then(|| at + upstream.timeout);
+        let pool = upstream.pool(down.worker);
+        let uri = &upstream.target_uris[target];
+        // Pinned in place: awaited in one of two ways below, it has one slot in this future.
+        let mut exchange = std::pin::pin!(pool.send(target, uri, req, at, head_by));
+        let exchanged = if head_by.is_some() {
+            exchange.await
+        } else {
+            let head_deadline = async {
+                sent.wait().await;
+                tokio::time::sleep(upstream.timeout).await;
+            };
+            tokio::select! {
+                // The response first: no random draw per poll.
+                biased;
+                exchanged = &mut exchange => exchanged,
+                () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
             }
-            Ok((res, lease)) => {
-                upstream.failed(target, at);
-                match replay {
-                    Some(next) => (RetryReason::idempotent, next),
-                    None => return Ok(answer(res, lease, in_flight, client_side, down)),
+        };
+        let (retry, next) = match exchanged {
+            // One arm for every answer, the response made ready in place and returned from
+            // here: each move of the response on its way out is a copy of it.
+            Ok((mut res, mut lease)) => {
+                let failure = upstream.is_failure(res.status());
+                if failure {
+                    upstream.failed(target, at);
+                } else {
+                    upstream.succeeded(target);
+                }
+                if let Some(next) = replay.filter(|_| failure) {
+                    (RetryReason::idempotent, next)
+                } else {
+                    let tunnel = prepare(
+                        &mut res,
+                        &mut lease,
+                        client_side.take(),
+                        down.websocket_idle,
+                    );
+                    return Ok(Forwarded {
+                        response: res.map(|body| Pooled::new(body, lease, in_flight)),
+                        tunnel,
+                    });
                 }
             }
             Err(failed) => {
@@ -118,7 +155,15 @@ pub async fn send(
                 match (failed.unsent, replay) {
                     (Some(unsent), _) if left => (RetryReason::unreached, unsent),
                     (None, Some(next)) => (RetryReason::idempotent, next),
-                    _ => return Err(given_up(upstream, target, &failed.error, down, &tried)),
+                    _ => {
+                        return Err(given_up(
+                            upstream,
+                            target,
+                            &failed.error,
+                            down.route,
+                            &tried,
+                        ))
+                    }
                 }
             }
         };
@@ -134,48 +179,14 @@ pub async fn send(
     }
 }
 
-/// One attempt on `target`: the response head, or why there is none.
-async fn exchange(
-    upstream: &Upstream,
-    target: usize,
-    req: Box<Request<Guarded>>,
-    sent: &Sent,
-    worker: usize,
-    at: Instant,
-) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
-    let pool = upstream.pool(worker);
-    let uri = &upstream.target_uris[target];
-    // `timeout` runs from the moment the request is fully sent: until then the route's body
-    // limits judge the client, and the connect timeout the connection. A request without a
-    // body is sent now, and its connection's task keeps the deadline; one whose body is still
-    // streaming gets a timer that starts when the body is done.
-    let head_by = sent.is_done().then(|| at + upstream.timeout);
-    // Pinned in place: awaited in one of two ways below, it has one slot in this future.
-    let mut exchange = std::pin::pin!(pool.send(target, uri, req, at, head_by));
-    if head_by.is_some() {
-        return exchange.await;
-    }
-    let head_deadline = async {
-        sent.wait().await;
-        tokio::time::sleep(upstream.timeout).await;
-    };
-    tokio::select! {
-        // The response first: no random draw per poll.
-        biased;
-        exchanged = &mut exchange => exchanged,
-        () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
-    }
-}
-
-/// The upstream's answer, made ready for the client: hop-by-hop headers gone, a WebSocket
-/// tunnel set up on `101`, the connection and the in-flight count given back with the body.
-fn answer(
-    mut res: Response<Incoming>,
-    mut lease: Option<Lease>,
-    in_flight: Option<InFlight>,
+/// The upstream's answer made ready for the client, in place: hop-by-hop headers gone, and
+/// on `101` the WebSocket tunnel set up (returned) and the connection kept from the pool.
+fn prepare(
+    res: &mut Response<Incoming>,
+    lease: &mut Option<Lease>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-    down: Downstream<'_>,
-) -> Forwarded {
+    websocket_idle: Duration,
+) -> Option<Tunnel> {
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
@@ -191,18 +202,15 @@ fn answer(
         );
         tunnel = Some(Tunnel {
             client: client_side,
-            upstream: hyper::upgrade::on(&mut res),
-            idle: down.websocket_idle,
+            upstream: hyper::upgrade::on(&mut *res),
+            idle: websocket_idle,
         });
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection now belongs to the tunnel (or is useless): never back in the pool.
-        lease = None;
+        *lease = None;
     }
-    Forwarded {
-        response: res.map(|body| Pooled::new(body, lease, in_flight)),
-        tunnel,
-    }
+    tunnel
 }
 
 /// A method whose request may be sent twice with the effect of once (RFC 9110 9.2.2).
@@ -230,7 +238,7 @@ fn given_up(
     upstream: &Upstream,
     target: usize,
     e: &SendError,
-    down: Downstream<'_>,
+    route: &str,
     tried: &[usize],
 ) -> ProxyError {
     let error = classify(e);
@@ -239,7 +247,7 @@ fn given_up(
         tracing::warn!(
             upstream = &*upstream.name,
             target = upstream.targets[target].as_str(),
-            route = down.route,
+            route,
             attempts = tried.len(),
             status = error.status().as_u16(),
             error = %error_chain(e.as_error()),
