@@ -63,9 +63,11 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             {
                 let runtime = state.runtime.load();
-                state
-                    .metrics
-                    .render(runtime.limits(), runtime.redis.as_deref())
+                state.metrics.render(
+                    runtime.limits(),
+                    runtime.redis.as_deref(),
+                    &runtime.upstreams,
+                )
             },
         ),
         "/config" => {

@@ -172,7 +172,6 @@ impl Guarded {
 
     /// The same body again, from its start, for another attempt upstream; `None` when its
     /// bytes were streamed and are gone.
-    #[allow(dead_code)] // until retries replay bodies
     pub fn replay(&self) -> Option<Self> {
         match &self.kind {
             Kind::Empty => Some(Self::empty()),

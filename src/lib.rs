@@ -14,16 +14,18 @@
 //!
 //! Modules, from the bottom up (each uses only those above it in this list):
 //! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`,
-//!   `workers`, `screen`, `health`: leaves. Request-path errors; bodies held in memory and
-//!   temporary files (request buffering, response read-ahead); request bodies with their
-//!   limits; the client address and the identity digest a limit counts under; rustls configs;
-//!   the PROXY header; per-thread counters; socket wrappers; the worker set; request screening
-//!   and path normalisation; the container health probe.
+//!   `workers`, `screen`, `health`, `log_gate`: leaves. Request-path errors; bodies held in
+//!   memory and temporary files (request buffering, response read-ahead); request bodies with
+//!   their limits; the client address and the identity digest a limit counts under; rustls
+//!   configs; the PROXY header; per-thread counters; socket wrappers; the worker set; request
+//!   screening and path normalisation; the container health probe; one log line a second for
+//!   a failure that repeats.
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
-//!   stores. `pool`: keep-alive upstream connections. `forward`: the upstream rewrite,
-//!   streaming, WebSocket tunnels. `metrics`: the Prometheus registry. `response`: 429 and the
+//!   stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
+//!   balancing, passive and active health), retries, the upstream rewrite, streaming,
+//!   WebSocket tunnels. `metrics`: the Prometheus registry. `response`: 429 and the
 //!   error responses.
 //! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
 //!   the Redis client and metric handles reused where their spec is unchanged).
@@ -48,6 +50,7 @@ pub mod health;
 pub mod identity;
 pub(crate) mod io;
 pub mod limiter;
+pub(crate) mod log_gate;
 pub(crate) mod metrics;
 pub(crate) mod pool;
 pub mod proxy;

@@ -8,9 +8,15 @@ use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
+use crate::config::settings::UpstreamSpec;
+use crate::forward::Upstream;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::{Limit, Outcome};
 use crate::sharded;
+use upstream::Targets;
+pub use upstream::{RetryReason, UpstreamHandles};
+
+mod upstream;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -150,6 +156,8 @@ pub struct Metrics {
     pub backend_seconds: sharded::Histogram,
     pub upstream_seconds: Family<UpstreamLabels, sharded::Histogram>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    /// Retries, ejections and the targets' health.
+    targets: Targets,
     pub open_connections: Gauge,
     /// Open downstream connections by the worker thread serving them.
     pub worker_connections: Family<WorkerLabels, Gauge>,
@@ -189,6 +197,7 @@ impl Metrics {
             backend_seconds: latency_histogram(),
             upstream_seconds: Family::new_with_constructor(latency_histogram),
             upstream_errors: Family::default(),
+            targets: Targets::default(),
             open_connections: Gauge::default(),
             worker_connections: Family::default(),
             connections_refused: Counter::default(),
@@ -205,6 +214,7 @@ impl Metrics {
             breaker_open: Gauge::default(),
         };
         m.register();
+        m.targets.register(&mut m.registry);
         // Both series exist from the start, at 0, and generation 1 is the config started with.
         for result in [ReloadResult::ok, ReloadResult::failed] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -345,12 +355,14 @@ impl Metrics {
         }
     }
 
-    /// The response-time histogram of upstream `name`.
-    pub fn upstream_histogram(&self, name: &str) -> sharded::Histogram {
+    /// The handles of upstream `spec`: its response-time histogram, retry and ejection
+    /// counters.
+    pub fn upstream(&self, spec: &UpstreamSpec) -> UpstreamHandles {
         let labels = UpstreamLabels {
-            upstream: name.to_owned(),
+            upstream: spec.name.to_string(),
         };
-        self.upstream_seconds.get_or_create(&labels).clone()
+        self.targets
+            .handles(spec, self.upstream_seconds.get_or_create(&labels).clone())
     }
 
     /// Count a reload attempt; a successful one made `generation` live.
@@ -361,12 +373,14 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition, with the values kept elsewhere (the live limits'
-    /// buckets, the Redis client's counters) read now.
+    /// buckets, the Redis client's counters, the upstreams' target health) read now.
     pub fn render<'a>(
         &self,
         limits: impl Iterator<Item = &'a Arc<Limit>>,
         redis: Option<&RedisLimiter>,
+        upstreams: &[Arc<Upstream>],
     ) -> String {
+        self.targets.read(upstreams);
         self.buckets.clear();
         self.overflowed.clear();
         for limit in limits {

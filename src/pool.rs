@@ -6,8 +6,10 @@
 //! connection back in the pool only once its response body has been read to the end (a body
 //! left unread closes it), idle connections forgotten after `idle_timeout`, and a request
 //! that a reused connection never wrote (the upstream had closed it meanwhile) sent again on
-//! another one. hyper-util's general-purpose client does the same with a shared, hashed pool
-//! and a boxed future per request; here a checkout is a `Vec::pop`.
+//! another one. A request that no connection could take (refused, timed out) comes back to
+//! the caller unwritten, for another target. hyper-util's general-purpose client does the
+//! same with a shared, hashed pool and a boxed future per request; here a checkout is a
+//! `Vec::pop`. `Loads` counts the requests in flight per target, for `least_request`.
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
@@ -31,6 +33,9 @@ use tower_service::Service;
 
 use crate::body::{Guarded, Sent};
 
+mod load;
+pub use load::{InFlight, Loads};
+
 type Sender = http1::SendRequest<Guarded>;
 
 /// Why a request got no response head.
@@ -51,6 +56,31 @@ impl SendError {
             SendError::Connect(e) => &**e,
             SendError::Exchange(e) => e,
             SendError::HeadTimeout => &HeadTimedOut,
+        }
+    }
+}
+
+/// A request that got no response head: why, and the request itself when none of it was
+/// written (refused, no connection in time, a new connection closed at once), so the caller
+/// can send it to another target.
+#[derive(Debug)]
+pub struct Failed {
+    pub error: SendError,
+    pub unsent: Option<Box<Request<Guarded>>>,
+}
+
+impl Failed {
+    fn unsent(error: SendError, req: Box<Request<Guarded>>) -> Self {
+        Self {
+            error,
+            unsent: Some(req),
+        }
+    }
+
+    fn written(error: SendError) -> Self {
+        Self {
+            error,
+            unsent: None,
         }
     }
 }
@@ -173,7 +203,8 @@ impl Pool {
     /// expiry. `head_by`: the deadline for the response head of a request that is sent as a
     /// whole (no body to stream), kept by the connection's task (`SendError::HeadTimeout`);
     /// the caller times other requests itself. Returns the response head, and the
-    /// connection's lease unless the connection cannot be reused.
+    /// connection's lease unless the connection cannot be reused; or why there is none, with
+    /// the request itself when none of it was written (so it can go to another target).
     pub async fn send(
         self: &Arc<Self>,
         target: usize,
@@ -181,7 +212,7 @@ impl Pool {
         mut req: Box<Request<Guarded>>,
         now: Instant,
         head_by: Option<Instant>,
-    ) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
+    ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
         let sent = req.body().sent();
         loop {
             let (mut conn, reused) = match self.checkout(target, now) {
@@ -192,7 +223,10 @@ impl Pool {
                     // The box in a statement of its own: a temporary of the `.await`
                     // statement would be kept in this future's state, unboxed.
                     let connect = crate::boxed(|| self.connect(uri));
-                    (connect.await?, false)
+                    match connect.await {
+                        Ok(conn) => (conn, false),
+                        Err(error) => return Err(Failed::unsent(error, req)),
+                    }
                 }
             };
             if let Err(e) = conn.sender.ready().await {
@@ -200,7 +234,7 @@ impl Pool {
                 if reused {
                     continue;
                 }
-                return Err(SendError::Exchange(e));
+                return Err(Failed::unsent(SendError::Exchange(e), req));
             }
             if let Some(at) = head_by {
                 conn.watch.expect_by(at);
@@ -217,12 +251,16 @@ impl Pool {
                     return Ok((res, Some(lease)));
                 }
                 Err(_) if conn.watch.timed_out.load(Ordering::Acquire) => {
-                    return Err(SendError::HeadTimeout)
+                    return Err(Failed::written(SendError::HeadTimeout))
                 }
                 Err(mut e) => match e.take_message() {
                     // Never written: the upstream closed the connection just before.
                     Some(unsent) if reused => *req = unsent,
-                    _ => return Err(SendError::Exchange(e.into_error())),
+                    Some(unsent) => {
+                        *req = unsent;
+                        return Err(Failed::unsent(SendError::Exchange(e.into_error()), req));
+                    }
+                    None => return Err(Failed::written(SendError::Exchange(e.into_error()))),
                 },
             }
         }
@@ -280,6 +318,26 @@ impl Pool {
                 since: Instant::now(),
             });
         }
+    }
+}
+
+impl Connector {
+    /// `req` on a connection of its own to `uri`, for a one-off request such as a health
+    /// check: the response head (its body unread, the connection closed when it is dropped).
+    pub async fn request_once(
+        &self,
+        uri: &Uri,
+        req: Request<Guarded>,
+    ) -> Result<Response<Incoming>, SendError> {
+        let mut conn = match self {
+            Connector::Plain(c) => handshake(c.clone(), uri).await?,
+            Connector::Tls(c) => handshake(c.clone(), uri).await?,
+        };
+        conn.sender.ready().await.map_err(SendError::Exchange)?;
+        conn.sender
+            .send_request(req)
+            .await
+            .map_err(SendError::Exchange)
     }
 }
 
@@ -359,12 +417,19 @@ async fn drive(connection: impl Future<Output = hyper::Result<()>>, watch: Arc<H
 pub struct Pooled {
     inner: Incoming,
     lease: Option<Lease>,
+    /// Counts the response as in flight to its target until the body ends.
+    in_flight: Option<InFlight>,
 }
 
 impl Pooled {
     /// `lease`: the connection to give back when the body ends (at once if it is empty).
-    pub fn new(inner: Incoming, lease: Option<Lease>) -> Self {
-        let mut body = Self { inner, lease };
+    /// `in_flight`: the count to leave then.
+    pub fn new(inner: Incoming, lease: Option<Lease>, in_flight: Option<InFlight>) -> Self {
+        let mut body = Self {
+            inner,
+            lease,
+            in_flight,
+        };
         if body.inner.is_end_stream() {
             body.release();
         }
@@ -372,6 +437,7 @@ impl Pooled {
     }
 
     fn release(&mut self) {
+        self.in_flight = None;
         if let Some(l) = self.lease.take() {
             if l.sent.is_done() {
                 l.pool.give_back(l.target, l.conn);
@@ -391,7 +457,10 @@ impl Body for Pooled {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
         match &frame {
             None => self.release(),
-            Some(Err(_)) => self.lease = None,
+            Some(Err(_)) => {
+                self.lease = None;
+                self.in_flight = None;
+            }
             Some(Ok(_)) if self.inner.is_end_stream() => self.release(),
             Some(Ok(_)) => {}
         }

@@ -202,6 +202,8 @@ async fn pipeline<'a>(
                 websocket_idle: route.websocket_idle,
                 underscores: settings.underscores_in_headers,
                 worker: conn.worker,
+                route: &route.name,
+                retry_idempotent: route.retry_idempotent,
             };
             let (mut parts, body) = req.into_parts();
             let mut body = Guarded::new(body, route.body, started);

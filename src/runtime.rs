@@ -2,9 +2,10 @@
 //! built from `Settings` plus the runtime it replaces.
 //!
 //! Building reuses what did not change, by comparing specs: a limit with the same name and rate
-//! keeps its buckets, an upstream with the same fingerprint its warm connections, the same
-//! Redis settings the same client (connections, breaker, negative cache). The request path
-//! reads one immutable `Runtime`; a reload builds a whole new one and swaps it in.
+//! keeps its buckets, an upstream with the same fingerprint its warm connections (and its
+//! targets' health, with the task that checks it), the same Redis settings the same client
+//! (connections, breaker, negative cache). The request path reads one immutable `Runtime`; a
+//! reload builds a whole new one and swaps it in.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub struct Runtime {
 }
 
 /// A route, live.
+// Independent per-route switches (WebSocket, buffering each way, retries), not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct Route {
     pub name: Arc<str>,
@@ -51,6 +54,8 @@ pub struct Route {
     pub websocket: bool,
     /// An open tunnel with no traffic either way for this long is closed.
     pub websocket_idle: Duration,
+    /// Idempotent requests that reached a failing target go to another one.
+    pub retry_idempotent: bool,
     /// This route's request and decision counters.
     pub counters: RouteCounters,
     /// Receive request bodies whole before contacting the upstream.
@@ -84,11 +89,7 @@ impl Runtime {
             .iter()
             .map(|spec| match old_upstreams.get(&*spec.name) {
                 Some(kept) if kept.fingerprint == spec.fingerprint => Arc::clone(kept),
-                _ => Arc::new(Upstream::new(
-                    spec,
-                    workers.count(),
-                    metrics.upstream_histogram(&spec.name),
-                )),
+                _ => Arc::new(Upstream::new(spec, workers.count(), metrics.upstream(spec))),
             })
             .collect();
         let by_name: HashMap<&str, &Arc<Upstream>> =
@@ -130,6 +131,7 @@ impl Runtime {
                 websocket_idle: spec.websocket_idle,
                 buffer_request: spec.buffer_request,
                 buffer_response: spec.buffer_response,
+                retry_idempotent: spec.retry_idempotent,
             });
         }
         let store = store(&settings, previous);

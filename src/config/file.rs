@@ -173,6 +173,40 @@ pub struct Upstream {
     pub timeout: Option<String>,
     pub tls: Option<UpstreamTls>,
     pub keepalive: Option<Keepalive>,
+    /// `round_robin` (default) or `least_request`.
+    pub load_balancing: Option<String>,
+    /// Extra attempts on other targets for a request that failed before it could be answered.
+    pub retries: Option<u32>,
+    pub health: Option<Health>,
+}
+
+/// `upstreams.NAME.health`: when a target is taken out of rotation, and how it comes back.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// Consecutive failures that eject a target (0: passive checks off).
+    pub max_fails: Option<u32>,
+    /// The first ejection's length; each repeat doubles it.
+    pub fail_timeout: Option<String>,
+    /// The longest ejection.
+    pub max_ejection: Option<String>,
+    /// Upstream statuses counted as failures.
+    #[serde(default)]
+    pub failure_statuses: Vec<u16>,
+    pub check: Option<HealthCheck>,
+}
+
+/// `upstreams.NAME.health.check`: the active health check.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    /// Consecutive passes that take a target back.
+    pub healthy_threshold: Option<u32>,
+    /// Consecutive failures that take it out.
+    pub unhealthy_threshold: Option<u32>,
 }
 
 /// `upstreams.NAME.keepalive`: the pool of idle connections to each target.
@@ -211,6 +245,9 @@ pub struct Route {
     pub websocket: bool,
     /// Whether request and response bodies are buffered on this route (both by default).
     pub buffering: Option<RouteBuffering>,
+    /// Send an idempotent request that reached a target which then failed to another target.
+    #[serde(default)]
+    pub retry_idempotent: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -58,6 +58,8 @@ impl Settings {
 }
 
 /// One route: what it does, its limits and body limits (its match conditions are in `Table`).
+// Independent per-route switches (WebSocket, buffering each way, retries), not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct RouteSpec {
     pub name: Arc<str>,
@@ -73,6 +75,9 @@ pub struct RouteSpec {
     pub buffer_request: bool,
     /// Read upstream responses ahead, as fast as the upstream sends them.
     pub buffer_response: bool,
+    /// An idempotent request whose bytes reached a target that then failed is sent to
+    /// another target (when its body can be sent again).
+    pub retry_idempotent: bool,
 }
 
 /// The `buffering` section.
@@ -178,9 +183,49 @@ pub struct UpstreamSpec {
     pub idle_timeout: Duration,
     /// Trust anchors for https targets (the system's, or a configured CA).
     pub tls: Arc<rustls::ClientConfig>,
+    pub balance: Balance,
+    /// Extra attempts, on other targets, for a request that failed before it was answered.
+    pub retries: u32,
+    pub health: HealthSpec,
     /// Identifies the settings and the CA file's bytes: a reload keeps an upstream (and its
     /// warm connections) whose fingerprint did not change.
     pub fingerprint: [u8; 32],
+}
+
+/// How an upstream's requests are spread over its healthy targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Each target in turn.
+    RoundRobin,
+    /// Of two targets drawn at random, the one with fewer requests in flight.
+    LeastRequest,
+}
+
+/// When a target is out of rotation: passively, after failures of real requests; actively,
+/// after failed health checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthSpec {
+    /// Consecutive failures that eject a target; 0: passive checks off.
+    pub max_fails: u32,
+    /// The first ejection's length; each repeat ejection doubles it, up to `max_ejection`.
+    pub fail_timeout: Duration,
+    pub max_ejection: Duration,
+    /// Upstream response statuses counted as failures, ascending.
+    pub failure_statuses: Vec<StatusCode>,
+    pub check: Option<CheckSpec>,
+}
+
+/// The active health check of an upstream's targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckSpec {
+    /// What is asked for: `GET path` with `Host: <target>`.
+    pub path: http::uri::PathAndQuery,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive passes that take a failing target back.
+    pub healthy_threshold: u32,
+    /// Consecutive failures that take a target out.
+    pub unhealthy_threshold: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]

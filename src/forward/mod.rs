@@ -1,5 +1,9 @@
-//! Forwarding upstream: target choice, the request rewrite, a pooled keep-alive client, streaming.
+//! Forwarding upstream: target choice, retries, the request rewrite, a pooled keep-alive
+//! client, streaming.
 
+mod balance;
+mod check;
+mod health;
 mod rewrite;
 pub mod tunnel;
 mod upstream;
@@ -7,12 +11,16 @@ mod upstream;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use http::header::{CONNECTION, UPGRADE};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::header::{CONNECTION, HOST, UPGRADE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
-use crate::pool::{Pooled, SendError};
+use crate::metrics::RetryReason;
+use crate::pool::{Failed, Lease, Pooled, SendError};
+use crate::Small;
 use rewrite::rewrite;
 pub use rewrite::strip_hop_by_hop;
 use tunnel::is_websocket_upgrade;
@@ -47,6 +55,10 @@ pub struct Downstream<'a> {
     pub underscores: bool,
     /// The worker serving the connection (whose upstream pool it uses).
     pub worker: usize,
+    /// The route's name, for the logs.
+    pub route: &'a str,
+    /// The route sends idempotent requests that reached a failing target to another one.
+    pub retry_idempotent: bool,
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -54,47 +66,127 @@ pub struct Downstream<'a> {
 /// upstream's `timeout`, or no connection within `connect_timeout`, is `UpstreamTimeout` (504).
 /// `now`: about now (a request without a body is sent from then on). A WebSocket handshake
 /// the upstream accepted comes back with its tunnel, for the connection to run.
+///
+/// A request that failed goes to another target, up to the upstream's `retries` more times:
+/// always when none of it reached the target (it comes back from the pool unwritten), and when
+/// it did only if the route has `retry_idempotent`, the method is idempotent and the body can
+/// be sent again. A failure status from the last target tried is its answer.
 pub async fn send(
     upstream: &Upstream,
     mut req: Box<Request<Guarded>>,
     down: Downstream<'_>,
-    now: tokio::time::Instant,
+    now: Instant,
 ) -> Result<Forwarded, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
-    let client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
-    let target = upstream.pick();
-    rewrite(&mut req, &upstream.targets[target], down)?;
+    let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
+    let mut target = upstream.pick(now, &[]);
+    let host_is_target = rewrite(&mut req, &upstream.targets[target], down)?;
     if websocket {
         let headers = req.headers_mut();
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
     }
-    let sent = req.body().sent();
-    let pool = upstream.pool(down.worker);
-    let uri = &upstream.target_uris[target];
-    // `timeout` runs from the moment the request is fully sent: until then the route's body
-    // limits judge the client, and the connect timeout the connection. A request without a
-    // body is sent now, and its connection's task keeps the deadline; one whose body is still
-    // streaming gets a timer that starts when the body is done.
-    let head_by = sent.is_done().then(|| now + upstream.timeout);
-    // Pinned in place: awaited in one of two ways below, it has one slot in this future.
-    let mut exchange = std::pin::pin!(pool.send(target, uri, req, now, head_by));
-    let exchanged = if head_by.is_some() {
-        exchange.await
-    } else {
-        let head_deadline = async {
-            sent.wait().await;
-            tokio::time::sleep(upstream.timeout).await;
+    let replayable = down.retry_idempotent && upstream.retries > 0 && idempotent(req.method());
+    let mut tried: Small<usize> = Small::new();
+    let mut at = now;
+    loop {
+        tried.push(target);
+        let left = tried.len() <= upstream.retries as usize;
+        // Taken before the request goes: once written, hyper keeps it.
+        let replay = if replayable && left { copy(&req) } else { None };
+        let sent = req.body().sent();
+        let in_flight = upstream.enter(target);
+        // `timeout` runs from the moment the request is fully sent: until then the route's
+        // body limits judge the client, and the connect timeout the connection. A request
+        // without a body is sent now, and its connection's task keeps the deadline; one whose
+        // body is still streaming gets a timer that starts when the body is done. In this
+        // future, not one of its own: the response would be copied once more on its way out.
+        let head_by = sent.is_done().then(|| at + upstream.timeout);
+        let pool = upstream.pool(down.worker);
+        let uri = &upstream.target_uris[target];
+        // Pinned in place: awaited in one of two ways below, it has one slot in this future.
+        let mut exchange = std::pin::pin!(pool.send(target, uri, req, at, head_by));
+        let exchanged = if head_by.is_some() {
+            exchange.await
+        } else {
+            let head_deadline = async {
+                sent.wait().await;
+                tokio::time::sleep(upstream.timeout).await;
+            };
+            tokio::select! {
+                // The response first: no random draw per poll.
+                biased;
+                exchanged = &mut exchange => exchanged,
+                () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
+            }
         };
-        tokio::select! {
-            // The response first: no random draw per poll.
-            biased;
-            exchanged = &mut exchange => exchanged,
-            () = head_deadline => return Err(ProxyError::UpstreamTimeout),
+        let (retry, next) = match exchanged {
+            // One arm for every answer, the response made ready in place and returned from
+            // here: each move of the response on its way out is a copy of it.
+            Ok((mut res, mut lease)) => {
+                let failure = upstream.is_failure(res.status());
+                if failure {
+                    upstream.failed(target, at);
+                } else {
+                    upstream.succeeded(target);
+                }
+                if let Some(next) = replay.filter(|_| failure) {
+                    (RetryReason::idempotent, next)
+                } else {
+                    let tunnel = prepare(
+                        &mut res,
+                        &mut lease,
+                        client_side.take(),
+                        down.websocket_idle,
+                    );
+                    return Ok(Forwarded {
+                        response: res.map(|body| Pooled::new(body, lease, in_flight)),
+                        tunnel,
+                    });
+                }
+            }
+            Err(failed) => {
+                // A request whose own body failed is the client's fault, not the target's.
+                if sent.failure().is_some() {
+                    return Err(classify(&failed.error));
+                }
+                upstream.failed(target, at);
+                match (failed.unsent, replay) {
+                    (Some(unsent), _) if left => (RetryReason::unreached, unsent),
+                    (None, Some(next)) => (RetryReason::idempotent, next),
+                    _ => {
+                        return Err(given_up(
+                            upstream,
+                            target,
+                            &failed.error,
+                            down.route,
+                            &tried,
+                        ))
+                    }
+                }
+            }
+        };
+        req = next;
+        at = Instant::now();
+        target = upstream.pick(at, &tried);
+        if host_is_target {
+            if let Ok(host) = HeaderValue::from_str(upstream.targets[target].as_str()) {
+                req.headers_mut().insert(HOST, host);
+            }
         }
-    };
-    let (mut res, mut lease) = exchanged.map_err(|e| classify(&e))?;
+        upstream.retried(retry);
+    }
+}
+
+/// The upstream's answer made ready for the client, in place: hop-by-hop headers gone, and
+/// on `101` the WebSocket tunnel set up (returned) and the connection kept from the pool.
+fn prepare(
+    res: &mut Response<Incoming>,
+    lease: &mut Option<Lease>,
+    client_side: Option<hyper::upgrade::OnUpgrade>,
+    websocket_idle: Duration,
+) -> Option<Tunnel> {
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
@@ -110,26 +202,68 @@ pub async fn send(
         );
         tunnel = Some(Tunnel {
             client: client_side,
-            upstream: hyper::upgrade::on(&mut res),
-            idle: down.websocket_idle,
+            upstream: hyper::upgrade::on(&mut *res),
+            idle: websocket_idle,
         });
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection now belongs to the tunnel (or is useless): never back in the pool.
-        lease = None;
+        *lease = None;
     }
-    Ok(Forwarded {
-        response: res.map(|body| Pooled::new(body, lease)),
-        tunnel,
-    })
+    tunnel
 }
 
+/// A method whose request may be sent twice with the effect of once (RFC 9110 9.2.2).
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// The request again, for another target: its head as rewritten, and its body from the start;
+/// `None` when the body was streamed and is gone.
+fn copy(req: &Request<Guarded>) -> Option<Box<Request<Guarded>>> {
+    let mut copy = Request::new(req.body().replay()?);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(Box::new(copy))
+}
+
+/// The last attempt failed too: say why (at most once a second per upstream, as a dead
+/// backend fails every request), and the error the client gets.
+fn given_up(
+    upstream: &Upstream,
+    target: usize,
+    e: &SendError,
+    route: &str,
+    tried: &[usize],
+) -> ProxyError {
+    let error = classify(e);
+    let now_us = upstream.health.ms(Instant::now()).saturating_mul(1000);
+    if let Some(held_back) = upstream.log_gate.open(now_us) {
+        tracing::warn!(
+            upstream = &*upstream.name,
+            target = upstream.targets[target].as_str(),
+            route,
+            attempts = tried.len(),
+            status = error.status().as_u16(),
+            error = %error_chain(e.as_error()),
+            similar_since_last = held_back,
+            "upstream request failed"
+        );
+    }
+    error
+}
+
+/// The client's status for a request that got no response head.
 fn classify(e: &SendError) -> ProxyError {
     if let SendError::HeadTimeout = e {
         return ProxyError::UpstreamTimeout;
     }
-    let e = e.as_error();
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.as_error());
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             if io.kind() == std::io::ErrorKind::TimedOut {
@@ -138,13 +272,17 @@ fn classify(e: &SendError) -> ProxyError {
         }
         source = s.source();
     }
+    ProxyError::UpstreamUnreachable
+}
+
+/// `e` and its causes, `: `-separated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut chain = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         chain.push_str(": ");
         chain.push_str(&s.to_string());
         source = s.source();
     }
-    tracing::debug!(error = %chain, "upstream request failed");
-    ProxyError::UpstreamUnreachable
+    chain
 }

@@ -14,11 +14,13 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
+/// Rewrite `req` for `target`; `true` when its `Host` is the target's (the client sent none),
+/// so a retry on another target sets that one's.
 pub(super) fn rewrite(
     req: &mut Request<Guarded>,
     target: &Authority,
     down: Downstream<'_>,
-) -> Result<(), ProxyError> {
+) -> Result<bool, ProxyError> {
     // Upstream requests are origin-form: the path and query only.
     let authority = if req.uri().scheme().is_some() || req.uri().authority().is_some() {
         let authority = req.uri().authority().cloned();
@@ -36,6 +38,7 @@ pub(super) fn rewrite(
     let headers = req.headers_mut();
     // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`; an
     // HTTP/1.0 request without either still needs one (the target's).
+    let mut host_is_target = false;
     let original_host = match headers.get(HOST) {
         Some(host) => Some(host.clone()),
         None => {
@@ -46,6 +49,7 @@ pub(super) fn rewrite(
             let host = match &from_authority {
                 Some(host) => host.clone(),
                 None => {
+                    host_is_target = true;
                     HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?
                 }
             };
@@ -82,7 +86,7 @@ pub(super) fn rewrite(
             None => headers.remove(&X_FORWARDED_HOST),
         };
     }
-    Ok(())
+    Ok(host_is_target)
 }
 
 /// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
@@ -213,6 +217,8 @@ mod tests {
                 websocket_idle: Duration::from_hours(1),
                 underscores: false,
                 worker: 0,
+                route: "r",
+                retry_idempotent: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
@@ -228,6 +234,8 @@ mod tests {
                 websocket_idle: Duration::from_hours(1),
                 underscores: false,
                 worker: 0,
+                route: "r",
+                retry_idempotent: false,
             },
         );
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");

@@ -1,18 +1,25 @@
-//! An upstream, live: its targets, round-robin choice, and one connection pool per worker.
+//! An upstream, live: its targets, their health and the choice among them, the retry budget,
+//! and one connection pool per worker.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
-use http::Uri;
+use http::{StatusCode, Uri};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::Instant;
 
+use super::balance::Balancer;
+use super::check::{self, Checker, Probe};
+use super::health::Health;
 use crate::config::settings::UpstreamSpec;
-use crate::pool::{Connector, Pool};
+use crate::log_gate::LogGate;
+use crate::metrics::{RetryReason, UpstreamHandles};
+use crate::pool::{Connector, InFlight, Pool};
 
-/// A named group of targets with its own connection pool.
+/// A named group of targets with their health, and its own connection pools.
 #[derive(Debug)]
 pub struct Upstream {
     pub name: Arc<str>,
@@ -23,7 +30,6 @@ pub struct Upstream {
     /// Identifies the settings it was built from: a reload keeps an upstream (and its warm
     /// connections) whose fingerprint did not change.
     pub fingerprint: [u8; 32],
-    next: AtomicUsize,
     /// The upstream's response-time histogram.
     pub seconds: crate::sharded::Histogram,
     /// `scheme://target/` of each target, for the connector.
@@ -31,6 +37,16 @@ pub struct Upstream {
     /// One pool per worker thread: a worker reuses connections whose tasks run on its own
     /// thread, so a request never wakes another core.
     pools: Vec<Arc<Pool>>,
+    pub(super) health: Arc<Health>,
+    pub(super) balancer: Balancer,
+    /// Extra attempts per request; 0 with one target (there is no other to try).
+    pub(super) retries: u32,
+    /// `tollgate_upstream_retries_total` by reason (`RetryReason` order).
+    retried: [Counter; 2],
+    /// Keeps the warnings of a dead upstream to one a second.
+    pub(super) log_gate: LogGate,
+    /// The active health check, stopped with the upstream.
+    _checker: Option<Checker>,
 }
 
 /// Idle connections each worker keeps per target when `keepalive.max_idle` is not set. A cap
@@ -40,9 +56,9 @@ pub struct Upstream {
 pub const DEFAULT_MAX_IDLE_PER_WORKER: usize = 1024;
 
 impl Upstream {
-    /// The live upstream of `spec`: one connection pool per worker of `workers`, timing its
-    /// responses in `seconds`.
-    pub fn new(spec: &UpstreamSpec, workers: usize, seconds: crate::sharded::Histogram) -> Self {
+    /// The live upstream of `spec`: one connection pool per worker of `workers`, counting in
+    /// `metrics`; its active health check (if any) starts on the current tokio runtime.
+    pub fn new(spec: &UpstreamSpec, workers: usize, metrics: UpstreamHandles) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.set_connect_timeout(Some(spec.connect_timeout));
         tcp.set_nodelay(true);
@@ -85,7 +101,23 @@ impl Upstream {
                     .build()
                     .unwrap_or_default()
             })
-            .collect();
+            .collect::<Vec<Uri>>();
+        let health = Arc::new(Health::new(&spec.health, metrics.ejections, Instant::now()));
+        let checker = spec.health.check.clone().and_then(|check| {
+            let probe = Probe {
+                upstream: spec.name.clone(),
+                spec: check,
+                connector: connector.clone(),
+                targets: spec
+                    .targets
+                    .iter()
+                    .cloned()
+                    .zip(target_uris.clone())
+                    .collect(),
+            };
+            check::start(probe, &health)
+        });
+        let several = spec.targets.len() > 1;
         Self {
             name: spec.name.clone(),
             scheme: spec.scheme.clone(),
@@ -93,10 +125,15 @@ impl Upstream {
             connect_timeout: spec.connect_timeout,
             timeout: spec.timeout,
             fingerprint: spec.fingerprint,
-            next: AtomicUsize::new(0),
-            seconds,
+            seconds: metrics.seconds,
             target_uris,
             pools,
+            health,
+            balancer: Balancer::new(spec.balance, spec.targets.len()),
+            retries: if several { spec.retries } else { 0 },
+            retried: metrics.retries,
+            log_gate: LogGate::new(Duration::from_secs(1)),
+            _checker: checker,
         }
     }
 
@@ -112,12 +149,59 @@ impl Upstream {
         &self.pools[worker % self.pools.len()]
     }
 
-    /// The next target, round robin: its index.
-    pub(super) fn pick(&self) -> usize {
-        // One target (the common case): no write to a counter every worker shares.
+    /// The target for the next attempt at `now`, given the targets `tried` so far: its index.
+    pub(super) fn pick(&self, now: Instant, tried: &[usize]) -> usize {
+        // One target (the common case): no write to a counter every worker shares, and no
+        // health to read (it would be picked anyway).
         if self.targets.len() == 1 {
             return 0;
         }
-        self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len()
+        self.balancer.pick(&self.health, self.health.ms(now), tried)
+    }
+
+    /// Count a request in flight to `target`, for `least_request`.
+    pub(super) fn enter(&self, target: usize) -> Option<InFlight> {
+        self.balancer.enter(target)
+    }
+
+    /// Requests in flight to `target` now (counted for `least_request` only).
+    pub fn in_flight(&self, target: usize) -> Option<usize> {
+        self.balancer.in_flight(target)
+    }
+
+    /// Whether `target` takes traffic at `now` (not ejected, passing its check).
+    pub fn is_healthy(&self, target: usize, now: Instant) -> bool {
+        self.health.is_healthy(target, self.health.ms(now))
+    }
+
+    /// `status` from `target` counts as its failure. Only judged with more than one target:
+    /// a lone target is never ejected nor retried.
+    pub(super) fn is_failure(&self, status: StatusCode) -> bool {
+        self.targets.len() > 1 && self.health.is_failure(status)
+    }
+
+    pub(super) fn succeeded(&self, target: usize) {
+        if self.targets.len() > 1 {
+            self.health.succeeded(target);
+        }
+    }
+
+    pub(super) fn failed(&self, target: usize, at: Instant) {
+        if self.targets.len() == 1 {
+            return;
+        }
+        let Some(ms) = self.health.failed(target, self.health.ms(at)) else {
+            return;
+        };
+        tracing::warn!(
+            upstream = &*self.name,
+            target = self.targets[target].as_str(),
+            ejected_for = ?Duration::from_millis(ms),
+            "upstream target ejected after failing requests in a row"
+        );
+    }
+
+    pub(super) fn retried(&self, why: RetryReason) {
+        self.retried[why as usize].inc();
     }
 }

@@ -36,7 +36,7 @@ use ::redis::Script;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use self::breaker::{Breaker, LogGate};
+use self::breaker::Breaker;
 use self::conn::{parse_reply, Mode, RedisConn, Reply, BUCKET_LUA};
 pub use self::failure::Unavailable;
 use self::failure::{by_deadline, Failure};
@@ -45,6 +45,7 @@ use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
 use crate::identity::ClientId;
+use crate::log_gate::LogGate;
 
 /// Slots of a Redis Cluster.
 const CLUSTER_SLOTS: usize = 16_384;

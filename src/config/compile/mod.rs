@@ -1,9 +1,11 @@
 //! Validation is the conversion: raw `file::File` -> `Settings`, collecting every problem.
 //!
-//! One file per section of the config: `listeners`, `limiter`, `upstreams`, `routes` (with
-//! their limits). Compiling reads the certificate and CA files a config names, but builds no
-//! live object: `tollgate check` runs exactly this.
+//! One file per section of the config: `listeners`, `limiter`, `upstreams` (and `health`, its
+//! balancing, retry and health keys), `routes` (with their limits). Compiling reads the
+//! certificate and CA files a config names, but builds no live object: `tollgate check` runs
+//! exactly this.
 
+mod health;
 mod limiter;
 mod listeners;
 mod routes;

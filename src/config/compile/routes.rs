@@ -91,6 +91,7 @@ pub(super) fn route(
         body,
         websocket: r.websocket,
         websocket_idle,
+        retry_idempotent: r.retry_idempotent,
     };
     Some((route, matcher?))
 }

@@ -1,4 +1,5 @@
-//! The `upstreams` section: targets, scheme, timeouts, keep-alive and trust.
+//! The `upstreams` section: targets, scheme, timeouts, keep-alive and trust (balancing,
+//! retries and health are `health`'s).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 
-use super::{duration_or, Problems};
+use super::{duration_or, health, Problems};
 use crate::config::file;
 use crate::config::settings::UpstreamSpec;
 
@@ -84,6 +85,7 @@ pub(super) fn upstreams(
                 p.add(format!("{path}.{field}"), "must be longer than zero");
             }
         }
+        let (balance, retries, health) = health::resilience(u, &path, p);
         // A broken upstream is still known by name, so routes using it get no second error.
         let upstream = tls
             .filter(|_| !targets.is_empty() && targets.len() == u.targets.len())
@@ -97,6 +99,9 @@ pub(super) fn upstreams(
                     max_idle,
                     idle_timeout,
                     tls,
+                    balance,
+                    retries,
+                    health,
                     fingerprint: [0; 32],
                 };
                 spec.fingerprint = upstream_fingerprint(&spec, ca);
@@ -107,8 +112,9 @@ pub(super) fn upstreams(
     out
 }
 
-/// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive
-/// settings, and the bytes of the CA file (a renewed CA must reach new connections).
+/// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive,
+/// balancing, retry and health settings, and the bytes of the CA file (a renewed CA must reach
+/// new connections).
 fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(spec.scheme.as_str().as_bytes());
@@ -120,6 +126,8 @@ fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u
     h.update(&spec.timeout.as_nanos().to_le_bytes());
     h.update(&spec.max_idle.map_or(u64::MAX, |n| n as u64).to_le_bytes());
     h.update(&spec.idle_timeout.as_nanos().to_le_bytes());
+    // Debug is a complete, stable rendering of these plain values.
+    h.update(format!("{:?}{}{:?}", spec.balance, spec.retries, spec.health).as_bytes());
     if let Some(ca) = ca {
         h.update(b"\0ca\0");
         h.update(&std::fs::read(ca).unwrap_or_default());

@@ -1,4 +1,4 @@
-//! The circuit breaker in front of Redis, and a gate that keeps failure logs to one a second.
+//! The circuit breaker in front of Redis.
 //!
 //! When Redis is down or stalled, every check would otherwise wait out its whole timeout
 //! before the failure policy applies, adding `timeout` to every request. After `threshold`
@@ -88,44 +88,6 @@ impl Breaker {
     }
 }
 
-/// Lets one log line through per `every_us`, and counts what it held back.
-#[derive(Debug)]
-pub(super) struct LogGate {
-    every_us: u64,
-    next_us: AtomicU64,
-    held_back: AtomicU64,
-}
-
-impl LogGate {
-    pub(super) fn new(every: Duration) -> Self {
-        Self {
-            every_us: u64::try_from(every.as_micros()).unwrap_or(u64::MAX),
-            next_us: AtomicU64::new(0),
-            held_back: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(lines held back since the last one)` when a line may be logged now.
-    pub(super) fn open(&self, now_us: u64) -> Option<u64> {
-        let next = self.next_us.load(Ordering::Acquire);
-        if now_us >= next
-            && self
-                .next_us
-                .compare_exchange(
-                    next,
-                    now_us.saturating_add(self.every_us),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-        {
-            return Some(self.held_back.swap(0, Ordering::AcqRel));
-        }
-        self.held_back.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,14 +126,5 @@ mod tests {
         b.failure(0);
         b.failure(0);
         assert!(!b.is_open());
-    }
-
-    #[test]
-    fn log_gate_lets_one_line_a_second() {
-        let g = LogGate::new(Duration::from_secs(1));
-        assert_eq!(g.open(0), Some(0));
-        assert_eq!(g.open(10), None);
-        assert_eq!(g.open(999_999), None);
-        assert_eq!(g.open(1_000_000), Some(2));
     }
 }

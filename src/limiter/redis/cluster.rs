@@ -19,12 +19,12 @@
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use super::breaker::LogGate;
 use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
 use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
 use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
+use crate::log_gate::LogGate;
 
 /// The Redis Cluster slot of `key`, as Redis computes it: CRC16 (XMODEM) of the key's hash tag
 /// (the first `{...}` with something inside), or of the whole key without one, modulo 16384.

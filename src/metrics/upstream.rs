@@ -1,0 +1,139 @@
+//! The metrics of upstream targets: retries and ejections (counted as they happen, through
+//! handles each upstream gets when it is built), and each target's health and load (read off
+//! the live upstreams at scrape time).
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::config::settings::UpstreamSpec;
+use crate::forward::Upstream;
+use crate::sharded;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    pub upstream: String,
+    pub target: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub upstream: String,
+    pub reason: RetryReason,
+}
+
+/// Why a request went to another target.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum RetryReason {
+    /// None of it had reached the target.
+    unreached,
+    /// It had, and was idempotent on a route with `retry_idempotent`.
+    idempotent,
+}
+
+/// One upstream's metric handles, fetched from the families once per upstream built.
+#[derive(Debug)]
+pub struct UpstreamHandles {
+    pub seconds: sharded::Histogram,
+    /// By reason, in `RetryReason` order.
+    pub retries: [Counter; 2],
+    /// By target, in order.
+    pub ejections: Vec<Counter>,
+}
+
+/// The families of the targets' metrics.
+#[derive(Debug, Default)]
+pub(super) struct Targets {
+    retries: Family<RetryLabels, Counter>,
+    ejections: Family<TargetLabels, Counter>,
+    healthy: Family<TargetLabels, Gauge>,
+    in_flight: Family<TargetLabels, Gauge>,
+}
+
+impl Targets {
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "upstream_retries",
+            "Requests sent to another target after one failed, by reason",
+            self.retries.clone(),
+        );
+        r.register(
+            "upstream_ejections",
+            "Times a target was taken out of rotation after failing requests in a row",
+            self.ejections.clone(),
+        );
+        r.register(
+            "upstream_target_healthy",
+            "1 while a target takes traffic (not ejected, passing its health check), else 0",
+            self.healthy.clone(),
+        );
+        r.register(
+            "upstream_target_requests_in_flight",
+            "Requests in flight to a target of a least_request upstream",
+            self.in_flight.clone(),
+        );
+    }
+
+    /// The handles of upstream `spec`, timing its responses in `seconds`. A rebuilt upstream
+    /// of the same name gets the same counters: they go on counting across reloads.
+    pub(super) fn handles(
+        &self,
+        spec: &UpstreamSpec,
+        seconds: sharded::Histogram,
+    ) -> UpstreamHandles {
+        let upstream = spec.name.to_string();
+        let retries = [RetryReason::unreached, RetryReason::idempotent].map(|reason| {
+            self.retries
+                .get_or_create(&RetryLabels {
+                    upstream: upstream.clone(),
+                    reason,
+                })
+                .clone()
+        });
+        let ejections = spec
+            .targets
+            .iter()
+            .map(|t| {
+                self.ejections
+                    .get_or_create(&TargetLabels {
+                        upstream: upstream.clone(),
+                        target: t.to_string(),
+                    })
+                    .clone()
+            })
+            .collect();
+        UpstreamHandles {
+            seconds,
+            retries,
+            ejections,
+        }
+    }
+
+    /// Each live target's health (and load, for `least_request`), read now: an ejection ends
+    /// by time alone, with nothing to set a gauge when it does. Targets of upstreams no longer
+    /// live leave the families.
+    pub(super) fn read(&self, upstreams: &[Arc<Upstream>]) {
+        self.healthy.clear();
+        self.in_flight.clear();
+        let now = tokio::time::Instant::now();
+        for u in upstreams {
+            for (i, t) in u.targets.iter().enumerate() {
+                let labels = TargetLabels {
+                    upstream: u.name.to_string(),
+                    target: t.to_string(),
+                };
+                let healthy = i64::from(u.is_healthy(i, now));
+                self.healthy.get_or_create(&labels).set(healthy);
+                if let Some(n) = u.in_flight(i) {
+                    let n = i64::try_from(n).unwrap_or(i64::MAX);
+                    self.in_flight.get_or_create(&labels).set(n);
+                }
+            }
+        }
+    }
+}
