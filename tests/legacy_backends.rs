@@ -294,9 +294,10 @@ async fn a_client_that_takes_no_bytes_is_cut_off_by_the_send_timeout() {
     // nothing.
     let mut held = non_readers(proxy.addr(), 1, "/huge").await;
     let mut stream = held.pop().unwrap();
-    // Read nothing for 3 s, then everything: the proxy closed the connection before the
-    // answer was all written.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Read nothing for 8 s (the socket buffers fill within the first seconds even on a busy
+    // machine, then 1 s of no progress is the timeout), then everything: the proxy closed the
+    // connection before the answer was all written.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     let mut got = Vec::new();
     let read = tokio::time::timeout(
         Duration::from_secs(20),
