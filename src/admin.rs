@@ -85,16 +85,19 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
 }
 
 /// Ready means: a config is live (always true once serving) and, with Redis, either Redis
-/// answers or no limit would reject for want of it (every limit fails open or local).
-async fn not_ready(runtime: &Runtime) -> Option<&'static str> {
+/// runs the bucket script or no limit would reject for want of it (every limit fails open or
+/// local).
+async fn not_ready(runtime: &Runtime) -> Option<String> {
     let redis = runtime.redis.as_ref()?;
-    if redis.ping().await {
+    let Err(why) = redis.script_runs().await else {
         return None;
-    }
+    };
     let any_closed = runtime
         .limits()
         .any(|l| l.on_failure == FailurePolicy::Closed && !l.shadow);
-    any_closed.then_some("Redis is unreachable and some limits fail closed")
+    any_closed.then(|| {
+        format!("Redis does not run the bucket script ({why}) and some limits fail closed")
+    })
 }
 
 /// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`)

@@ -166,6 +166,7 @@ pub struct Metrics {
     redis_timeouts: Counter,
     redis_calls: Counter,
     negative_hits: Counter,
+    redis_reconnects: Counter,
     breaker_open: Gauge,
 }
 
@@ -202,6 +203,7 @@ impl Metrics {
             redis_timeouts: Counter::default(),
             redis_calls: Counter::default(),
             negative_hits: Counter::default(),
+            redis_reconnects: Counter::default(),
             breaker_open: Gauge::default(),
         };
         m.register();
@@ -285,6 +287,12 @@ impl Metrics {
             "Requests whose limits were decided without the shared store",
             self.without_backend.clone(),
         );
+        self.register_redis();
+    }
+
+    /// The Redis client's series.
+    fn register_redis(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "redis_errors",
             "Redis checks that failed (errors, timeouts, breaker open)",
@@ -304,6 +312,11 @@ impl Metrics {
             "redis_negative_cache_hits",
             "Rejections answered from the negative cache without Redis",
             self.negative_hits.clone(),
+        );
+        r.register(
+            "redis_reconnects",
+            "Redis connections replaced because their calls kept timing out or went out of step",
+            self.redis_reconnects.clone(),
         );
         r.register(
             "redis_breaker_open",
@@ -387,6 +400,7 @@ impl Metrics {
             set_counter(&self.redis_timeouts, s.timeouts);
             set_counter(&self.redis_calls, s.redis_calls);
             set_counter(&self.negative_hits, s.negative_hits);
+            set_counter(&self.redis_reconnects, s.reconnects);
             self.breaker_open.set(i64::from(redis.breaker_open()));
         }
         let mut out = String::new();
