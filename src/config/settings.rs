@@ -34,6 +34,9 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
     pub shutdown_timeout: Duration,
+    /// How long the listeners keep accepting (and `/readyz` already fails) after SIGTERM or
+    /// SIGINT, before the drain: the time a load balancer takes to stop sending.
+    pub shutdown_delay: Duration,
     /// Requests in flight at once before new ones get 503.
     pub max_inflight: usize,
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);

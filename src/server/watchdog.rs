@@ -13,6 +13,11 @@ use crate::config::settings::ListenerSettings;
 /// quota of requests or was caught in a rapid reset, or when it sat idle too long; asks it to
 /// drop when a request head did not complete in time. Sleeps until the next deadline and
 /// re-reads the connection's marks only then: requests themselves never wake it.
+///
+/// On shutdown, an HTTP/1.1 connection whose next request head is under way (a client reusing
+/// its kept-alive connection just as the signal lands) is not closed under it: that client has
+/// sent a request and could not tell whether it was received. The head is read and answered,
+/// with `Connection: close` (see `Activity::stopping`), within its own head deadline.
 pub(super) async fn watchdog(
     shared: Arc<Shared>,
     settings: Arc<ListenerSettings>,
@@ -22,11 +27,21 @@ pub(super) async fn watchdog(
     let activity = &shared.activity;
     let sleep = tokio::time::sleep_until(activity.next_check(&settings));
     tokio::pin!(sleep);
+    let mut stopping = false;
     let command = loop {
         tokio::select! {
-            _ = stop.changed() => break Command::Close,
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                activity.stopping.store(true, Ordering::Release);
+                if !activity.head_in_progress() {
+                    break Command::Close;
+                }
+                sleep.as_mut().reset(activity.next_check(&settings));
+            }
             () = activity.retire.notified() => break Command::Close,
             () = sleep.as_mut() => match activity.overdue(&settings) {
+                // The head that held the close off was answered, and nothing else started.
+                Overdue::No if stopping && !activity.busy() => break Command::Close,
                 Overdue::No => sleep.as_mut().reset(activity.next_check(&settings)),
                 Overdue::Idle => break Command::Close,
                 Overdue::Head => break Command::Drop,
@@ -73,6 +88,9 @@ pub(super) struct Activity {
     /// when the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     pub(super) retire: Notify,
+    /// Shutting down: responses say `Connection: close`, and closing lingers (see
+    /// `connection::WriteWatched`).
+    pub(super) stopping: AtomicBool,
     /// Since when a write to the client has been waiting for the socket (milliseconds after
     /// `origin`, plus one; 0: none waits).
     write_waiting: AtomicU64,
@@ -111,6 +129,7 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
+            stopping: AtomicBool::new(false),
             write_waiting: AtomicU64::new(0),
             unsent: parking_lot::Mutex::new(Vec::new()),
             origin: Instant::now(),
@@ -181,6 +200,23 @@ impl Activity {
         } else if window.0 >= RESET_WINDOW {
             *window = (0, 0);
         }
+    }
+
+    /// The connection is shutting down (the watchdog saw the signal).
+    pub(super) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// An HTTP/1.1 request head has begun arriving and is not complete yet.
+    fn head_in_progress(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) == 0
+            && !self.http2.load(Ordering::Acquire)
+            && self.marks.lock().head_started.is_some()
+    }
+
+    /// A request is in flight, or a head under way.
+    fn busy(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) > 0 || self.head_in_progress()
     }
 
     pub(super) fn bytes_read(&self) {
