@@ -84,8 +84,8 @@ pub(super) struct Activity {
     pub(super) http2: AtomicBool,
     /// Requests and client cancellations in the current window of `RESET_WINDOW` requests.
     window: parking_lot::Mutex<(u32, u32)>,
-    /// When the connection last went idle (accepted, or its last response head sent), and
-    /// when the first byte after that arrived (a request head in progress).
+    /// When the connection last went idle (its start, or its last request's end), and when
+    /// the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     pub(super) retire: Notify,
     /// Shutting down: responses say `Connection: close`, and closing lingers (see
@@ -228,12 +228,17 @@ impl Activity {
 
     fn deadline(&self, s: &ListenerSettings) -> (Instant, Overdue) {
         let marks = *self.marks.lock();
+        let fresh = self.served.load(Ordering::Acquire) == 0;
         match marks.head_started {
+            // A fresh connection's first head counts from the connection's start, not from its
+            // first byte: a slowloris that waits out most of the timeout before its first byte
+            // would otherwise hold the socket for two of them.
+            Some(_) if fresh => (marks.idle_since + s.header_read_timeout, Overdue::Head),
+            // A kept-alive connection idles under `idle`; its next head then has its own
+            // `header_read` from its first byte.
             Some(started) => (started + s.header_read_timeout, Overdue::Head),
             // A fresh connection must send its first head within the header timeout.
-            None if self.served.load(Ordering::Acquire) == 0 => {
-                (marks.idle_since + s.header_read_timeout, Overdue::Idle)
-            }
+            None if fresh => (marks.idle_since + s.header_read_timeout, Overdue::Idle),
             None => (marks.idle_since + s.idle_timeout, Overdue::Idle),
         }
     }
