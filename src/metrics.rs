@@ -162,6 +162,7 @@ pub struct Metrics {
     // Read off the live runtime at scrape time.
     buckets: Family<LimitLabels, Gauge>,
     overflowed: Family<LimitLabels, Counter>,
+    peer_overflowed: Family<LimitLabels, Counter>,
     redis_errors: Counter,
     redis_timeouts: Counter,
     redis_calls: Counter,
@@ -198,6 +199,7 @@ impl Metrics {
             generation: Gauge::default(),
             buckets: Family::default(),
             overflowed: Family::default(),
+            peer_overflowed: Family::default(),
             without_backend: Counter::default(),
             redis_errors: Counter::default(),
             redis_timeouts: Counter::default(),
@@ -281,6 +283,11 @@ impl Metrics {
             "local_bucket_overflows",
             "Checks counted in a limit's overflow bucket because its map was full",
             self.overflowed.clone(),
+        );
+        r.register(
+            "local_bucket_peer_overflows",
+            "New identities counted in their address's overflow bucket (at its cap, or the map full)",
+            self.peer_overflowed.clone(),
         );
         r.register(
             "decided_without_backend",
@@ -382,6 +389,7 @@ impl Metrics {
     ) -> String {
         self.buckets.clear();
         self.overflowed.clear();
+        self.peer_overflowed.clear();
         for limit in limits {
             let labels = LimitLabels {
                 limit: limit.name.to_string(),
@@ -392,6 +400,10 @@ impl Metrics {
             set_counter(
                 &self.overflowed.get_or_create(&labels),
                 limit.local.overflowed(),
+            );
+            set_counter(
+                &self.peer_overflowed.get_or_create(&labels),
+                limit.local.peer_overflowed(),
             );
         }
         if let Some(redis) = redis {

@@ -142,6 +142,8 @@ pub struct LocalFallback {
 #[serde(deny_unknown_fields)]
 pub struct Local {
     pub max_buckets: Option<usize>,
+    /// Buckets one client address may hold in a limit keyed by something else than it.
+    pub max_buckets_per_peer: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -261,6 +261,9 @@ pub struct LimiterSettings {
     pub on_failure: FailurePolicy,
     pub divide_by: u32,
     pub max_buckets: usize,
+    /// Buckets one client address (IPv6: /64) may hold in a limit whose identity is not the
+    /// address itself; its further new identities share one bucket of that address's.
+    pub max_buckets_per_peer: usize,
 }
 
 /// The `limiter.redis` block. Exactly one of `url` and `cluster` is set (checked when the
