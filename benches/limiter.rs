@@ -2,7 +2,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
-use tollgate::limiter::local::{check, Buckets, Item};
+use tollgate::limiter::local::{check, Buckets, Item, Peer};
 use tollgate::limiter::Rate;
 
 fn limit_checks(c: &mut Criterion) {
@@ -16,6 +16,7 @@ fn limit_checks(c: &mut Criterion) {
             let item = Item {
                 buckets: &hot,
                 client: ClientId(42),
+                peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
             };
@@ -33,6 +34,7 @@ fn limit_checks(c: &mut Criterion) {
             let item = Item {
                 buckets: &many,
                 client,
+                peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
             };

@@ -13,6 +13,8 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v curl >/dev/null || need_apt+=(curl)
+# libfaketime steps a test redis-server's wall clock (tests/faults_redis.rs).
+command -v faketime >/dev/null || need_apt+=(faketime)
 command -v openssl >/dev/null || need_apt+=(openssl)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if ((${#need_apt[@]})); then

@@ -16,7 +16,8 @@ use crate::response::{fixed, Body};
 use crate::runtime::Runtime;
 use crate::state::State;
 
-/// Serve the admin endpoints on `listener` until `stop`.
+/// Serve the admin endpoints on `listener` until `stop` (the end of the drain: `/readyz`
+/// answers 503 throughout the shutdown rather than vanishing with the proxy listeners).
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
@@ -48,7 +49,7 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
         "/healthz" => fixed(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => {
             let runtime = state.runtime.load_full();
-            match not_ready(&runtime).await {
+            match not_ready(state, &runtime).await {
                 None => fixed(StatusCode::OK, TEXT, "ready\n"),
                 Some(why) => fixed(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -86,17 +87,24 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
     }
 }
 
-/// Ready means: a config is live (always true once serving) and, with Redis, either Redis
-/// answers or no limit would reject for want of it (every limit fails open or local).
-async fn not_ready(runtime: &Runtime) -> Option<&'static str> {
-    let redis = runtime.redis.as_ref()?;
-    if redis.ping().await {
-        return None;
+/// Ready means: not shutting down (from the signal on, through `shutdown_delay` and the
+/// drain, so a load balancer stops sending new requests while the admin listener still
+/// answers), a config is live (always true once serving) and, with Redis, either Redis runs
+/// the bucket script or no limit would reject for want of it (every limit fails open or local).
+async fn not_ready(state: &State, runtime: &Runtime) -> Option<String> {
+    if state.draining() {
+        return Some("shutting down".into());
     }
+    let redis = runtime.redis.as_ref()?;
+    let Err(why) = redis.script_runs().await else {
+        return None;
+    };
     let any_closed = runtime
         .limits()
         .any(|l| l.on_failure == FailurePolicy::Closed && !l.shadow);
-    any_closed.then_some("Redis is unreachable and some limits fail closed")
+    any_closed.then(|| {
+        format!("Redis does not run the bucket script ({why}) and some limits fail closed")
+    })
 }
 
 /// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`)

@@ -155,6 +155,9 @@ pub async fn start(
     let (routes, limits) = (runtime.routes.len(), runtime.limits().count());
     let state = Arc::new(State::new(runtime, workers.clone(), metrics));
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The admin listener outlives the proxy listeners: it answers (`/readyz` 503) until the
+    // drain is over.
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let reloader = crate::reload::start(path.to_path_buf(), state.clone(), stop_rx.clone());
     if options.sighup {
         crate::reload::watch_sighup(reloader.clone());
@@ -199,26 +202,22 @@ pub async fn start(
             if let Some(address) = address {
                 tracing::info!(%address, "admin endpoints");
             }
-            tokio::spawn(crate::admin::serve(admin, state.clone(), stop_rx.clone()));
+            tokio::spawn(crate::admin::serve(admin, state.clone(), admin_stop_rx));
             address
         }
         None => None,
     };
     tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), "tollgate started");
+    let stopping = Stopping {
+        state: state.clone(),
+        stop: stop_tx,
+        admin_stop: admin_stop_tx,
+        inline,
+        threads,
+    };
     let stopped = tokio::spawn(async move {
         shutdown.await;
-        tracing::info!("shutting down: no new connections, draining in-flight requests");
-        let _ = stop_tx.send(true);
-        if let Some(inline) = inline {
-            let _ = inline.await;
-        }
-        let _ = tokio::task::spawn_blocking(move || {
-            for t in threads {
-                let _ = t.join();
-            }
-        })
-        .await;
-        tracing::info!("stopped");
+        stopping.run().await;
     });
     Ok(Running {
         listeners: bound,
@@ -228,6 +227,48 @@ pub async fn start(
         state,
         stopped,
     })
+}
+
+/// What the shutdown stops, in order.
+struct Stopping {
+    state: Arc<State>,
+    /// Tells the proxy listeners (and the reloader, the sweeper) to stop.
+    stop: watch::Sender<bool>,
+    /// Tells the admin listener to stop.
+    admin_stop: watch::Sender<bool>,
+    inline: Option<tokio::task::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Stopping {
+    /// Readiness fails first; the listeners go on accepting for `shutdown_delay` (the time a
+    /// load balancer, a Kubernetes endpoint update, takes to stop sending here), then stop and
+    /// drain; the admin listener goes last, so `/readyz` answers 503 until the very end.
+    async fn run(self) {
+        self.state.begin_draining();
+        let delay = self.state.runtime.load().settings.shutdown_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "shutting down: readiness fails; still accepting for shutdown_delay"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        tracing::info!("shutting down: no new connections, draining in-flight requests");
+        let _ = self.stop.send(true);
+        if let Some(inline) = self.inline {
+            let _ = inline.await;
+        }
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+        let _ = self.admin_stop.send(true);
+        tracing::info!("stopped");
+    }
 }
 
 /// One worker's socket for one configured listener.
@@ -337,27 +378,54 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
 /// `tollgate_alloc::Allocator`; under another one this only walks an empty heap).
 const COLLECT_AFTER_FORGETTING: usize = 10_000;
 
-/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when
-/// the future is first polled.
+/// Resolves on SIGTERM or SIGINT; a second one of either, during the delay or the drain, ends
+/// the process at once (exit status 128 + the signal's number, as a shell reports a process
+/// that signal killed). Once installed, tokio's handlers stay for the life of the process, so
+/// without this a second signal would be caught and ignored: an operator's "stop now" (a
+/// second Ctrl-C, `docker stop`'s repeat) must still work. The handlers are installed when
+/// this is called, not when the future is first polled.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-    #[cfg(unix)]
-    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
-    async move {
-        #[cfg(unix)]
-        match (term, int) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            _ => {
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let signals = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        );
+        async move {
+            let (Ok(mut term), Ok(mut int)) = signals else {
                 let _ = tokio::signal::ctrl_c().await;
-            }
+                return;
+            };
+            let (first, _) = next_signal(&mut term, &mut int).await;
+            tracing::info!(
+                signal = first,
+                "graceful shutdown; a second signal stops at once"
+            );
+            tokio::spawn(async move {
+                let (second, number) = next_signal(&mut term, &mut int).await;
+                tracing::warn!(
+                    signal = second,
+                    "second signal: stopping now, without draining"
+                );
+                std::process::exit(128 + number);
+            });
         }
-        #[cfg(not(unix))]
+    }
+    #[cfg(not(unix))]
+    async move {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The next SIGTERM or SIGINT: its name and number.
+#[cfg(unix)]
+async fn next_signal(
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> (&'static str, i32) {
+    tokio::select! {
+        _ = term.recv() => ("SIGTERM", 15),
+        _ = int.recv() => ("SIGINT", 2),
     }
 }

@@ -170,10 +170,12 @@ pub struct Metrics {
     // Read off the live runtime at scrape time.
     buckets: Family<LimitLabels, Gauge>,
     overflowed: Family<LimitLabels, Counter>,
+    peer_overflowed: Family<LimitLabels, Counter>,
     redis_errors: Counter,
     redis_timeouts: Counter,
     redis_calls: Counter,
     negative_hits: Counter,
+    redis_reconnects: Counter,
     breaker_open: Gauge,
 }
 
@@ -206,11 +208,13 @@ impl Metrics {
             generation: Gauge::default(),
             buckets: Family::default(),
             overflowed: Family::default(),
+            peer_overflowed: Family::default(),
             without_backend: Counter::default(),
             redis_errors: Counter::default(),
             redis_timeouts: Counter::default(),
             redis_calls: Counter::default(),
             negative_hits: Counter::default(),
+            redis_reconnects: Counter::default(),
             breaker_open: Gauge::default(),
         };
         m.register();
@@ -291,10 +295,21 @@ impl Metrics {
             self.overflowed.clone(),
         );
         r.register(
+            "local_bucket_peer_overflows",
+            "New identities counted in their address's overflow bucket (at its cap, or the map full)",
+            self.peer_overflowed.clone(),
+        );
+        r.register(
             "decided_without_backend",
             "Requests whose limits were decided without the shared store",
             self.without_backend.clone(),
         );
+        self.register_redis();
+    }
+
+    /// The Redis client's series.
+    fn register_redis(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "redis_errors",
             "Redis checks that failed (errors, timeouts, breaker open)",
@@ -314,6 +329,11 @@ impl Metrics {
             "redis_negative_cache_hits",
             "Rejections answered from the negative cache without Redis",
             self.negative_hits.clone(),
+        );
+        r.register(
+            "redis_reconnects",
+            "Redis connections replaced because their calls kept timing out or went out of step",
+            self.redis_reconnects.clone(),
         );
         r.register(
             "redis_breaker_open",
@@ -383,6 +403,7 @@ impl Metrics {
         self.targets.read(upstreams);
         self.buckets.clear();
         self.overflowed.clear();
+        self.peer_overflowed.clear();
         for limit in limits {
             let labels = LimitLabels {
                 limit: limit.name.to_string(),
@@ -394,6 +415,10 @@ impl Metrics {
                 &self.overflowed.get_or_create(&labels),
                 limit.local.overflowed(),
             );
+            set_counter(
+                &self.peer_overflowed.get_or_create(&labels),
+                limit.local.peer_overflowed(),
+            );
         }
         if let Some(redis) = redis {
             let s = redis.stats();
@@ -401,6 +426,7 @@ impl Metrics {
             set_counter(&self.redis_timeouts, s.timeouts);
             set_counter(&self.redis_calls, s.redis_calls);
             set_counter(&self.negative_hits, s.negative_hits);
+            set_counter(&self.redis_reconnects, s.reconnects);
             self.breaker_open.set(i64::from(redis.breaker_open()));
         }
         let mut out = String::new();

@@ -3,13 +3,22 @@
 //!
 //! The directory holding the file is watched rather than the file itself, so a reload happens
 //! whether an editor rewrites the file in place, replaces it by rename, or Kubernetes swaps the
-//! `..data` symlink of a ConfigMap volume. Events are debounced, and a file whose bytes did not
-//! change is not reloaded.
+//! `..data` symlink of a ConfigMap volume. A file whose bytes did not change is not reloaded.
+//!
+//! A file being written in place can parse half-way through (a list cut after a whole item: a
+//! route or a limit gone), so nothing is read until the edit is over: no event naming the file
+//! for `DEBOUNCE`, the same bytes as `DEBOUNCE` before, and (where the platform reports it,
+//! inotify) no writer that modified the file and has not closed it yet, for up to
+//! `WRITER_WAIT`. A writer that pauses longer than that with the file open, or closes and
+//! reopens it with more than `DEBOUNCE` between, can still be read half-way: writing the new
+//! version to a temporary file and renaming it over the old one (an atomic replace, what
+//! editors and the kubelet do) is the safe way, and docs/operations.md says so.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use notify::event::{AccessKind, AccessMode, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 
@@ -18,8 +27,12 @@ use crate::metrics::ReloadResult;
 use crate::runtime::Runtime;
 use crate::state::State;
 
-/// Events closer together than this are one edit.
+/// Events closer together than this are one edit; the file must also keep the same bytes
+/// for this long before it is read.
 const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// How long a writer may keep the file open (modified, not closed) before it is read anyway.
+const WRITER_WAIT: Duration = Duration::from_secs(5);
 
 /// What asked for a reload. A signal reloads even an unchanged file (certificates it names may
 /// have changed); a file event only when the bytes changed.
@@ -29,14 +42,36 @@ enum Trigger {
     Signal,
 }
 
+/// What the reloader hears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// Something changed in a watched directory; `config`: an event naming the config file.
+    Changed { config: bool },
+    /// SIGHUP, or `Reloader::reload`.
+    Signal,
+    /// The config file was written to (inotify's IN_MODIFY): its writer has it open.
+    Writing,
+    /// A writer closed the config file (IN_CLOSE_WRITE).
+    Closed,
+}
+
+impl Event {
+    fn trigger(self) -> Trigger {
+        match self {
+            Event::Signal => Trigger::Signal,
+            _ => Trigger::FileEvent,
+        }
+    }
+}
+
 /// Asks the running reloader for a reload, as SIGHUP does.
 #[derive(Debug, Clone)]
-pub struct Reloader(mpsc::UnboundedSender<Trigger>);
+pub struct Reloader(mpsc::UnboundedSender<Event>);
 
 impl Reloader {
     /// Reload now, even if the file did not change.
     pub fn reload(&self) {
-        let _ = self.0.send(Trigger::Signal);
+        let _ = self.0.send(Event::Signal);
     }
 }
 
@@ -110,13 +145,13 @@ fn log_changes(old: &Settings, new: &Settings) {
 /// asks for a reload as SIGHUP does (`watch_sighup`). The file watch is in place when this
 /// returns. Must be called within a tokio runtime.
 pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) -> Reloader {
-    let (tx, rx) = mpsc::unbounded_channel::<Trigger>();
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let mut watcher = watch_dir(&path, tx.clone());
     if let Some(w) = watcher.as_mut() {
         watch_inputs(w, &state.runtime.load().settings);
     }
     // An edit made before the watch was in place raised no event: look once now.
-    let _ = tx.send(Trigger::FileEvent);
+    let _ = tx.send(Event::Changed { config: false });
     tokio::spawn(async move {
         run(&path, &state, rx, stop, watcher).await;
     });
@@ -126,7 +161,7 @@ pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) -> R
 async fn run(
     path: &Path,
     state: &State,
-    mut rx: mpsc::UnboundedReceiver<Trigger>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
     mut stop: watch::Receiver<bool>,
     mut watcher: Option<notify::RecommendedWatcher>,
 ) {
@@ -136,15 +171,15 @@ async fn run(
     // not as they are now: a change made since must still count as a change.
     let mut seen = state.runtime.load().settings.inputs_digest;
     loop {
-        let mut trigger = tokio::select! {
+        let first = tokio::select! {
             _ = stop.changed() => return,
-            got = rx.recv() => match got { Some(t) => t, None => return },
+            got = rx.recv() => match got { Some(e) => e, None => return },
         };
-        // Let the burst of events of one save settle.
-        tokio::time::sleep(DEBOUNCE).await;
-        while let Ok(t) = rx.try_recv() {
-            trigger = trigger.max(t);
+        let mut edit = Edit::new(first);
+        if !edit.settle(path, &mut rx).await {
+            return;
         }
+        let trigger = edit.trigger;
         let now = inputs_digest(&std::fs::read_to_string(path).unwrap_or_default());
         if trigger == Trigger::FileEvent && now == seen {
             continue;
@@ -161,6 +196,76 @@ async fn run(
     }
 }
 
+/// The events of one edit, gathered until it is over.
+struct Edit {
+    trigger: Trigger,
+    /// Since when a writer has held the config file modified and not closed.
+    writing: Option<tokio::time::Instant>,
+}
+
+impl Edit {
+    fn new(first: Event) -> Self {
+        let mut edit = Self {
+            trigger: first.trigger(),
+            writing: None,
+        };
+        edit.absorb(first);
+        edit
+    }
+
+    /// Note `event`; whether it restarts the quiet period (it is about the config file).
+    fn absorb(&mut self, event: Event) -> bool {
+        self.trigger = self.trigger.max(event.trigger());
+        match event {
+            Event::Writing => {
+                self.writing.get_or_insert_with(tokio::time::Instant::now);
+                true
+            }
+            Event::Closed => {
+                self.writing = None;
+                true
+            }
+            Event::Changed { config } => config,
+            Event::Signal => false,
+        }
+    }
+
+    /// Wait until the edit is over (see the module doc). `false`: the reloader is gone.
+    async fn settle(&mut self, path: &Path, rx: &mut mpsc::UnboundedReceiver<Event>) -> bool {
+        let mut before = std::fs::read(path).ok();
+        loop {
+            // Quiet: no event about the file for DEBOUNCE.
+            let mut quiet_from = tokio::time::Instant::now();
+            loop {
+                match tokio::time::timeout_at(quiet_from + DEBOUNCE, rx.recv()).await {
+                    Ok(Some(event)) => {
+                        if self.absorb(event) {
+                            quiet_from = tokio::time::Instant::now();
+                        }
+                    }
+                    Ok(None) => return false,
+                    Err(_) => break,
+                }
+            }
+            if let Some(since) = self.writing {
+                if since.elapsed() < WRITER_WAIT {
+                    // Its writer still has it open: wait for the close (an event).
+                    continue;
+                }
+                tracing::warn!(
+                    "the config file has been open for writing for {WRITER_WAIT:?}: reading it                      as it is (write a new version by rename instead: docs/operations.md)"
+                );
+                self.writing = None;
+            }
+            let now = std::fs::read(path).ok();
+            if now == before {
+                return true;
+            }
+            before = now;
+        }
+    }
+}
+
 /// Also watch the directories of certificates and keys, so a renewed certificate is picked
 /// up without touching the config (a watch added twice is harmless).
 fn watch_inputs(watcher: &mut notify::RecommendedWatcher, settings: &Settings) {
@@ -173,19 +278,27 @@ fn watch_inputs(watcher: &mut notify::RecommendedWatcher, settings: &Settings) {
 }
 
 /// Watch the directory of `path`; `None` (logged) when the platform refuses, SIGHUP still works.
-fn watch_dir(
-    path: &Path,
-    tx: mpsc::UnboundedSender<Trigger>,
-) -> Option<notify::RecommendedWatcher> {
+fn watch_dir(path: &Path, tx: mpsc::UnboundedSender<Event>) -> Option<notify::RecommendedWatcher> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or_else(|| Path::new("."))
         .to_path_buf();
+    let name = path.file_name().map(std::ffi::OsStr::to_os_string);
     let handler = move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !matches!(e.kind, EventKind::Access(_))) {
-            let _ = tx.send(Trigger::FileEvent);
-        }
+        let Ok(event) = event else { return };
+        let config = event
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some() && p.file_name() == name.as_deref());
+        let what = match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) if config => Event::Closed,
+            // Reads (ours too) change nothing.
+            EventKind::Access(_) => return,
+            EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) if config => Event::Writing,
+            _ => Event::Changed { config },
+        };
+        let _ = tx.send(what);
     };
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(w) => w,
@@ -210,7 +323,7 @@ pub fn watch_sighup(reloader: Reloader) {
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading the config");
-                    if reloader.0.send(Trigger::Signal).is_err() {
+                    if reloader.0.send(Event::Signal).is_err() {
                         return;
                     }
                 }

@@ -97,16 +97,29 @@ impl Runtime {
         let old_limits: HashMap<&str, &Arc<Limit>> = previous
             .map(|p| p.limits().map(|l| (&*l.name, l)).collect())
             .unwrap_or_default();
-        let max_buckets = settings.limiter.max_buckets;
+        let (max_buckets, per_peer) = (
+            settings.limiter.max_buckets,
+            settings.limiter.max_buckets_per_peer,
+        );
         let mut routes = Vec::with_capacity(settings.routes.len());
         for spec in &settings.routes {
             let limits: Vec<Arc<Limit>> = spec
                 .limits
                 .iter()
                 .map(|l| {
+                    // The exhaustion policy's per-address cap, where one address can mint
+                    // identities (see `limiter::local`).
+                    let capped = (!l.key.one_per_address()).then_some(per_peer);
                     let local = match old_limits.get(&*l.name) {
-                        Some(old) if old.rate == l.rate => old.local.clone(),
-                        _ => Arc::new(Buckets::new(max_buckets)),
+                        Some(old)
+                            if old.rate == l.rate && old.local.has_caps(max_buckets, capped) =>
+                        {
+                            old.local.clone()
+                        }
+                        _ => Arc::new(match capped {
+                            Some(n) => Buckets::capped_per_peer(max_buckets, n),
+                            None => Buckets::new(max_buckets),
+                        }),
                     };
                     Arc::new(Limit::new(l, local))
                 })

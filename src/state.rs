@@ -2,7 +2,7 @@
 //! the workers.
 
 use std::cell::RefCell;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
@@ -26,6 +26,8 @@ pub struct State {
     pub workers: Arc<Workers>,
     /// The generation of the live runtime: 1 as started, one more for every reload.
     pub generation: watch::Sender<u64>,
+    /// Shutting down: set on SIGTERM (before `shutdown_delay` and the drain), never cleared.
+    draining: AtomicBool,
 }
 
 impl State {
@@ -37,7 +39,18 @@ impl State {
             inflight: AtomicUsize::new(0),
             workers,
             generation: watch::Sender::new(1),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// From now on `/readyz` fails: the proxy is shutting down.
+    pub fn begin_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// The proxy is shutting down (`begin_draining` was called).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// The state of a proxy serving `settings` with `workers` workers, built from nothing (no

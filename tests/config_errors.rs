@@ -59,6 +59,11 @@ fixtures! {
 {f}: 1 problem
   {f}:6:14: upstreams.app.timeout: duration `30` needs a unit: ms, s, m, h or d (as in `2s`)
 ",
+    bad_fault_keys: r"
+{f}: 2 problems
+  {f}:3:17: shutdown_delay: duration `5` needs a unit: ms, s, m, h or d (as in `2s`)
+  {f}:5:53: limiter.local.max_buckets_per_peer: must be at least 1 (set it to max_buckets for no per-address cap)
+",
     bad_exempt: r"
 {f}: 4 problems
   {f}:10:30: routes[0].limits[0].exempt[1]: `internal-batch` is neither a CIDR, an IP address nor SOURCE=VALUE (as in `header:X-API-Key=internal-batch`)

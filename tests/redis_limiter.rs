@@ -29,6 +29,7 @@ fn local_one(lim: &Limit, client: u128, clock: &Clock) -> Verdict {
     let item = Item {
         buckets: &lim.local,
         client: ClientId(client),
+        peer: local::Peer::default(),
         rate: &lim.rate,
         cost: lim.cost,
     };

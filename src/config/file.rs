@@ -22,6 +22,8 @@ pub struct File {
     pub routes: Vec<Route>,
     /// How long in-flight requests may take to finish on SIGTERM.
     pub shutdown_timeout: Option<String>,
+    /// How long the listeners keep accepting after SIGTERM, readiness already failing.
+    pub shutdown_delay: Option<String>,
     /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
     pub max_inflight: Option<usize>,
     /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
@@ -140,6 +142,8 @@ pub struct LocalFallback {
 #[serde(deny_unknown_fields)]
 pub struct Local {
     pub max_buckets: Option<usize>,
+    /// Buckets one client address may hold in a limit keyed by something else than it.
+    pub max_buckets_per_peer: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -17,6 +17,7 @@ const KEYS: [&str; 12] = [
     "upstreams",
     "routes",
     "shutdown_timeout",
+    "shutdown_delay",
     "max_inflight",
     "client_ip_header",
     "underscores_in_headers",
@@ -69,6 +70,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         upstreams: r.named("upstreams"),
         routes,
         shutdown_timeout: r.one("shutdown_timeout"),
+        shutdown_delay: r.one("shutdown_delay"),
         max_inflight: r.one("max_inflight"),
         client_ip_header: r.one("client_ip_header"),
         underscores_in_headers: r.one("underscores_in_headers"),

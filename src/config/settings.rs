@@ -34,6 +34,9 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     /// How long in-flight requests may take to finish once SIGTERM or SIGINT arrives.
     pub shutdown_timeout: Duration,
+    /// How long the listeners keep accepting (and `/readyz` already fails) after SIGTERM or
+    /// SIGINT, before the drain: the time a load balancer takes to stop sending.
+    pub shutdown_delay: Duration,
     /// Requests in flight at once before new ones get 503.
     pub max_inflight: usize,
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
@@ -303,6 +306,9 @@ pub struct LimiterSettings {
     pub on_failure: FailurePolicy,
     pub divide_by: u32,
     pub max_buckets: usize,
+    /// Buckets one client address (IPv6: /64) may hold in a limit whose identity is not the
+    /// address itself; its further new identities share one bucket of that address's.
+    pub max_buckets_per_peer: usize,
 }
 
 /// The `limiter.redis` block. Exactly one of `url` and `cluster` is set (checked when the

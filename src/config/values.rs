@@ -145,7 +145,9 @@ mod tests {
         assert_eq!(duration("2d12h").unwrap(), Duration::from_hours(60));
         assert_eq!(duration("1s500ms").unwrap(), Duration::from_millis(1500));
         assert!(duration("1m30").unwrap_err().contains("needs a unit"));
-        assert!(duration("1m 30s").unwrap_err().contains("unknown unit `m `"));
+        assert!(duration("1m 30s")
+            .unwrap_err()
+            .contains("unknown unit `m `"));
         assert!(duration("").unwrap_err().contains("needs a unit"));
     }
 

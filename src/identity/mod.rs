@@ -167,6 +167,19 @@ impl Alternative {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec(pub Vec<Alternative>);
 
+impl KeySpec {
+    /// A client address gives at most one identity: every alternative is the address (IPv6 no
+    /// finer than the /64 a peer is counted by) or `global`. Any other source (a header, a
+    /// cookie, a path) lets one client mint identities at will.
+    pub fn one_per_address(&self) -> bool {
+        self.0.iter().all(|alt| {
+            alt.0
+                .iter()
+                .all(|s| matches!(s, Source::Ip(n) if *n <= 64) || *s == Source::Global)
+        })
+    }
+}
+
 /// An `exempt` entry: a network, or a source with an exact value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exemption {

@@ -8,7 +8,8 @@
 -- KEYS[i]   the key of bucket i. In Redis Cluster all keys of one call share a slot.
 -- ARGV[1]   mode:
 --             "check"  charge every admitting bucket, but only when every enforced bucket
---                      admits; a rejected request writes nothing anywhere.
+--                      admits; a rejected request writes nothing anywhere (except the clamp
+--                      below: a bucket whose `tat` Redis's clock left too far ahead).
 --             "refund" give back `cost` tokens to every bucket (undo an earlier "check"
 --                      whose request another slot rejected); `tat` never goes below now.
 --             "batch"  several independent "check"s in one call (requests that were waiting
@@ -34,6 +35,16 @@
 --        parsing as many RESP integers, and Redis writes it with one memcpy.
 -- The check as a whole admits when every enforced bucket does: the caller, who knows which
 -- buckets are enforced, tells from the retry values (so the reply carries no flags).
+--
+-- Clock steps. `now` is Redis's wall clock, which can step: an NTP correction, or a failover to
+-- a replica whose clock is off. Forward, a bucket is full (`max(tat, now)`) and holds `burst`
+-- tokens, never more: one bucket is minted, no more. Backward, a `tat` is left further ahead of
+-- `now` than the arithmetic ever puts it (`tau`, plus 1 us of float slack): taken as is it
+-- would withhold every token for as long as the step (an hour's step, an hour's lockout). Such
+-- a `tat` is clamped to `now + tau` (an empty bucket) and written back, so the bucket refills
+-- from now on: the client waits at most `cost * token_us` for its next request, and the bucket
+-- is full again within one refill period (`tau`), whatever the step. `limiter::step` clamps
+-- alike (its own clock is monotonic, so there it never fires).
 -- For "batch", the replies of its checks, group by group (m replies of 3n values each),
 -- concatenated.
 -- For "refund", the number of buckets that held a `tat`.
@@ -64,8 +75,11 @@ if mode == 'refund' then
   local refunded = 0
   for i = 1, #KEYS do
     local a = 2 + 4 * (i - 1)
-    local tok, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+    local tok, tau, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local tat = tonumber(call('GET', KEYS[i]))
+    if tat and tat - now > tau + 1 then
+      tat = now + tau
+    end
     if tat then
       refunded = refunded + 1
       local back = tat - cost * tok
@@ -97,7 +111,8 @@ for first = 1, #KEYS, CHUNK do
   end
 end
 
--- The GCRA step of one bucket holding `tat` (false: full) at `now`, for `cost` tokens: admitted
+-- The GCRA step of one bucket holding `tat` (false: full; clamped first, as the header says)
+-- at `now`, for `cost` tokens: admitted
 -- when `new_tat - now <= tau` (with a 1e-6 tolerance); the reply's reset and retry times; and
 -- whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`). It
 -- is written twice below, in `check` and in the loop of a group of one bucket: keep them alike.
@@ -111,7 +126,13 @@ local function check(k0, a, n)
   for i = 1, n do
     local b = a + 4 * (i - 1)
     local tok, tau, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-    local tat = tats[KEYS[k0 + i]]
+    local key = KEYS[k0 + i]
+    local tat = tats[key]
+    if tat and tat - now > tau + 1 then
+      -- Redis's clock stepped back (see the header): an empty bucket from now on.
+      tat = now + tau
+      tats[key], written[key] = tat, tat
+    end
     local base = now
     if tat and tat > now then
       base = tat
@@ -154,6 +175,10 @@ if mode == 'batch' then
       local key = KEYS[k0 + 1]
       local tok, tau, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
       local tat = tats[key]
+      if tat and tat - now > tau + 1 then
+        tat = now + tau
+        tats[key], written[key] = tat, tat
+      end
       local charged = false
       local o = #out
       for _ = 1, m do

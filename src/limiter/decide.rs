@@ -42,11 +42,13 @@ pub async fn decide(
         return Decision { results };
     }
     let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+    // Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
+    let peer = local::Peer::of(view.client_ip);
     match redis {
         None => record(
             &mut results,
             &checks,
-            &in_process(&checks, &enforced, now, false),
+            &in_process(&checks, &enforced, peer, now, false),
             false,
         ),
         // Boxed so that the Redis call's state does not inflate every request's future, in a
@@ -55,7 +57,7 @@ pub async fn decide(
             let check = crate::boxed(|| r.check_on(worker, &checks, &enforced));
             match check.await {
                 Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
-                Err(_) => without_backend(&mut results, &checks, now),
+                Err(_) => without_backend(&mut results, &checks, peer, now),
             }
         }
     }
@@ -63,12 +65,19 @@ pub async fn decide(
 }
 
 /// The in-process check, at each limit's own rate or at its stricter fallback rate.
-fn in_process(checks: &[Check<'_>], enforced: &[bool], now: f64, fallback: bool) -> Small<Verdict> {
+fn in_process(
+    checks: &[Check<'_>],
+    enforced: &[bool],
+    peer: local::Peer,
+    now: f64,
+    fallback: bool,
+) -> Small<Verdict> {
     let items: Small<local::Item<'_>> = checks
         .iter()
         .map(|c| local::Item {
             buckets: &c.limit.local,
             client: c.client,
+            peer,
             rate: if fallback {
                 &c.limit.fallback
             } else {
@@ -92,14 +101,14 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict
 
 /// The shared store did not answer: each limit follows its `on_failure` policy. `local` limits
 /// are checked together in process (still all-or-nothing among themselves).
-fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
+fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: local::Peer, now: f64) {
     let local: Small<Check<'_>> = checks
         .iter()
         .filter(|c| c.limit.on_failure == FailurePolicy::Local)
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
-    let mut local_verdicts = in_process(&local, &enforced, now, true).into_iter();
+    let mut local_verdicts = in_process(&local, &enforced, peer, now, true).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {
         r.fallback = true;

@@ -6,11 +6,27 @@
 //! and commits only if every limit admits: a rejected request takes no token anywhere, and no
 //! interleaving of concurrent requests can over-admit.
 //!
-//! Memory is bounded twice: a bucket is forgotten once it would be full again (so forgetting it
-//! grants nothing), and each limit holds at most `max_buckets`. When a shard is full even after
-//! dropping its full buckets, a new client is counted in the limit's one shared `overflow`
-//! bucket: a flood of fresh identities then shares one limit instead of exhausting memory or
-//! slipping through unlimited.
+//! Memory is bounded: a bucket is forgotten once it would be full again (so forgetting it
+//! grants nothing), and each limit holds at most `max_buckets`. What happens to a new
+//! identity beyond that is the exhaustion policy (docs/hardening.md), made so that one client
+//! minting identities (random API keys) cannot lock everyone else out:
+//!
+//! 1. Buckets that refilled are reclaimed first (that costs nobody anything).
+//! 2. A limit whose identities are not one per client address (an API key, a cookie, a path)
+//!    counts who minted its buckets, per peer (`peers`): a peer holds at most
+//!    `max_buckets_per_peer` of them. Past that, or when the map is full even after step 1,
+//!    its new identities share one overflow bucket of that peer's: a flood of random keys is
+//!    limited as one client, and newcomers from every other address still get a bucket (or,
+//!    with the map full, their own address's).
+//! 3. Only when the peer map is full as well (a flood from as many addresses as the map has
+//!    room for) is a new identity counted in the limit's one shared overflow bucket.
+//!
+//! Non-full buckets are never evicted to make room: forgetting one hands its client a full
+//! burst, which a flood could cycle through. The price is that the clients behind one address
+//! (a NAT) past the per-peer cap share a bucket. Memory stays bounded by `max_buckets`
+//! buckets plus at most as many peer entries.
+
+mod peers;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -19,6 +35,8 @@ use tokio::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
+pub use self::peers::Peer;
+use self::peers::{PeerShard, Peers};
 use super::{step, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
@@ -73,72 +91,160 @@ impl Hasher for DigestHasher {
     }
 }
 
-type Shard = HashMap<ClientId, f64, BuildHasherDefault<DigestHasher>>;
+/// One client's bucket: its `tat`, and the peer that minted it (to release it from the
+/// peer's count when it goes).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    tat: f64,
+    peer: Peer,
+}
+
+type Shard = HashMap<ClientId, Entry, BuildHasherDefault<DigestHasher>>;
 
 /// The buckets of one limit.
 #[derive(Debug)]
 pub struct Buckets {
     shards: Vec<Mutex<Shard>>,
+    /// Who minted the buckets; `None` for a limit whose identity is the client's address (one
+    /// bucket per peer at most: nothing to cap).
+    peers: Option<Peers>,
     overflow: Mutex<Option<f64>>,
     per_shard_cap: usize,
+    per_peer_cap: u32,
     overflowed: AtomicU64,
+    peer_overflowed: AtomicU64,
 }
 
-/// One bucket to check: whose buckets, which client, at what rate and cost.
+/// One bucket to check: whose buckets, which client (and from which peer), at what rate and
+/// cost.
 #[derive(Debug, Clone, Copy)]
 pub struct Item<'a> {
     pub buckets: &'a Buckets,
     pub client: ClientId,
+    pub peer: Peer,
     pub rate: &'a Rate,
     pub cost: u32,
 }
 
+/// Where one item of a check is counted, locked.
 enum Slot<'a> {
-    Map(MutexGuard<'a, Shard>),
+    /// The client's own bucket. With its peer's shard when the bucket is new and counts
+    /// against the peer once committed.
+    Map(MutexGuard<'a, Shard>, Option<MutexGuard<'a, PeerShard>>),
+    /// The peer's overflow bucket.
+    Peer(MutexGuard<'a, PeerShard>),
+    /// The limit's overflow bucket, the last resort.
     Overflow(MutexGuard<'a, Option<f64>>),
 }
 
 impl Buckets {
     /// Buckets holding at most about `max_buckets` clients (rounded up to a multiple of the
-    /// shard count).
+    /// shard count), with no per-peer accounting (a limit keyed by the client address).
     pub fn new(max_buckets: usize) -> Self {
+        Self::build(max_buckets, None)
+    }
+
+    /// `new`, for a limit whose identities a client can mint at will (API keys, cookies,
+    /// paths): a peer holds at most `per_peer` buckets at once (see the module doc).
+    pub fn capped_per_peer(max_buckets: usize, per_peer: usize) -> Self {
+        Self::build(max_buckets, Some(per_peer))
+    }
+
+    fn build(max_buckets: usize, per_peer: Option<usize>) -> Self {
+        let per_shard_cap = max_buckets.div_ceil(SHARDS).max(1);
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            peers: per_peer.map(|_| Peers::new(per_shard_cap)),
             overflow: Mutex::new(None),
-            per_shard_cap: max_buckets.div_ceil(SHARDS).max(1),
+            per_shard_cap,
+            per_peer_cap: per_peer
+                .map_or(u32::MAX, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
             overflowed: AtomicU64::new(0),
+            peer_overflowed: AtomicU64::new(0),
         }
+    }
+
+    /// Whether these buckets were built with these caps (a reload keeps them only then).
+    pub fn has_caps(&self, max_buckets: usize, per_peer: Option<usize>) -> bool {
+        self.per_shard_cap == max_buckets.div_ceil(SHARDS).max(1)
+            && self.peers.is_some() == per_peer.is_some()
+            && per_peer.is_none_or(|n| u64::from(self.per_peer_cap) == n.max(1) as u64)
     }
 
     fn shard(&self, client: ClientId) -> &Mutex<Shard> {
         &self.shards[(client.0 >> 64) as usize % SHARDS]
     }
 
-    /// Lock the slot `client` is counted in, making room if the shard is full.
-    fn lock(&self, client: ClientId, now: f64) -> Slot<'_> {
+    /// Lock the slot `client` (from `peer`) is counted in, following the exhaustion policy
+    /// (see the module doc) when it has no bucket yet.
+    fn lock(&self, client: ClientId, peer: Peer, now: f64) -> Slot<'_> {
         let mut shard = self.shard(client).lock();
-        if shard.len() >= self.per_shard_cap && !shard.contains_key(&client) {
-            shard.retain(|_, tat| *tat > now);
-            if shard.len() >= self.per_shard_cap {
-                drop(shard);
-                self.overflowed.fetch_add(1, Ordering::Relaxed);
-                return Slot::Overflow(self.overflow.lock());
-            }
+        if shard.contains_key(&client) {
+            return Slot::Map(shard, None);
         }
-        Slot::Map(shard)
+        if shard.len() >= self.per_shard_cap {
+            self.reclaim(&mut shard, now);
+        }
+        let room = shard.len() < self.per_shard_cap;
+        let Some(peers) = &self.peers else {
+            if room {
+                return Slot::Map(shard, None);
+            }
+            drop(shard);
+            return self.overflow();
+        };
+        let Some(minted) = peers.entry(peer, now) else {
+            drop(shard);
+            return self.overflow();
+        };
+        let live = minted.get(&peer).map_or(0, |m| m.live);
+        if room && live < self.per_peer_cap {
+            return Slot::Map(shard, Some(minted));
+        }
+        drop(shard);
+        self.peer_overflowed.fetch_add(1, Ordering::Relaxed);
+        Slot::Peer(minted)
     }
 
-    /// Forget every bucket that is full at `now`. Returns how many were dropped.
+    fn overflow(&self) -> Slot<'_> {
+        self.overflowed.fetch_add(1, Ordering::Relaxed);
+        Slot::Overflow(self.overflow.lock())
+    }
+
+    /// Drop the buckets of `shard` that are full at `now`, releasing them from their peers.
+    /// Returns how many were dropped.
+    fn reclaim(&self, shard: &mut Shard, now: f64) -> usize {
+        let before = shard.len();
+        match &self.peers {
+            None => shard.retain(|_, e| e.tat > now),
+            Some(peers) => {
+                let mut gone = Vec::new();
+                shard.retain(|_, e| {
+                    let keep = e.tat > now;
+                    if !keep {
+                        gone.push(e.peer);
+                    }
+                    keep
+                });
+                peers.release(gone.into_iter(), now);
+            }
+        }
+        before - shard.len()
+    }
+
+    /// Forget every bucket that is full at `now` (and every peer left with nothing). Returns
+    /// how many buckets were dropped.
     pub fn sweep(&self, now: f64) -> usize {
         let mut dropped = 0;
         for shard in &self.shards {
             let mut shard = shard.lock();
-            let before = shard.len();
-            shard.retain(|_, tat| *tat > now);
-            dropped += before - shard.len();
+            dropped += self.reclaim(&mut shard, now);
             if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
                 shard.shrink_to_fit();
             }
+        }
+        if let Some(peers) = &self.peers {
+            peers.sweep(now);
         }
         let mut overflow = self.overflow.lock();
         if overflow.is_some_and(|tat| tat <= now) {
@@ -156,9 +262,16 @@ impl Buckets {
         self.len() == 0
     }
 
-    /// Checks that found the map full and were counted in the overflow bucket.
+    /// Checks that found the map (and the peer map) full and were counted in the limit's
+    /// overflow bucket.
     pub fn overflowed(&self) -> u64 {
         self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Checks of new identities counted in their peer's overflow bucket (the peer at its cap,
+    /// or the map full).
+    pub fn peer_overflowed(&self) -> u64 {
+        self.peer_overflowed.load(Ordering::Relaxed)
     }
 }
 
@@ -167,16 +280,19 @@ impl Buckets {
 /// rejection does not block the others and which is only charged when it admits).
 pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> {
     // Locks are taken in slice order; callers always pass a route's limits in route order, and
-    // no two items share a `Buckets`, so the order is global and cannot deadlock.
+    // no two items share a `Buckets`, so the order is global and cannot deadlock. Within one
+    // `Buckets`, a bucket shard is locked before a peer shard, and a peer shard is never held
+    // while another peer shard of the same limit is locked.
     let mut slots: Small<Slot<'_>> = items
         .iter()
-        .map(|i| i.buckets.lock(i.client, now))
+        .map(|i| i.buckets.lock(i.client, i.peer, now))
         .collect();
     let mut verdicts: Small<Verdict> = Small::new();
     let mut tats: Small<f64> = Small::new();
     for (item, slot) in items.iter().zip(&slots) {
         let tat = match slot {
-            Slot::Map(m) => m.get(&item.client).copied(),
+            Slot::Map(m, _) => m.get(&item.client).map(|e| e.tat),
+            Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
             Slot::Overflow(o) => **o,
         };
         let (v, t) = step(tat, now, item.rate, item.cost);
@@ -193,9 +309,19 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
                 continue;
             }
             match slot {
-                Slot::Map(m) => {
-                    m.insert(item.client, tat);
+                Slot::Map(m, minted) => {
+                    m.insert(
+                        item.client,
+                        Entry {
+                            tat,
+                            peer: item.peer,
+                        },
+                    );
+                    if let Some(minted) = minted {
+                        minted.entry(item.peer).or_default().live += 1;
+                    }
                 }
+                Slot::Peer(p) => p.entry(item.peer).or_default().overflow = Some(tat),
                 Slot::Overflow(o) => **o = Some(tat),
             }
         }
@@ -216,6 +342,7 @@ mod tests {
             &[Item {
                 buckets: b,
                 client: ClientId(client),
+                peer: Peer::default(),
                 rate: r,
                 cost: 1,
             }],
@@ -242,12 +369,14 @@ mod tests {
             Item {
                 buckets: &a,
                 client: ClientId(7),
+                peer: Peer::default(),
                 rate: &ra,
                 cost: 1,
             },
             Item {
                 buckets: &b,
                 client: ClientId(7),
+                peer: Peer::default(),
                 rate: &rb,
                 cost: 1,
             },
@@ -270,12 +399,14 @@ mod tests {
             Item {
                 buckets: &a,
                 client: ClientId(7),
+                peer: Peer::default(),
                 rate: &ra,
                 cost: 1,
             },
             Item {
                 buckets: &b,
                 client: ClientId(7),
+                peer: Peer::default(),
                 rate: &rb,
                 cost: 1,
             },
@@ -319,6 +450,103 @@ mod tests {
         assert!(b.overflowed() > 0);
         // SHARDS clients got their own burst; everyone else shared one bucket of 3.
         assert_eq!(admitted, SHARDS + 3);
+    }
+
+    /// One check of `client`'s bucket from `peer` (an IPv4 address, as text).
+    fn from(b: &Buckets, peer: &str, client: u128, r: &Rate, now: f64) -> Verdict {
+        check(
+            &[Item {
+                buckets: b,
+                client: ClientId(client),
+                peer: Peer::of(peer.parse().unwrap()),
+                rate: r,
+                cost: 1,
+            }],
+            &[true],
+            now,
+        )[0]
+    }
+
+    /// Client ids spread over every shard, as digests are.
+    fn spread(i: u128) -> u128 {
+        i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+    }
+
+    #[test]
+    fn a_peer_minting_identities_is_capped_and_others_are_not_locked_out() {
+        let b = Buckets::capped_per_peer(64 * 100, 50);
+        let r = rate(1.0 / 60.0, 2);
+        // One address sends 10 000 random keys: 50 get a bucket, the rest share one.
+        let mut admitted = 0;
+        for i in 0..10_000u128 {
+            admitted += usize::from(from(&b, "192.0.2.1", spread(i), &r, 0.0).admitted);
+        }
+        assert_eq!(admitted, 50 + 2);
+        assert_eq!(b.len(), 50);
+        assert_eq!(b.peer_overflowed(), 10_000 - 50);
+        assert_eq!(b.overflowed(), 0);
+        // Everyone else still gets a bucket of their own, a full burst each.
+        for (n, peer) in ["198.51.100.1", "198.51.100.2"].iter().enumerate() {
+            let key = spread(1_000_000 + n as u128);
+            assert!(from(&b, peer, key, &r, 0.0).admitted);
+            assert!(from(&b, peer, key, &r, 0.0).admitted);
+            assert!(!from(&b, peer, key, &r, 0.0).admitted);
+        }
+        // The capped peer's own keys keep their buckets (nothing was evicted).
+        assert_eq!(from(&b, "192.0.2.1", spread(0), &r, 0.0).remaining, 0);
+    }
+
+    #[test]
+    fn a_map_filled_from_many_peers_gives_newcomers_their_peers_bucket() {
+        // 6400 buckets in all, 100 a peer: 64 peers minting 200 keys each fill it.
+        let b = Buckets::capped_per_peer(6400, 100);
+        let r = rate(1.0 / 60.0, 2);
+        for p in 0..64u128 {
+            for k in 0..200u128 {
+                from(&b, &format!("10.0.0.{p}"), spread(p * 1000 + k), &r, 0.0);
+            }
+        }
+        assert!(b.len() <= 6400 && b.len() > 6000, "{}", b.len());
+        assert_eq!(b.overflowed(), 0, "the peers had room in the peer map");
+        // Newcomers from fresh addresses: a bucket of their own or their address's, a full
+        // burst each either way; none is sent to the one shared overflow bucket.
+        for n in 0..20u128 {
+            let (peer, key) = (format!("203.0.113.{n}"), spread(9_000_000 + n));
+            assert!(from(&b, &peer, key, &r, 0.0).admitted);
+            assert!(from(&b, &peer, key, &r, 0.0).admitted);
+            assert!(!from(&b, &peer, key, &r, 0.0).admitted);
+        }
+        assert_eq!(b.overflowed(), 0);
+    }
+
+    #[test]
+    fn a_peers_count_falls_as_its_buckets_refill() {
+        let b = Buckets::capped_per_peer(6400, 3);
+        // 1/s, burst 1: a bucket is full again a second after its request.
+        let r = rate(1.0, 1);
+        for i in 0..3 {
+            assert!(from(&b, "192.0.2.1", spread(i), &r, 0.0).admitted);
+        }
+        // At the cap: the next key shares the peer's bucket.
+        assert!(from(&b, "192.0.2.1", spread(3), &r, 0.0).admitted);
+        assert!(!from(&b, "192.0.2.1", spread(4), &r, 0.0).admitted);
+        // A second later all of them refilled: swept, the peer mints afresh.
+        assert_eq!(b.sweep(1.5e6), 3);
+        for i in 10..13 {
+            assert!(from(&b, "192.0.2.1", spread(i), &r, 1.5e6).admitted);
+        }
+        assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn ipv6_peers_are_grouped_by_64() {
+        let a = Peer::of("2001:db8:1:2::1".parse().unwrap());
+        assert_eq!(a, Peer::of("2001:db8:1:2:ffff::9".parse().unwrap()));
+        assert_ne!(a, Peer::of("2001:db8:1:3::1".parse().unwrap()));
+        assert_eq!(
+            Peer::of("192.0.2.1".parse().unwrap()),
+            Peer::of("::ffff:192.0.2.1".parse().unwrap())
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! would be full again. With `tok` = microseconds per token and `tau` = `burst * tok`:
 //!
 //! ```text
+//! tat     = min(tat, now + tau)            (only after a clock step back: see `step`)
 //! base    = max(tat, now)                  (a bucket never holds more than `burst`)
 //! new_tat = base + cost * tok
 //! admit   = new_tat - now <= tau           (enough tokens for `cost`)
@@ -83,12 +84,29 @@ pub struct Verdict {
     pub retry_after_us: f64,
 }
 
+/// How far (µs) past `now + tau` a `tat` must be before `step` takes it for a clock step: the
+/// float slack of a `tat` the arithmetic itself wrote (`bucket.lua` uses the same number).
+const CLAMP_SLACK_US: f64 = 1.0;
+
 /// Apply the GCRA step to one bucket. Returns the verdict and the new `tat` to store when the
 /// request is admitted (the caller commits it only if every limit admits).
+///
+/// A `tat` more than `tau` ahead of `now` is clamped to `now + tau`, an empty bucket: no
+/// admission ever leaves one there, so it means the clock that `now` is read from stepped back
+/// (Redis's wall clock; this process's clock is monotonic), and taken as is it would withhold
+/// tokens for as long as the step. Clamped, a rejection waits at most `cost` tokens' time, and
+/// the bucket is full again within `tau`. Forward steps need nothing: `max(tat, now)` is a full
+/// bucket, `burst` tokens and no more.
 pub fn step(tat: Option<f64>, now: f64, rate: &Rate, cost: u32) -> (Verdict, f64) {
     let tok = rate.token_us();
     let tau = rate.window_us();
-    let base = tat.map_or(now, |t| t.max(now));
+    let base = tat.map_or(now, |t| {
+        if t - now > tau + CLAMP_SLACK_US {
+            now + tau
+        } else {
+            t.max(now)
+        }
+    });
     let new_tat = base + f64::from(cost) * tok;
     if new_tat - now <= tau + 1e-6 {
         let remaining = whole_tokens(tau - (new_tat - now), tok);
@@ -251,6 +269,45 @@ mod tests {
         assert!(!v.admitted);
         assert_eq!(v.remaining, 2);
         assert!((v.retry_after_us - 2e6).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_tat_left_ahead_by_a_clock_step_back_withholds_one_period_at_most() {
+        // 1/s, burst 3: tau = 3 s. A bucket emptied on a clock an hour ahead, read on the
+        // corrected clock: its `tat` is 3603 s ahead of `now`.
+        let r = rate(1.0, 3);
+        let now = 10e6;
+        let (v, kept) = step(Some(now + 3_603e6), now, &r, 1);
+        assert!(!v.admitted);
+        assert!(
+            (v.retry_after_us - 1e6).abs() < 1e-3,
+            "one token's wait: {v:?}"
+        );
+        assert!((v.reset_us - 3e6).abs() < 1e-3, "full within tau: {v:?}");
+        assert!((kept - (now + 3e6)).abs() < 1e-3);
+        // From the clamped `tat`, refill runs as usual: a token a second later.
+        assert!(step(Some(kept), now + 1e6, &r, 1).0.admitted);
+        // Cost never waits longer than the period either: cost 3 of burst 3 waits 3 s.
+        let (v, _) = step(Some(now + 3_603e6), now, &r, 3);
+        assert!((v.retry_after_us - 3e6).abs() < 1e-3, "{v:?}");
+        // A `tat` the arithmetic wrote itself (at most tau ahead) is not touched.
+        let (v, t) = step(Some(now + 2e6), now, &r, 1);
+        assert!(v.admitted && (t - (now + 3e6)).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_clock_step_forward_mints_one_bucket() {
+        let r = rate(1.0, 3);
+        let (_, mut tat) = step(None, 0.0, &r, 3);
+        // An hour later on a clock that jumped: exactly `burst` admissions, then a rejection.
+        let now = 3_600e6;
+        for left in [2, 1, 0] {
+            let (v, t) = step(Some(tat), now, &r, 1);
+            assert!(v.admitted);
+            assert_eq!(v.remaining, left);
+            tat = t;
+        }
+        assert!(!step(Some(tat), now, &r, 1).0.admitted);
     }
 
     #[test]

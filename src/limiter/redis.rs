@@ -13,7 +13,8 @@
 //! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
 //! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
 //! once, and probes Redis once per cooldown (on a cluster, one breaker per range of slots, so
-//! a dead master fails fast for its own slots only). What to do when unavailable (admit,
+//! a dead master fails fast for its own slots only). A server connection whose calls keep
+//! timing out, or that answers out of step, is replaced by a fresh one (see `link`). What to do when unavailable (admit,
 //! reject, count locally) is the caller's failure policy. And a client hammering a limit it
 //! has exhausted is answered from a negative cache until a token can exist again (see
 //! `negative`), so a flood costs Redis nothing.
@@ -26,9 +27,10 @@ mod breaker;
 mod cluster;
 mod conn;
 mod failure;
+mod link;
 mod negative;
+mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -37,10 +39,13 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use self::breaker::Breaker;
-use self::conn::{parse_reply, Mode, RedisConn, Reply, BUCKET_LUA};
+use self::conn::{parse_reply, Mode, Reply, BUCKET_LUA};
 pub use self::failure::Unavailable;
 use self::failure::{by_deadline, Failure};
+use self::link::{Current, Link};
 use self::negative::NegativeCache;
+pub use self::stats::RedisStats;
+use self::stats::{bump, Counters};
 use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
@@ -57,45 +62,6 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Hashing the script once per process, not per call.
 static BUCKET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_LUA));
 
-/// Counters since start, for `/metrics`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RedisStats {
-    /// Calls to `check`.
-    pub checks: u64,
-    /// Script calls sent to Redis (checks and cluster refunds).
-    pub redis_calls: u64,
-    /// Checks answered `Unavailable`, whatever the reason.
-    pub errors: u64,
-    /// ... of which because the deadline passed.
-    pub timeouts: u64,
-    /// ... of which because the breaker was open (Redis was not asked).
-    pub breaker_rejections: u64,
-    /// Checks answered from the negative cache (Redis was not asked).
-    pub negative_hits: u64,
-    /// Cluster refunds sent (a slot rejected what another slot's check charged).
-    pub refunds: u64,
-    /// Refunds that did not make it: those tokens come back only by refill.
-    pub refund_failures: u64,
-    /// Buckets the negative cache holds now (a gauge).
-    pub negative_cache_entries: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    checks: AtomicU64,
-    redis_calls: AtomicU64,
-    errors: AtomicU64,
-    timeouts: AtomicU64,
-    breaker_rejections: AtomicU64,
-    negative_hits: AtomicU64,
-    refunds: AtomicU64,
-    refund_failures: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 /// One bucket of one check, as sent to Redis.
 #[derive(Debug, Clone)]
 struct Bucket<'a> {
@@ -110,7 +76,7 @@ struct Bucket<'a> {
 /// A worker's own connection, and its batching queue.
 #[derive(Debug)]
 struct Worker {
-    conn: RedisConn,
+    link: Arc<Link>,
     batcher: batch::Batcher,
 }
 
@@ -123,7 +89,9 @@ type Via<'a> = Option<&'a Worker>;
 #[derive(Debug)]
 pub struct RedisLimiter {
     /// The connection of the thread that built the limiter (readiness probes, tests).
-    conn: RedisConn,
+    shared: Arc<Link>,
+    /// A Redis Cluster (keys have slots, one breaker per range of them), else one server.
+    cluster: bool,
     /// One connection per worker thread, opened as the worker starts (`warm_up_worker`), or on
     /// first use there: its I/O then runs on the worker that asks, so a check never wakes
     /// another thread.
@@ -163,13 +131,16 @@ impl RedisLimiter {
     /// `new`, with a connection and batcher of its own for each of `workers` worker threads
     /// (`check_on`).
     pub fn for_workers(cfg: &RedisConfig, workers: usize) -> Result<Self, String> {
-        let conn = RedisConn::open(cfg)?;
-        let breakers = match conn {
-            RedisConn::Cluster(_) => CLUSTER_SLOTS / Self::SLOTS_PER_BREAKER,
-            RedisConn::Single(_) => 1,
+        let shared = Link::open(cfg)?;
+        let cluster = shared.is_cluster();
+        let breakers = if cluster {
+            CLUSTER_SLOTS / Self::SLOTS_PER_BREAKER
+        } else {
+            1
         };
         Ok(Self {
-            conn,
+            shared: Arc::new(shared),
+            cluster,
             per_worker: (0..workers).map(|_| std::sync::OnceLock::new()).collect(),
             cfg: cfg.clone(),
             timeout: cfg.timeout,
@@ -295,9 +266,10 @@ impl RedisLimiter {
             .enumerate()
             .map(|(i, c)| {
                 let key = self.key(c.limit, c.client);
-                let slot = match self.conn {
-                    RedisConn::Cluster(_) => cluster::slot_of(&key),
-                    RedisConn::Single(_) => 0,
+                let slot = if self.cluster {
+                    cluster::slot_of(&key)
+                } else {
+                    0
                 };
                 Bucket {
                     key,
@@ -310,12 +282,16 @@ impl RedisLimiter {
             .collect()
     }
 
-    /// Whether Redis answers a PING within the check timeout (for `/readyz`).
-    pub async fn ping(&self) -> bool {
-        matches!(
-            tokio::time::timeout(self.timeout, self.conn.ping()).await,
-            Ok(Ok(()))
-        )
+    /// Whether Redis runs the bucket script within the check timeout (for `/readyz`): an
+    /// EVALSHA of a check of no buckets, which touches no key. More than a PING: a server that
+    /// answers but refuses or breaks the script (scripting disabled or renamed, an ACL without
+    /// it, out of memory for the script cache) fails every check, and fails this too.
+    pub async fn script_runs(&self) -> Result<(), String> {
+        let deadline = Instant::now() + self.timeout;
+        match self.call(None, Mode::Check, &[], deadline).await {
+            Ok(_) => Ok(()),
+            Err(failure) => Err(failure.detail),
+        }
     }
 
     /// Redis is failing fast, for some checks at least: a breaker is open (on a cluster, the
@@ -327,22 +303,6 @@ impl RedisLimiter {
     /// The breaker of `slot`'s range (always 0 on a single server).
     fn breaker_index(&self, slot: u16) -> usize {
         usize::from(slot) / Self::SLOTS_PER_BREAKER % self.breakers.len()
-    }
-
-    pub fn stats(&self) -> RedisStats {
-        let c = &*self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        RedisStats {
-            checks: get(&c.checks),
-            redis_calls: get(&c.redis_calls),
-            errors: get(&c.errors),
-            timeouts: get(&c.timeouts),
-            breaker_rejections: get(&c.breaker_rejections),
-            negative_hits: get(&c.negative_hits),
-            refunds: get(&c.refunds),
-            refund_failures: get(&c.refund_failures),
-            negative_cache_entries: self.negative.len() as u64,
-        }
     }
 
     /// Count and log (at most once a second) a check Redis did not decide.
@@ -368,9 +328,9 @@ impl RedisLimiter {
         if let Some(worker) = cell.get() {
             return Some(worker);
         }
-        let conn = RedisConn::open(&self.cfg).ok()?;
-        let batcher = batch::Batcher::start(conn.clone(), self.counters.clone(), self.timeout);
-        Some(cell.get_or_init(|| Worker { conn, batcher }))
+        let link = Arc::new(Link::open(&self.cfg).ok()?);
+        let batcher = batch::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
+        Some(cell.get_or_init(|| Worker { link, batcher }))
     }
 
     /// Open this worker thread's connection and start its batcher now, and have Redis answer
@@ -381,9 +341,10 @@ impl RedisLimiter {
         let Some(worker) = self.worker(Some(id)) else {
             return;
         };
+        let on = worker.link.now();
         let warm = async {
-            worker.conn.ping().await?;
-            worker.conn.load_script(&BUCKET_SCRIPT).await
+            on.conn.ping().await?;
+            on.conn.load_script(&BUCKET_SCRIPT).await
         };
         match tokio::time::timeout(WARM_UP_TIMEOUT, warm).await {
             Ok(Ok(())) => tracing::debug!("worker's Redis connection ready"),
@@ -399,8 +360,8 @@ impl RedisLimiter {
     }
 
     /// The connection to use: the worker's own, else the shared one.
-    fn conn<'a>(&'a self, via: Via<'a>) -> &'a RedisConn {
-        via.map_or(&self.conn, |w| &w.conn)
+    fn link<'a>(&'a self, via: Via<'a>) -> &'a Arc<Link> {
+        via.map_or(&self.shared, |w| &w.link)
     }
 
     /// One script call per slot the buckets live in (one in total on a single server), all
@@ -448,8 +409,13 @@ impl RedisLimiter {
         group: &[&Bucket<'_>],
         deadline: Instant,
     ) -> Result<Reply, Failure> {
-        let value = self.send(via, mode, group, deadline).await?;
-        parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(Failure::unexpected_reply)
+        let link = self.link(via);
+        let on = link.now();
+        let value = self.send_on(link, &on, mode, group, deadline).await?;
+        parse_reply(&value, group.iter().map(|b| b.enforced)).ok_or_else(|| {
+            link.out_of_step(&on);
+            Failure::unexpected_reply()
+        })
     }
 
     /// Run the script on `group` before `deadline`.
@@ -460,10 +426,23 @@ impl RedisLimiter {
         group: &[&Bucket<'_>],
         deadline: Instant,
     ) -> Result<::redis::Value, Failure> {
+        let link = self.link(via);
+        self.send_on(link, &link.now(), mode, group, deadline).await
+    }
+
+    /// Run the script on `group` through `link`'s connection `on`, and tell `link` how it went.
+    async fn send_on(
+        &self,
+        link: &Link,
+        on: &Current,
+        mode: Mode,
+        group: &[&Bucket<'_>],
+        deadline: Instant,
+    ) -> Result<::redis::Value, Failure> {
         bump(&self.counters.redis_calls);
-        let run = self
-            .conn(via)
-            .run(&BUCKET_SCRIPT, mode, group.iter().copied());
-        by_deadline(deadline, self.timeout, run).await
+        let run = on.conn.run(&BUCKET_SCRIPT, mode, group.iter().copied());
+        let result = by_deadline(deadline, self.timeout, run).await;
+        link.settle(on, &result);
+        result
     }
 }

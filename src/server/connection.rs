@@ -1,11 +1,13 @@
 //! One accepted connection: PROXY header, TLS handshake, then hyper serving its requests.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::header::CONNECTION;
 use http::HeaderValue;
@@ -125,10 +127,14 @@ impl Connection {
                         *s.tunnel.lock() = Some(tunnel);
                     }
                     let mut res = handled.response;
-                    if request.served >= max_requests {
-                        // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY below.
+                    let retiring = request.served >= max_requests;
+                    if retiring || s.activity.stopping() {
+                        // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY (the
+                        // watchdog's close; hyper drops this header from HTTP/2 responses).
                         res.headers_mut()
                             .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    if retiring {
                         s.activity.retire.notify_one();
                     }
                     request.answered = true;
@@ -147,6 +153,8 @@ impl Connection {
             let watched = WriteWatched {
                 inner: io,
                 shared: shared.clone(),
+                shut: false,
+                linger: None,
             };
             ReadNoted::new(watched, move || shared.activity.bytes_read())
         };
@@ -235,11 +243,25 @@ impl Drop for ActiveRequest {
     }
 }
 
+/// How long a connection closed by the shutdown keeps reading (and discarding) after its FIN,
+/// waiting for the client to close its side.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// The client's socket, telling the connection's `Activity` when a write has to wait for it
 /// and when it goes through (the send timeout).
+///
+/// On shutdown its close lingers: after sending FIN it reads and discards what the client
+/// still sends until the client closes too, or `LINGER`. A socket closed with unread bytes, or
+/// that receives bytes once closed, answers with a reset, and a reset destroys what the client
+/// has not read yet: the last response, or the FIN that tells it the connection was closed
+/// before its next request was read (a clean close it can retry on, RFC 9112 section 9.6).
 struct WriteWatched<I> {
     inner: I,
     shared: Arc<Shared>,
+    /// FIN sent.
+    shut: bool,
+    /// The end of the lingering close, once it started.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for WriteWatched<I> {
@@ -262,7 +284,7 @@ impl<I: AsyncWrite + Unpin> WriteWatched<I> {
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for WriteWatched<I> {
+impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WriteWatched<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -291,7 +313,31 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteWatched<I> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let this = &mut *self;
+        if !this.shut {
+            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.shut = true;
+        }
+        if !this.shared.activity.stopping() {
+            return Poll::Ready(Ok(()));
+        }
+        let linger = this
+            .linger
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER)));
+        let mut scratch = [0u8; 2048];
+        loop {
+            if linger.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut buf) {
+                // More from the client: discarded, it comes after the close.
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {}
+                // The client closed too (or its socket failed): done.
+                Poll::Ready(_) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 

@@ -13,6 +13,11 @@ use crate::config::settings::ListenerSettings;
 /// quota of requests or was caught in a rapid reset, or when it sat idle too long; asks it to
 /// drop when a request head did not complete in time. Sleeps until the next deadline and
 /// re-reads the connection's marks only then: requests themselves never wake it.
+///
+/// On shutdown, an HTTP/1.1 connection whose next request head is under way (a client reusing
+/// its kept-alive connection just as the signal lands) is not closed under it: that client has
+/// sent a request and could not tell whether it was received. The head is read and answered,
+/// with `Connection: close` (see `Activity::stopping`), within its own head deadline.
 pub(super) async fn watchdog(
     shared: Arc<Shared>,
     settings: Arc<ListenerSettings>,
@@ -22,11 +27,21 @@ pub(super) async fn watchdog(
     let activity = &shared.activity;
     let sleep = tokio::time::sleep_until(activity.next_check(&settings));
     tokio::pin!(sleep);
+    let mut stopping = false;
     let command = loop {
         tokio::select! {
-            _ = stop.changed() => break Command::Close,
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                activity.stopping.store(true, Ordering::Release);
+                if !activity.head_in_progress() {
+                    break Command::Close;
+                }
+                sleep.as_mut().reset(activity.next_check(&settings));
+            }
             () = activity.retire.notified() => break Command::Close,
             () = sleep.as_mut() => match activity.overdue(&settings) {
+                // The head that held the close off was answered, and nothing else started.
+                Overdue::No if stopping && !activity.busy() => break Command::Close,
                 Overdue::No => sleep.as_mut().reset(activity.next_check(&settings)),
                 Overdue::Idle => break Command::Close,
                 Overdue::Head => break Command::Drop,
@@ -69,10 +84,13 @@ pub(super) struct Activity {
     pub(super) http2: AtomicBool,
     /// Requests and client cancellations in the current window of `RESET_WINDOW` requests.
     window: parking_lot::Mutex<(u32, u32)>,
-    /// When the connection last went idle (accepted, or its last response head sent), and
-    /// when the first byte after that arrived (a request head in progress).
+    /// When the connection last went idle (its start, or its last request's end), and when
+    /// the first byte after that arrived (a request head in progress).
     marks: parking_lot::Mutex<Marks>,
     pub(super) retire: Notify,
+    /// Shutting down: responses say `Connection: close`, and closing lingers (see
+    /// `connection::WriteWatched`).
+    pub(super) stopping: AtomicBool,
     /// Since when a write to the client has been waiting for the socket (milliseconds after
     /// `origin`, plus one; 0: none waits).
     write_waiting: AtomicU64,
@@ -111,6 +129,7 @@ impl Activity {
                 head_started: None,
             }),
             retire: Notify::new(),
+            stopping: AtomicBool::new(false),
             write_waiting: AtomicU64::new(0),
             unsent: parking_lot::Mutex::new(Vec::new()),
             origin: Instant::now(),
@@ -183,6 +202,23 @@ impl Activity {
         }
     }
 
+    /// The connection is shutting down (the watchdog saw the signal).
+    pub(super) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// An HTTP/1.1 request head has begun arriving and is not complete yet.
+    fn head_in_progress(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) == 0
+            && !self.http2.load(Ordering::Acquire)
+            && self.marks.lock().head_started.is_some()
+    }
+
+    /// A request is in flight, or a head under way.
+    fn busy(&self) -> bool {
+        self.inflight.load(Ordering::Acquire) > 0 || self.head_in_progress()
+    }
+
     pub(super) fn bytes_read(&self) {
         if self.inflight.load(Ordering::Acquire) == 0 && !self.http2.load(Ordering::Acquire) {
             let mut marks = self.marks.lock();
@@ -192,12 +228,17 @@ impl Activity {
 
     fn deadline(&self, s: &ListenerSettings) -> (Instant, Overdue) {
         let marks = *self.marks.lock();
+        let fresh = self.served.load(Ordering::Acquire) == 0;
         match marks.head_started {
+            // A fresh connection's first head counts from the connection's start, not from its
+            // first byte: a slowloris that waits out most of the timeout before its first byte
+            // would otherwise hold the socket for two of them.
+            Some(_) if fresh => (marks.idle_since + s.header_read_timeout, Overdue::Head),
+            // A kept-alive connection idles under `idle`; its next head then has its own
+            // `header_read` from its first byte.
             Some(started) => (started + s.header_read_timeout, Overdue::Head),
             // A fresh connection must send its first head within the header timeout.
-            None if self.served.load(Ordering::Acquire) == 0 => {
-                (marks.idle_since + s.header_read_timeout, Overdue::Idle)
-            }
+            None if fresh => (marks.idle_since + s.header_read_timeout, Overdue::Idle),
             None => (marks.idle_since + s.idle_timeout, Overdue::Idle),
         }
     }

@@ -21,8 +21,17 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     extra: Vec<String>,
+    /// The file libfaketime reads this server's wall-clock offset from, when it runs under it.
+    clock: Option<std::path::PathBuf>,
     child: Option<Child>,
 }
+
+/// Where Debian's `libfaketime` package puts the library (`apt-get install faketime`).
+const LIBFAKETIME: [&str; 3] = [
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+];
 
 impl RedisServer {
     /// A plain server: no persistence, loopback only.
@@ -38,6 +47,7 @@ impl RedisServer {
                 port: free_port(),
                 dir: tempfile::tempdir().expect("temp dir"),
                 extra: extra.clone(),
+                clock: None,
                 child: None,
             };
             if server.spawn() {
@@ -58,15 +68,63 @@ impl RedisServer {
             port,
             dir: tempfile::tempdir().expect("temp dir"),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            clock: None,
             child: None,
         };
         assert!(server.spawn(), "redis-server did not start on port {port}");
         server
     }
 
+    /// A plain server whose wall clock can be stepped (`set_clock_offset`): the real
+    /// redis-server under libfaketime, which reads the offset from a file on every clock read,
+    /// so `TIME`, the bucket script's `now` and key expiry all move with it. Its monotonic
+    /// clock (event loop, timeouts) is left alone, as an NTP step leaves it.
+    pub fn start_with_fake_clock() -> Self {
+        libfaketime();
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let clock = dir.path().join("clock-offset");
+            std::fs::write(&clock, "+0").expect("write the clock offset");
+            let mut server = Self {
+                port: free_port(),
+                dir,
+                extra: Vec::new(),
+                clock: Some(clock),
+                child: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server under libfaketime on a free port");
+    }
+
+    /// Step this server's wall clock to `seconds` away from the real one (negative: behind).
+    /// Takes effect on its next clock read.
+    pub fn set_clock_offset(&self, seconds: i64) {
+        let file = self
+            .clock
+            .as_ref()
+            .expect("a server from start_with_fake_clock");
+        std::fs::write(file, format!("{seconds:+}")).expect("write the clock offset");
+    }
+
     /// Spawn and wait for PING; false if the process died (the port was taken).
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(clock) = &self.clock {
+            let lib = libfaketime();
+            // libfaketime's set-up allocates, and jemalloc (which Debian's redis-server links)
+            // reads the clock while it sets itself up: each waits on the other and the server
+            // hangs before main. glibc's malloc, preloaded after libfaketime, takes the
+            // allocations instead and breaks the cycle.
+            command
+                .env("LD_PRELOAD", format!("{lib}:libc.so.6"))
+                .env("FAKETIME_TIMESTAMP_FILE", clock)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -282,6 +340,14 @@ impl RedisCluster {
             .parse()
             .expect("CLUSTER KEYSLOT answers a number")
     }
+}
+
+/// The libfaketime library; panics with what to install when it is missing.
+fn libfaketime() -> &'static str {
+    LIBFAKETIME
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("libfaketime is installed (apt-get install faketime; scripts/test.sh does)")
 }
 
 /// A port nothing listens on right now.

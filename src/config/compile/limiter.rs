@@ -67,11 +67,23 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
     if max_buckets == 0 {
         p.add("limiter.local.max_buckets", "must be at least 1");
     }
+    let max_buckets_per_peer = raw
+        .local
+        .as_ref()
+        .and_then(|l| l.max_buckets_per_peer)
+        .unwrap_or(1000);
+    if max_buckets_per_peer == 0 {
+        p.add(
+            "limiter.local.max_buckets_per_peer",
+            "must be at least 1 (set it to max_buckets for no per-address cap)",
+        );
+    }
     LimiterSettings {
         backend,
         on_failure,
         divide_by: divide_by.max(1),
         max_buckets: max_buckets.max(1),
+        max_buckets_per_peer: max_buckets_per_peer.max(1),
     }
 }
 

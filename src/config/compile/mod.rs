@@ -76,6 +76,12 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         raw.shutdown_timeout.as_ref(),
         Duration::from_secs(30),
     );
+    let shutdown_delay = duration_or(
+        &mut p,
+        "shutdown_delay".into(),
+        raw.shutdown_delay.as_ref(),
+        Duration::ZERO,
+    );
     let upstreams = upstreams::upstreams(&raw.upstreams, &mut p);
     let mut ctx = routes::RouteCtx {
         upstreams: &upstreams,
@@ -119,6 +125,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         },
         limiter,
         shutdown_timeout,
+        shutdown_delay,
         max_inflight: raw.max_inflight.unwrap_or(10_000),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
         buffering,

@@ -29,7 +29,8 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, reply_bytes, RedisConn, Reply, BUCKET_REPLY};
+use super::conn::{parse_items, reply_bytes, Reply, BUCKET_REPLY};
+use super::link::Link;
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
 
@@ -68,9 +69,9 @@ pub(super) struct Batcher {
 impl Batcher {
     /// Start the batching task on the current runtime. `timeout` is what the failures of
     /// timed-out checks report.
-    pub(super) fn start(conn: RedisConn, counters: Arc<Counters>, timeout: Duration) -> Self {
+    pub(super) fn start(link: Arc<Link>, counters: Arc<Counters>, timeout: Duration) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(collect(conn, queue, counters, timeout));
+        tokio::spawn(collect(link, queue, counters, timeout));
         Self { jobs }
     }
 
@@ -103,11 +104,12 @@ fn gone() -> Failure {
 
 /// Take everything queued, send it as one call (without waiting for it), repeat.
 async fn collect(
-    conn: RedisConn,
+    link: Arc<Link>,
     mut queue: mpsc::UnboundedReceiver<Job>,
     counters: Arc<Counters>,
     timeout: Duration,
 ) {
+    let cluster = link.is_cluster();
     while let Some(first) = queue.recv().await {
         // Let the worker poll its sockets a few more times first: the requests that become
         // ready meanwhile join this call. Each turn is microseconds on an idle worker.
@@ -122,15 +124,12 @@ async fn collect(
                 Err(_) => break,
             }
         }
-        match conn {
-            RedisConn::Single(_) => {
-                tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
+        if cluster {
+            for batch in by_slot(batch) {
+                tokio::spawn(send(link.clone(), batch, counters.clone(), timeout));
             }
-            RedisConn::Cluster(_) => {
-                for batch in by_slot(batch) {
-                    tokio::spawn(send(conn.clone(), batch, counters.clone(), timeout));
-                }
-            }
+        } else {
+            tokio::spawn(send(link.clone(), batch, counters.clone(), timeout));
         }
     }
 }
@@ -150,7 +149,7 @@ fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
-async fn send(conn: RedisConn, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
+async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
     for late in batch.extract_if(.., |j| j.deadline <= now) {
         let _ = late.reply.send(Err(Failure::timed_out(timeout)));
@@ -191,7 +190,8 @@ async fn send(conn: RedisConn, mut batch: Vec<Job>, counters: Arc<Counters>, tim
                 .collect()
         })
         .collect();
-    let call = conn.run_batch(
+    let on = link.now();
+    let call = on.conn.run_batch(
         &BUCKET_SCRIPT,
         groups
             .iter()
@@ -199,8 +199,20 @@ async fn send(conn: RedisConn, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             .map(|(m, b)| (m.len(), b.iter())),
     );
     let value = by_deadline(deadline, timeout, call).await;
+    link.settle(&on, &value);
+    // A reply of the wrong shape, or of the wrong length for this batch, is another call's:
+    // the connection is out of step (see `link`).
+    let expected: usize = groups
+        .iter()
+        .map(|members| members.len() * BUCKET_REPLY * args[members[0]].len())
+        .sum();
     let outcome = match &value {
-        Ok(value) => reply_bytes(value).ok_or_else(Failure::unexpected_reply),
+        Ok(value) => reply_bytes(value)
+            .filter(|items| items.len() == expected)
+            .ok_or_else(|| {
+                link.out_of_step(&on);
+                Failure::unexpected_reply()
+            }),
         Err(failure) => Err(failure.clone()),
     };
     let items = match outcome {

@@ -148,8 +148,7 @@ impl RedisLimiter {
             .iter()
             .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost))
             .collect();
-        let (conn, counters, timeout) =
-            (self.conn(via).clone(), self.counters.clone(), self.timeout);
+        let (on, counters, timeout) = (self.link(via).now(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
             (self.negative.clone(), self.log_gate.clone(), self.clock);
         bump(&counters.refunds);
@@ -165,7 +164,7 @@ impl RedisLimiter {
                     enforced: true,
                 })
                 .collect();
-            let run = conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
+            let run = on.conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
             let sent = match tokio::time::timeout(timeout, run).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(e.to_string()),

@@ -13,10 +13,14 @@
 //! cached entry stops blocking no later than Redis would start admitting. Exceptions: a cluster
 //! refund lowers a `tat` (so a refund makes the cache forget its buckets, though a rejection
 //! computed before the refund and arriving after it is still learnt); Redis's wall clock may
-//! jump; and
-//! Redis may lose keys (a restart without persistence, a failover, a FLUSHALL), after which
-//! the cache goes on rejecting a client Redis has forgotten, for at most that rejection's
+//! step; and Redis may lose keys (a restart without persistence, a failover, a FLUSHALL), after
+//! which the cache goes on rejecting a client Redis has forgotten, for at most that rejection's
 //! retry-after.
+//!
+//! Whatever Redis answers, the cache never believes a bucket more than one refill period
+//! (`tau`) ahead: the script already clamps a `tat` that a clock stepping back left too far
+//! ahead, and the cache clamps again (a reply from a server running an older script, or a
+//! step during the call), so a proxy never keeps a client locked out past `tau` on its own.
 //!
 //! Verdicts of the *other* buckets of a short-circuited request come from the same lower bound
 //! (or a full bucket if nothing is known), so their `remaining` may be optimistic; the decision
@@ -122,7 +126,8 @@ impl NegativeCache {
             } else {
                 0.0
             };
-            let tat = sent_us + v.reset_us - charged;
+            // At most one refill period ahead, whatever Redis's clock did (see the module doc).
+            let tat = sent_us + v.reset_us.min(b.rate.window_us()) - charged;
             if tat <= sent_us {
                 // A full bucket: knowing it is worth nothing.
                 map.entries.remove(&b.key);
@@ -233,6 +238,32 @@ mod tests {
         // Full again at 2 s: the next lookup drops it, and later ones skip the lock.
         assert!(cache.answer(&b, 2.5e6).is_none());
         assert_eq!((cache.len(), cache.held.load(Ordering::Relaxed)), (0, 0));
+    }
+
+    #[test]
+    fn a_rejection_is_believed_for_one_period_at_most() {
+        let cache = NegativeCache::new(100);
+        // 1/s, burst 3: tau = 3 s. A Redis whose clock stepped back an hour says so.
+        let rate = rate_of(1.0, 3);
+        let b = [bucket("k", &rate, true)];
+        let told = Verdict {
+            admitted: false,
+            remaining: 0,
+            reset_us: 3_603e6,
+            retry_after_us: 3_601e6,
+        };
+        cache.remember(&b, &[told], 0.0);
+        let replayed = cache.answer(&b, 0.0).expect("a known rejection");
+        assert!(
+            replayed[0].retry_after_us <= 1e6 + 1e-3,
+            "{:?}",
+            replayed[0]
+        );
+        assert!(replayed[0].reset_us <= 3e6 + 1e-3, "{:?}", replayed[0]);
+        assert!(
+            cache.answer(&b, 1e6).is_none(),
+            "a token is back: ask Redis"
+        );
     }
 
     #[test]
