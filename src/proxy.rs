@@ -159,9 +159,17 @@ async fn pipeline<'a>(
         settings.client_ip_header,
     );
     trace.client_ip = Some(client_ip);
+    // A case-insensitive route's limits count `/Admin` where they count `/admin`.
+    let folded;
+    let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
+        folded = fold_path(req.uri())?;
+        &folded
+    } else {
+        req.uri()
+    };
     let view = RequestView {
         method: req.method(),
-        uri: req.uri(),
+        uri,
         headers: req.headers(),
         client_ip,
     };
@@ -201,6 +209,7 @@ async fn pipeline<'a>(
                 websocket_allowed: route.websocket,
                 websocket_idle: route.websocket_idle,
                 underscores: settings.underscores_in_headers,
+                untrusted_strip: &settings.strip_untrusted_headers,
                 worker: conn.worker,
             };
             let (mut parts, body) = req.into_parts();
@@ -297,6 +306,19 @@ fn body_error(why: BodyFailure) -> ProxyError {
     }
 }
 
+/// `uri` with its path in lower case (query and authority as they are).
+fn fold_path(uri: &http::Uri) -> Result<http::Uri, ProxyError> {
+    let path = uri.path().to_ascii_lowercase();
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query =
+        Some(http::uri::PathAndQuery::try_from(pq).map_err(|_| ProxyError::BadRequest)?);
+    http::Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)
+}
+
 /// The Content-Length the client declared, if any.
 fn declared_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -331,7 +353,9 @@ async fn forward_timed(
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
-        Err(ProxyError::UpstreamUnreachable) => Some(UpstreamErrorKind::unreachable),
+        Err(ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid) => {
+            Some(UpstreamErrorKind::unreachable)
+        }
         Err(_) => None,
     };
     if let Some(kind) = kind {

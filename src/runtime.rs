@@ -38,6 +38,9 @@ pub struct Runtime {
 }
 
 /// A route, live.
+// Independent switches of one route (websocket, buffering both ways, path case), not a
+// state machine in disguise.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct Route {
     pub name: Arc<str>,
@@ -57,6 +60,8 @@ pub struct Route {
     pub buffer_request: bool,
     /// Read upstream responses ahead, as fast as the upstream sends them.
     pub buffer_response: bool,
+    /// The route compares paths without case, so its limits read the path lower-cased.
+    pub fold_path: bool,
 }
 
 /// What a route does with an admitted request.
@@ -130,6 +135,7 @@ impl Runtime {
                 websocket_idle: spec.websocket_idle,
                 buffer_request: spec.buffer_request,
                 buffer_response: spec.buffer_response,
+                fold_path: spec.fold_path,
             });
         }
         let store = store(&settings, previous);

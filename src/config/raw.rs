@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -20,6 +20,7 @@ const KEYS: [&str; 12] = [
     "max_inflight",
     "client_ip_header",
     "underscores_in_headers",
+    "strip_untrusted_headers",
     "buffering",
 ];
 
@@ -72,6 +73,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         max_inflight: r.one("max_inflight"),
         client_ip_header: r.one("client_ip_header"),
         underscores_in_headers: r.one("underscores_in_headers"),
+        strip_untrusted_headers: r.one("strip_untrusted_headers"),
         buffering: r.one("buffering"),
         positions: Positions {
             listeners: listener_positions,

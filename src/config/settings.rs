@@ -39,6 +39,9 @@ pub struct Settings {
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
     /// by default they are dropped.
     pub underscores_in_headers: bool,
+    /// Request headers removed when the peer is not a trusted proxy (client-IP and URL-override
+    /// headers such as `True-Client-IP` and `X-Original-URL`).
+    pub strip_untrusted_headers: Vec<http::HeaderName>,
     /// Where and how much bodies are buffered.
     pub buffering: BufferSettings,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
@@ -58,6 +61,9 @@ impl Settings {
 }
 
 /// One route: what it does, its limits and body limits (its match conditions are in `Table`).
+// Independent switches of one route (websocket, buffering both ways, path case), not a
+// state machine in disguise.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct RouteSpec {
     pub name: Arc<str>,
@@ -73,6 +79,8 @@ pub struct RouteSpec {
     pub buffer_request: bool,
     /// Read upstream responses ahead, as fast as the upstream sends them.
     pub buffer_response: bool,
+    /// `match.path_case: insensitive`: the `path` key source reads the path lower-cased.
+    pub fold_path: bool,
 }
 
 /// The `buffering` section.

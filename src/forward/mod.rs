@@ -1,5 +1,6 @@
 //! Forwarding upstream: target choice, the request rewrite, a pooled keep-alive client, streaming.
 
+mod framing;
 mod rewrite;
 pub mod tunnel;
 mod upstream;
@@ -45,6 +46,8 @@ pub struct Downstream<'a> {
     pub websocket_idle: Duration,
     /// Headers with `_` in their names go upstream (else they are dropped).
     pub underscores: bool,
+    /// Headers removed when the peer is not a trusted proxy (`strip_untrusted_headers`).
+    pub untrusted_strip: &'a [http::HeaderName],
     /// The worker serving the connection (whose upstream pool it uses).
     pub worker: usize,
 }
@@ -95,6 +98,7 @@ pub async fn send(
         }
     };
     let (mut res, mut lease) = exchanged.map_err(|e| classify(&e))?;
+    framing::check_response(&res, client_side.is_some())?;
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
