@@ -192,3 +192,36 @@ async fn a_long_request_line_is_414_whatever_its_length() {
     assert_eq!(c.response().await.status, 200);
     assert_eq!(backend.requests().len(), 3);
 }
+
+/// Answers a WebSocket handshake with `101`; then, as a tunnel's far end, reads whatever
+/// comes through as requests and answers them `200 ok`.
+fn switching(head: &[u8]) -> Vec<u8> {
+    if find(&head.to_ascii_lowercase(), b"upgrade: websocket").is_some() {
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"
+            .to_vec()
+    } else {
+        ok_answer(head)
+    }
+}
+
+/// Once a connection is a tunnel, its bytes are not request heads: a long line through it is
+/// the backend's, not a `414`.
+#[tokio::test]
+async fn a_tunnels_bytes_are_not_request_lines() {
+    let backend = RawBackend::start(switching).await;
+    let routes = "  - name: ws\n    upstream: app\n    websocket: true\n";
+    let proxy = TestProxy::start(&yaml(backend.addr, "", routes));
+    let mut c = Raw::open(proxy.addr()).await;
+    c.send(
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await;
+    assert_eq!(c.response().await.status, 101);
+    let line = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "t".repeat(20 << 10));
+    c.send(line.as_bytes()).await;
+    let r = c.response().await;
+    assert_eq!(r.status, 200, "through the tunnel: {r:?}");
+    assert!(backend.wait_for(2).await);
+    assert!(backend.requests()[1].starts_with(b"GET /ttt"));
+}

@@ -21,8 +21,8 @@ pub(super) fn rewrite(
     target: &Authority,
     down: Downstream<'_>,
 ) -> Result<(), ProxyError> {
-    // Upstream requests are origin-form: the path and query only, with the path parameters
-    // routing left out (screening keeps them here: `ForwardPath`).
+    // Upstream requests are origin-form: the path and query only. A path whose parameters
+    // routing left out goes with them (screening kept it as `ForwardPath`).
     let forward = req.extensions_mut().remove::<ForwardPath>();
     let absolute = req.uri().scheme().is_some() || req.uri().authority().is_some();
     let authority = if absolute || forward.is_some() {

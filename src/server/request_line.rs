@@ -7,7 +7,8 @@
 //!
 //! Only the first line of a head read while no request is in flight is watched (the watchdog's
 //! view of a head in progress): a body is never mistaken for one. A head that hyper read
-//! ahead while the previous request was in flight (pipelining) is left to hyper and screening.
+//! ahead while the previous request was in flight (pipelining) is left to hyper and screening,
+//! and a connection that switched protocols (`101`, a WebSocket tunnel) is not watched again.
 //! The cost is a scan for the line's end, only until it ends: nothing for the rest of a head,
 //! for bodies or for HTTP/2.
 
@@ -39,6 +40,8 @@ pub(super) struct LineGuard<I, F> {
     max_line: usize,
     line: Line,
     refusal: Option<Refusal>,
+    /// The connection switched protocols (a WebSocket tunnel): no more heads on it.
+    switched: bool,
 }
 
 /// Where the watch is in the current head's first line.
@@ -74,7 +77,13 @@ impl<I, F> LineGuard<I, F> {
             max_line,
             line: Line::default(),
             refusal: None,
+            switched: false,
         }
+    }
+
+    /// Note a `101` response head going out: what follows is not HTTP/1 any more.
+    fn note_write(&mut self, data: &[u8]) {
+        self.switched |= data.starts_with(b"HTTP/1.1 101 ");
     }
 }
 
@@ -200,6 +209,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin, F: Fn() -> Option<u64> + Unpin> AsyncRea
         }
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if this.switched {
+            return Poll::Ready(Ok(()));
+        }
         let Some(head) = (this.between)() else {
             return Poll::Ready(Ok(()));
         };
@@ -239,6 +251,9 @@ impl<I: AsyncWrite + Unpin, F: Unpin> AsyncWrite for LineGuard<I, F> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if !self.switched {
+            self.note_write(data);
+        }
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -247,6 +262,9 @@ impl<I: AsyncWrite + Unpin, F: Unpin> AsyncWrite for LineGuard<I, F> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if let (false, Some(first)) = (self.switched, bufs.first()) {
+            self.note_write(first);
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
