@@ -25,7 +25,7 @@ if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
   echo "usage: $0 [SECONDS_PER_TARGET]" >&2
   exit 2
 fi
-read -r -a targets <<<"${FUZZ_TARGETS:-config values forwarded_for identity request_head}"
+read -r -a targets <<<"${FUZZ_TARGETS:-config values forwarded_for identity request_head canonical}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

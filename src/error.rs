@@ -30,6 +30,10 @@ pub enum ProxyError {
     UpstreamUnreachable,
     #[error("upstream did not answer in time")]
     UpstreamTimeout,
+    /// A response head that cannot be passed on (framing both ways, an unasked-for `101`).
+    /// Never retried: the upstream has the request.
+    #[error("the upstream's response is malformed")]
+    UpstreamInvalid,
     #[error("the shared rate-limit store is unavailable and limit `{limit}` fails closed")]
     LimiterUnavailable { limit: Arc<str> },
 }
@@ -48,6 +52,7 @@ impl ProxyError {
             | ProxyError::MethodNotAllowed
             | ProxyError::UpstreamUnreachable
             | ProxyError::UpstreamTimeout
+            | ProxyError::UpstreamInvalid
             | ProxyError::LimiterUnavailable { .. }
             | ProxyError::Overloaded => false,
         }
@@ -63,7 +68,9 @@ impl ProxyError {
             ProxyError::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             ProxyError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid => {
+                StatusCode::BAD_GATEWAY
+            }
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Overloaded
             | ProxyError::BufferUnavailable

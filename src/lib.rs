@@ -18,8 +18,9 @@
 //!   memory and temporary files (request buffering, response read-ahead); request bodies with
 //!   their limits; the client address and the identity digest a limit counts under; rustls
 //!   configs; the PROXY header; per-thread counters; socket wrappers; the worker set; request
-//!   screening and path normalisation; the container health probe; one log line a second for
-//!   a failure that repeats.
+//!   screening (`host`: Host and `:authority` validated and canonicalised, `path`: the path
+//!   normalised and the spellings backends read differently refused); the container health
+//!   probe; one log line a second for a failure that repeats.
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
@@ -31,8 +32,8 @@
 //!   the Redis client and metric handles reused where their spec is unchanged).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
-//! - `server` (accept and balance, connection, watchdog), `admin` (the admin listener), `reload`
-//!   (build then swap).
+//! - `server` (accept and balance, connection, the request-line watch that answers `414`,
+//!   watchdog), `admin` (the admin listener), `reload` (build then swap).
 //! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
 //!   binary's. `cli`: the command line (`run`, `check`, `health`).
 //!

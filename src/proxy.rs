@@ -159,9 +159,17 @@ async fn pipeline<'a>(
         settings.client_ip_header,
     );
     trace.client_ip = Some(client_ip);
+    // A case-insensitive route's limits count `/Admin` where they count `/admin`.
+    let folded;
+    let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
+        folded = fold_path(req.uri())?;
+        &folded
+    } else {
+        req.uri()
+    };
     let view = RequestView {
         method: req.method(),
-        uri: req.uri(),
+        uri,
         headers: req.headers(),
         client_ip,
     };
@@ -191,20 +199,7 @@ async fn pipeline<'a>(
     }
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let peer = conn.peer.ip().to_canonical();
-            let down = Downstream {
-                peer,
-                peer_value: &conn.peer_value,
-                peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
-                tls: conn.tls,
-                client_ip,
-                websocket_allowed: route.websocket,
-                websocket_idle: route.websocket_idle,
-                underscores: settings.underscores_in_headers,
-                worker: conn.worker,
-                route: &route.name,
-                retry_idempotent: route.retry_idempotent,
-            };
+            let down = downstream(conn, settings, route, client_ip);
             let (mut parts, body) = req.into_parts();
             let mut body = Guarded::new(body, route.body, started);
             trace.body_taken = true;
@@ -240,6 +235,30 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// What forwarding needs to know about the client and the route.
+fn downstream<'a>(
+    conn: &'a ClientConn,
+    settings: &'a crate::config::Settings,
+    route: &'a Route,
+    client_ip: std::net::IpAddr,
+) -> Downstream<'a> {
+    let peer = conn.peer.ip().to_canonical();
+    Downstream {
+        peer,
+        peer_value: &conn.peer_value,
+        peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
+        tls: conn.tls,
+        client_ip,
+        websocket_allowed: route.websocket,
+        websocket_idle: route.websocket_idle,
+        underscores: settings.underscores_in_headers,
+        untrusted_strip: &settings.strip_untrusted_headers,
+        worker: conn.worker,
+        route: &route.name,
+        retry_idempotent: route.retry_idempotent,
+    }
 }
 
 /// Receive the request body whole (see `buffer`), and say its length upstream.
@@ -299,6 +318,19 @@ fn body_error(why: BodyFailure) -> ProxyError {
     }
 }
 
+/// `uri` with its path in lower case (query and authority as they are).
+fn fold_path(uri: &http::Uri) -> Result<http::Uri, ProxyError> {
+    let path = uri.path().to_ascii_lowercase();
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query =
+        Some(http::uri::PathAndQuery::try_from(pq).map_err(|_| ProxyError::BadRequest)?);
+    http::Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)
+}
+
 /// The Content-Length the client declared, if any.
 fn declared_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -333,7 +365,9 @@ async fn forward_timed(
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
-        Err(ProxyError::UpstreamUnreachable) => Some(UpstreamErrorKind::unreachable),
+        Err(ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid) => {
+            Some(UpstreamErrorKind::unreachable)
+        }
         Err(_) => None,
     };
     if let Some(kind) = kind {

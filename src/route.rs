@@ -1,10 +1,18 @@
 //! The route table: `Table::find` picks the first route, in file order, whose `match` holds.
 //! `Index` narrows a large table down to the routes a request's path can match, so the cost of
 //! a lookup does not grow with the number of routes.
+//!
+//! Paths are compared as the backends behind a proxy read them (docs/hardening.md): an exact
+//! `path` holds with or without one trailing slash, a `path_prefix` ending in `/` also holds
+//! for the path without it (`/admin/` for `/admin`), and a route for a case-insensitive
+//! backend (IIS) compares without ASCII case. Hosts are compared without case and without one
+//! trailing dot.
 
 use std::collections::HashMap;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+
+use crate::identity::without_trailing_slash;
 
 /// The conditions of a route's `match`; all given ones must hold.
 #[derive(Debug, Default)]
@@ -13,6 +21,8 @@ pub struct Matcher {
     pub path: PathPattern,
     pub methods: Option<Vec<Method>>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The path is compared without ASCII case (`match.path_case: insensitive`).
+    pub fold_case: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -25,9 +35,16 @@ pub enum HostPattern {
 
 impl HostPattern {
     pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim().to_ascii_lowercase();
+        let mut s = s.trim().to_ascii_lowercase();
+        // `api.example.com.` is the same name (requests are compared without the dot).
+        if s.ends_with('.') {
+            s.pop();
+        }
+        // A pattern no valid Host could meet (screening refuses `a,b`, `a b`, `a..b`) is an
+        // error, not a route that silently never matches.
+        let valid = |name: &str| crate::screen::parse_host(name.as_bytes()).is_some();
         if let Some(rest) = s.strip_prefix("*.") {
-            if rest.is_empty() || rest.contains(['*', ':', '/', ' ']) {
+            if rest.is_empty() || rest.contains(['*', ':', '/', ' ']) || !valid(rest) {
                 return Err(format!("host pattern `{s}` must look like `*.example.com`"));
             }
             return Ok(HostPattern::Suffix(format!(".{rest}")));
@@ -37,7 +54,7 @@ impl HostPattern {
                 "host `{s}` must not carry a port: hosts are matched without their port"
             ));
         }
-        if s.is_empty() || s.contains(['*', '/', ' ']) {
+        if s.is_empty() || s.contains(['*', '/', ' ']) || !valid(&s) {
             return Err(format!(
                 "host `{s}` must be a name like `api.example.com` or a pattern like `*.example.com`"
             ));
@@ -46,6 +63,9 @@ impl HostPattern {
     }
 
     fn matches(&self, host: &str) -> bool {
+        // Screening canonicalises the host already; the dot is dropped here too so that the
+        // table holds on its own.
+        let host = host.strip_suffix('.').unwrap_or(host);
         match self {
             HostPattern::Exact(h) => host.eq_ignore_ascii_case(h),
             HostPattern::Suffix(suffix) => {
@@ -65,14 +85,37 @@ pub enum PathPattern {
     Prefix(String),
 }
 
+fn same(a: &str, b: &str, fold: bool) -> bool {
+    if fold {
+        a.eq_ignore_ascii_case(b)
+    } else {
+        a == b
+    }
+}
+
 impl Matcher {
-    fn matches(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> bool {
-        let path_ok = match &self.path {
+    fn path_matches(&self, path: &str) -> bool {
+        let fold = self.fold_case;
+        match &self.path {
             PathPattern::Any => true,
-            PathPattern::Exact(p) => uri.path() == p,
-            PathPattern::Prefix(p) => uri.path().starts_with(p.as_str()),
-        };
-        path_ok
+            PathPattern::Exact(p) => same(
+                without_trailing_slash(path),
+                without_trailing_slash(p),
+                fold,
+            ),
+            PathPattern::Prefix(p) => {
+                let starts = path.len() >= p.len()
+                    && path.is_char_boundary(p.len())
+                    && same(&path[..p.len()], p, fold);
+                // `/admin/` also holds for `/admin`, which backends serve as the same page
+                // (nginx redirects it there).
+                starts || (p.len() > 1 && p.ends_with('/') && same(path, &p[..p.len() - 1], fold))
+            }
+        }
+    }
+
+    fn matches(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> bool {
+        self.path_matches(uri.path())
             && self.methods.as_ref().is_none_or(|m| m.contains(method))
             && self.host.as_ref().is_none_or(|h| {
                 crate::identity::host(uri, headers).is_some_and(|host| h.matches(host))
@@ -94,6 +137,9 @@ const INDEX_FROM: usize = 8;
 #[derive(Debug, Default)]
 pub struct Index {
     enabled: bool,
+    /// Some route compares paths without case: its keys are lower case, and a path with upper
+    /// case is looked up lower-cased as well.
+    folded: bool,
     exact: HashMap<Box<str>, Vec<u32>>,
     by_segment: HashMap<Box<str>, Vec<u32>>,
     rest: Vec<u32>,
@@ -116,12 +162,25 @@ impl Index {
         }
         for (i, r) in routes.iter().enumerate() {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
+            let key = |k: &str| -> Box<str> {
+                if r.fold_case {
+                    k.to_ascii_lowercase().into()
+                } else {
+                    k.into()
+                }
+            };
+            index.folded |= r.fold_case;
             match &r.path {
-                PathPattern::Exact(p) => index.exact.entry(p.as_str().into()).or_default().push(i),
-                // `/api/` covers the whole segment `api`; `/api` would also match `/apix`.
+                PathPattern::Exact(p) => index
+                    .exact
+                    .entry(key(without_trailing_slash(p)))
+                    .or_default()
+                    .push(i),
+                // `/api/` covers the whole segment `api` (and the path `/api`); `/api` would
+                // also match `/apix`.
                 PathPattern::Prefix(p) if p.len() > 1 && p[1..].contains('/') => {
                     let segment = first_segment(p).unwrap_or_default();
-                    index.by_segment.entry(segment.into()).or_default().push(i);
+                    index.by_segment.entry(key(segment)).or_default().push(i);
                 }
                 _ => index.rest.push(i),
             }
@@ -161,13 +220,29 @@ impl Table {
         let index = &self.index;
         let path = uri.path();
         let none: &[u32] = &[];
-        let exact = index.exact.get(path).map_or(none, Vec::as_slice);
-        let segment = first_segment(path)
-            .and_then(|s| index.by_segment.get(s))
-            .map_or(none, Vec::as_slice);
-        let mut lists = [exact, segment, index.rest.as_slice()];
+        let lookup = |path: &str| {
+            let exact = index.exact.get(without_trailing_slash(path));
+            let segment = first_segment(path).and_then(|s| index.by_segment.get(s));
+            (
+                exact.map_or(none, Vec::as_slice),
+                segment.map_or(none, Vec::as_slice),
+            )
+        };
+        let (exact, segment) = lookup(path);
+        // Only a table with case-insensitive routes, and only a path with upper case, pays for
+        // a lower-cased copy. The two lookups never share a key, so no route comes twice.
+        let lower = (index.folded && path.bytes().any(|b| b.is_ascii_uppercase()))
+            .then(|| path.to_ascii_lowercase());
+        let (exact_lower, segment_lower) = lower.as_deref().map_or((none, none), lookup);
+        let mut lists = [
+            exact,
+            segment,
+            exact_lower,
+            segment_lower,
+            index.rest.as_slice(),
+        ];
         loop {
-            // The smallest head of the three lists is the next candidate in file order.
+            // The smallest head of the lists is the next candidate in file order.
             let (which, next) = lists
                 .iter()
                 .enumerate()
@@ -228,6 +303,7 @@ mod tests {
                 host,
                 path,
                 methods,
+                fold_case: i % 3 == 1,
                 ..Matcher::default()
             });
             routes.push(Matcher {
@@ -256,6 +332,13 @@ mod tests {
             "/x",
             "/api/x8",
             "/app/x1",
+            "/API/X0",
+            "/Api/y",
+            "/APP/x",
+            "/api/x0/",
+            "/e/3/",
+            "/E/3",
+            "/static/X3/",
         ];
         for path in paths {
             for method in [Method::GET, Method::POST] {
@@ -306,6 +389,67 @@ mod tests {
             hit(&routes, &Method::GET, "/v1/a", "evil-example.com"),
             Some("all")
         );
+    }
+
+    #[test]
+    fn paths_match_as_backends_read_them() {
+        let m = |path: PathPattern, fold_case: bool| Matcher {
+            path,
+            fold_case,
+            ..Matcher::default()
+        };
+        let login = m(PathPattern::Exact("/login".into()), false);
+        assert!(login.path_matches("/login") && login.path_matches("/login/"));
+        assert!(!login.path_matches("/login//") && !login.path_matches("/Login"));
+        let slash = m(PathPattern::Exact("/login/".into()), false);
+        assert!(slash.path_matches("/login") && slash.path_matches("/login/"));
+        let root = m(PathPattern::Exact("/".into()), false);
+        assert!(root.path_matches("/") && !root.path_matches("/x"));
+        let admin = m(PathPattern::Prefix("/admin/".into()), false);
+        assert!(admin.path_matches("/admin") && admin.path_matches("/admin/x"));
+        assert!(!admin.path_matches("/adminx") && !admin.path_matches("/Admin/x"));
+        let iis = m(PathPattern::Prefix("/Admin/".into()), true);
+        assert!(iis.path_matches("/ADMIN/x") && iis.path_matches("/admin"));
+        let iis = m(PathPattern::Exact("/login".into()), true);
+        assert!(iis.path_matches("/LOGIN/") && !iis.path_matches("/logins"));
+        // A prefix that would cut a character in two does not match (nor panic).
+        let prefix = m(PathPattern::Prefix("/ab".into()), true);
+        assert!(!prefix.path_matches("/a\u{e9}"));
+    }
+
+    #[test]
+    fn host_patterns_no_valid_host_could_meet_are_refused() {
+        for bad in [
+            "a,b",
+            "a..b",
+            ".a",
+            "a b",
+            "a@b",
+            "*.a,b",
+            "*..a",
+            "caf\u{e9}.test",
+        ] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+        for ok in [
+            "a",
+            "in_ternal.svc",
+            "127.0.0.1",
+            "*.example.com",
+            "API.Example.COM.",
+        ] {
+            assert!(HostPattern::parse(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn hosts_match_without_one_trailing_dot() {
+        let exact = HostPattern::parse("Known.Example.").unwrap();
+        assert_eq!(exact, HostPattern::Exact("known.example".into()));
+        assert!(exact.matches("known.example") && exact.matches("KNOWN.example."));
+        assert!(!exact.matches("known.example.."));
+        let suffix = HostPattern::parse("*.example.com").unwrap();
+        assert!(suffix.matches("a.example.com.") && !suffix.matches("example.com."));
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub struct Runtime {
 }
 
 /// A route, live.
-// Independent per-route switches (WebSocket, buffering each way, retries), not a state machine.
+// Independent per-route switches (WebSocket, buffering each way, retries, path case), not a
+// state machine.
 #[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct Route {
@@ -62,6 +63,8 @@ pub struct Route {
     pub buffer_request: bool,
     /// Read upstream responses ahead, as fast as the upstream sends them.
     pub buffer_response: bool,
+    /// The route compares paths without case, so its limits read the path lower-cased.
+    pub fold_path: bool,
 }
 
 /// What a route does with an admitted request.
@@ -145,6 +148,7 @@ impl Runtime {
                 buffer_request: spec.buffer_request,
                 buffer_response: spec.buffer_response,
                 retry_idempotent: spec.retry_idempotent,
+                fold_path: spec.fold_path,
             });
         }
         let store = store(&settings, previous);

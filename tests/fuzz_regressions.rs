@@ -148,6 +148,33 @@ fn request_head_seeds_get_the_documented_answers() {
     }
 }
 
+#[test]
+fn canonical_seeds_get_the_documented_spellings() {
+    let path = |routed: &str, forward: &str| Some((routed.to_owned(), forward.to_owned()));
+    for (name, data) in seeds("canonical") {
+        let got = harness::canonical(&data);
+        let (host, want_path) = match name.as_str() {
+            "host_trailing_dot" => (Some("known.example:80"), path("/a/b/c", "/a/b;x=1/c")),
+            "host_comma_list" => (None, path("/", "/")),
+            "host_userinfo" | "host_space" => (None, path("/x", "/x")),
+            "host_ipv6" => (Some("[::1]:8080"), path("/x/", "/x/")),
+            "host_port_range" => (None, path("/admin", "/admin")),
+            "path_tomcat" | "path_backslash" | "path_overlong" | "path_double_encoded" => {
+                (Some("h"), None)
+            }
+            "path_parameters" => (Some("h"), path("/api/login", "/api;x=y/login;jsessionid=1")),
+            "path_utf8" => (Some("h"), path("/caf%C3%A9/", "/caf%C3%A9/")),
+            "path_trailing_slash" => (Some("h"), path("/admin/", "/admin/")),
+            other => panic!("canonical seed {other} has no expectation here"),
+        };
+        let want = harness::Canonical {
+            host: host.map(str::to_owned),
+            path: want_path,
+        };
+        assert_eq!(got, want, "canonical seed {name}");
+    }
+}
+
 /// The response checker itself: it must refuse what a broken server could write.
 #[test]
 #[should_panic(expected = "invalid status line")]

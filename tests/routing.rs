@@ -43,7 +43,11 @@ async fn the_first_matching_route_in_file_order_answers() {
     let api = [("host", "api.example.com")];
     assert_eq!(route_of(&http, "POST", &url("/login"), &[]).await, "login");
     assert_eq!(route_of(&http, "GET", &url("/login"), &[]).await, "404");
-    assert_eq!(route_of(&http, "post", &url("/login/x"), &[]).await, "404");
+    // A method in lower case is refused (400), not routed as another method.
+    assert_eq!(
+        http.send(request("post", &url("/login"), &[])).await.code(),
+        400
+    );
     // Both `tenant` and `api` match; `tenant` comes first.
     let both = [("host", "api.example.com"), ("x-tenant", "acme")];
     assert_eq!(route_of(&http, "GET", &url("/v1/a"), &both).await, "tenant");

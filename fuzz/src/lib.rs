@@ -437,6 +437,281 @@ pub fn identity(data: &[u8]) -> ClientId {
 }
 
 // ---------------------------------------------------------------------------------------------
+// canonical: Host and path canonicalisation
+// ---------------------------------------------------------------------------------------------
+
+/// What `canonical` made of one input.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Canonical {
+    /// The Host in canonical form, or `None`: refused.
+    pub host: Option<String>,
+    /// The path as routed and as forwarded, or `None`: refused, or not an origin-form target.
+    pub path: Option<(String, String)>,
+}
+
+/// `screen::parse_host` and `screen::screen` on an arbitrary Host value (line 1) and request
+/// target (line 2), raw bytes.
+///
+/// The Host is judged against the documented rule, written here a second time: an IPv6
+/// literal, or a name of non-empty labels of letters, digits, `-` and `_` (one trailing dot
+/// dropped, at most 253 characters), then optionally `:` and a port of 1-5 digits in 1-65535.
+/// An accepted host has one canonical spelling (lower case, no trailing dot, RFC 5952
+/// address, plain port) that is itself accepted, canonical and the same host; screening puts
+/// it in place of the Host header and of an HTTP/2 `:authority`, and the host routes read is
+/// its name. A refused one is a 400 either way.
+///
+/// An origin-form target is refused exactly when the documented refusals say so (a raw `\`,
+/// a malformed escape, an encoded `/`, `\` or NUL, a double encoding, escapes that are not
+/// UTF-8, a dot segment with parameters). An accepted one is forwarded normalised (a fixed
+/// point of `normalize_path`) and routed without path parameters; the query is kept;
+/// screening the routed or the forwarded form again routes the same way.
+pub fn canonical(data: &[u8]) -> Canonical {
+    let mut lines = data.split(|&b| b == b'\n');
+    let mut next = || {
+        let line = lines.next().unwrap_or_default();
+        line.strip_suffix(b"\r").unwrap_or(line)
+    };
+    let host = next();
+    let target = next();
+    Canonical {
+        host: canonical_host(host),
+        path: canonical_path(target),
+    }
+}
+
+fn canonical_host(raw: &[u8]) -> Option<String> {
+    use tollgate::screen;
+    let parsed = screen::parse_host(raw);
+    let documented = documented_host(raw);
+    assert_eq!(
+        parsed.map(|p| p.canonical()),
+        documented,
+        "parse_host({:?}) against the documented rule",
+        show(raw)
+    );
+    // Through screening, as an HTTP/1.1 Host header.
+    if let Ok(value) = HeaderValue::from_bytes(raw) {
+        let mut req = http::Request::builder()
+            .uri("/")
+            .header(http::header::HOST, value)
+            .body(())
+            .expect("a request");
+        let screened = screen::screen(&mut req, 8192);
+        assert_eq!(
+            screened.is_ok(),
+            parsed.is_some(),
+            "screen(Host: {:?}) = {screened:?}",
+            show(raw)
+        );
+        if let Some(p) = &parsed {
+            assert_eq!(req.headers()[http::header::HOST], p.canonical());
+            let host = identity::host(req.uri(), req.headers());
+            let name =
+                p.ip.map_or_else(|| p.name.to_ascii_lowercase(), |ip| ip.to_string());
+            assert_eq!(host, Some(name.as_str()), "the host routes read");
+        }
+    }
+    let parts = parsed?;
+    let canonical = parts.canonical();
+    let again = screen::parse_host(canonical.as_bytes())
+        .unwrap_or_else(|| panic!("the canonical form {canonical:?} is refused"));
+    assert!(again.canonical, "{canonical:?} is not canonical to itself");
+    assert_eq!(again.canonical(), canonical);
+    assert!(again.same_as(&parts), "{canonical:?} is another host");
+    assert_eq!(
+        parts.canonical,
+        raw == canonical.as_bytes(),
+        "the canonical flag"
+    );
+    // As HTTP/2's `:authority` (an absolute URI), where `Uri` takes the value at all.
+    let mut absolute = b"http://".to_vec();
+    absolute.extend_from_slice(raw);
+    absolute.push(b'/');
+    if let Ok(uri) = Uri::try_from(absolute) {
+        if uri
+            .authority()
+            .is_some_and(|a| a.as_str().as_bytes() == raw)
+        {
+            let mut req = http::Request::builder()
+                .version(http::Version::HTTP_2)
+                .uri(uri)
+                .body(())
+                .expect("a request");
+            screen::screen(&mut req, 8192).expect("a valid :authority");
+            assert_eq!(
+                req.uri().authority().map(http::uri::Authority::as_str),
+                Some(&*canonical)
+            );
+        }
+    }
+    Some(canonical)
+}
+
+/// The documented Host rule, written independently of `parse_host`: the canonical form of
+/// a valid value, `None` for an invalid one.
+fn documented_host(raw: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(raw).ok().filter(|t| t.is_ascii())?;
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let close = rest.find(']')?;
+        let ip: std::net::Ipv6Addr = rest[..close].parse().ok()?;
+        let after = &rest[close + 1..];
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':')?),
+        };
+        (format!("[{ip}]"), port)
+    } else {
+        let (name, port) = match text.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (text, None),
+        };
+        let name = name.strip_suffix('.').unwrap_or(name);
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+            return None;
+        }
+        (name.to_ascii_lowercase(), port)
+    };
+    let Some(port) = port else {
+        return Some(host);
+    };
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u32 = port.parse().ok()?;
+    (1..=65535).contains(&n).then(|| format!("{host}:{n}"))
+}
+
+fn canonical_path(target: &[u8]) -> Option<(String, String)> {
+    use tollgate::screen::{self, ForwardPath};
+    if !target.starts_with(b"/") {
+        return None;
+    }
+    let uri = Uri::try_from(target).ok()?;
+    let path = uri.path().to_owned();
+    let refused = documented_refusal(&path);
+    let screened_req = |uri: Uri| {
+        let mut req = http::Request::builder()
+            .uri(uri)
+            .header(http::header::HOST, "a")
+            .body(())
+            .expect("a request");
+        screen::screen(&mut req, usize::MAX).map(|()| req)
+    };
+    let screened = screened_req(uri.clone());
+    assert_eq!(
+        screened.is_err(),
+        refused.is_some(),
+        "screen({path:?}) = {:?}; the documented refusals: {refused:?}",
+        screened.as_ref().map(|r| r.uri().clone())
+    );
+    let req = screened.ok()?;
+    let routed = req.uri().path().to_owned();
+    let forward_pq = req
+        .extensions()
+        .get::<ForwardPath>()
+        .map_or_else(
+            || req.uri().path_and_query().cloned(),
+            |f| Some(f.0.clone()),
+        )
+        .expect("a path");
+    let forward = forward_pq.path().to_owned();
+    assert_eq!(forward_pq.query(), uri.query(), "the query goes on as sent");
+    assert_eq!(
+        req.uri().query(),
+        uri.query(),
+        "the query is routed as sent"
+    );
+    assert_eq!(
+        screen::normalize_path(&path).ok().as_deref(),
+        Some(forward.as_str()),
+        "the upstream gets the normalised path"
+    );
+    assert_eq!(
+        screen::normalize_path(&forward).ok().as_deref(),
+        Some(forward.as_str()),
+        "normalize_path({path:?}) = {forward:?} is not a fixed point"
+    );
+    assert_eq!(screen::route_form(&forward), routed.as_str());
+    if !path.contains(';') {
+        assert_eq!(routed, forward, "no parameters, one path");
+        assert!(req.extensions().get::<ForwardPath>().is_none());
+    }
+    assert!(
+        routed.starts_with('/') && !routed.contains("//"),
+        "{routed:?}"
+    );
+    assert!(!routed.contains([';', '\\']), "{routed:?}");
+    assert!(
+        !routed.split('/').any(|s| s == "." || s == ".."),
+        "a dot segment left in {routed:?}"
+    );
+    // One spelling: screening either form again routes the same way.
+    for again in [&routed, &forward] {
+        let uri = Uri::try_from(again.as_str()).expect("a screened path is a target");
+        let req = screened_req(uri).unwrap_or_else(|e| panic!("{again:?} refused: {e:?}"));
+        assert_eq!(req.uri().path(), routed, "screening {again:?} again");
+    }
+    Some((routed, forward))
+}
+
+/// Why the documented rules refuse `path`, if they do: written independently of
+/// `normalize_path`.
+fn documented_refusal(path: &str) -> Option<&'static str> {
+    if path.contains('\\') {
+        return Some("a raw backslash");
+    }
+    let bytes = path.as_bytes();
+    let hex = |b: u8| char::from(b).to_digit(16);
+    // Unreserved escapes decoded (the rest kept), and every escape decoded.
+    let (mut unreserved, mut full) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            unreserved.push(bytes[i]);
+            full.push(bytes[i]);
+            i += 1;
+            continue;
+        }
+        let (Some(hi), Some(lo)) = (
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) else {
+            return Some("a malformed escape");
+        };
+        let byte = u8::try_from(hi * 16 + lo).expect("two hex digits");
+        if matches!(byte, b'/' | b'\\' | 0) {
+            return Some("an encoded /, \\ or NUL");
+        }
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            unreserved.push(byte);
+        } else {
+            unreserved.extend_from_slice(&bytes[i..i + 3]);
+        }
+        full.push(byte);
+        i += 3;
+    }
+    let double = unreserved.windows(5).any(|w| {
+        w[0] == b'%' && w[1] == b'2' && w[2] == b'5' && hex(w[3]).is_some() && hex(w[4]).is_some()
+    });
+    if double {
+        return Some("a double encoding");
+    }
+    if std::str::from_utf8(&full).is_err() {
+        return Some("escapes that are not UTF-8");
+    }
+    let dotted = unreserved.split(|&b| b == b'/').any(|segment| {
+        let bare = segment.split(|&b| b == b';').next().unwrap_or_default();
+        segment.contains(&b';') && (bare == b"." || bare == b"..")
+    });
+    dotted.then_some("a dot segment with parameters")
+}
+
+// ---------------------------------------------------------------------------------------------
 // request_head: the whole service on arbitrary bytes from a client
 // ---------------------------------------------------------------------------------------------
 

@@ -30,6 +30,9 @@ pub struct File {
     pub client_ip_header: Option<String>,
     /// Pass request headers whose names contain `_` upstream (default: drop them, as nginx).
     pub underscores_in_headers: Option<bool>,
+    /// Request headers dropped when the peer is not a trusted proxy (default: the client-IP
+    /// and URL-override headers, see `compile::DEFAULT_STRIP`).
+    pub strip_untrusted_headers: Option<Vec<String>>,
     /// Where and how much request and response bodies are buffered.
     pub buffering: Option<Buffering>,
     /// Where each kept list item stood in the file, when broken items were left out.
@@ -295,6 +298,9 @@ pub struct Match {
     pub methods: Option<Vec<String>>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// `sensitive` (default) or `insensitive`: compare the path without ASCII case, for
+    /// backends that do (IIS).
+    pub path_case: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -21,6 +21,7 @@ const KEYS: [&str; 13] = [
     "max_inflight",
     "client_ip_header",
     "underscores_in_headers",
+    "strip_untrusted_headers",
     "buffering",
 ];
 
@@ -74,6 +75,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         max_inflight: r.one("max_inflight"),
         client_ip_header: r.one("client_ip_header"),
         underscores_in_headers: r.one("underscores_in_headers"),
+        strip_untrusted_headers: r.one("strip_untrusted_headers"),
         buffering: r.one("buffering"),
         positions: Positions {
             listeners: listener_positions,

@@ -42,6 +42,9 @@ pub struct Settings {
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
     /// by default they are dropped.
     pub underscores_in_headers: bool,
+    /// Request headers removed when the peer is not a trusted proxy (client-IP and URL-override
+    /// headers such as `True-Client-IP` and `X-Original-URL`).
+    pub strip_untrusted_headers: Vec<http::HeaderName>,
     /// Where and how much bodies are buffered.
     pub buffering: BufferSettings,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
@@ -61,7 +64,8 @@ impl Settings {
 }
 
 /// One route: what it does, its limits and body limits (its match conditions are in `Table`).
-// Independent per-route switches (WebSocket, buffering each way, retries), not a state machine.
+// Independent per-route switches (WebSocket, buffering each way, retries, path case), not a
+// state machine.
 #[allow(clippy::struct_excessive_bools)]
 #[derive(Debug)]
 pub struct RouteSpec {
@@ -81,6 +85,8 @@ pub struct RouteSpec {
     /// An idempotent request whose bytes reached a target that then failed is sent to
     /// another target (when its body can be sent again).
     pub retry_idempotent: bool,
+    /// `match.path_case: insensitive`: the `path` key source reads the path lower-cased.
+    pub fold_path: bool,
 }
 
 /// The `buffering` section.

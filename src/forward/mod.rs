@@ -3,6 +3,7 @@
 
 mod balance;
 mod check;
+mod framing;
 mod health;
 mod rewrite;
 pub mod tunnel;
@@ -53,6 +54,8 @@ pub struct Downstream<'a> {
     pub websocket_idle: Duration,
     /// Headers with `_` in their names go upstream (else they are dropped).
     pub underscores: bool,
+    /// Headers removed when the peer is not a trusted proxy (`strip_untrusted_headers`).
+    pub untrusted_strip: &'a [http::HeaderName],
     /// The worker serving the connection (whose upstream pool it uses).
     pub worker: usize,
     /// The route's name, for the logs.
@@ -125,6 +128,8 @@ pub async fn send(
             // One arm for every answer, the response made ready in place and returned from
             // here: each move of the response on its way out is a copy of it.
             Ok((mut res, mut lease)) => {
+                // Refused whole, its connection dropped: nothing of it reaches the client.
+                framing::check_response(&res, client_side.is_some())?;
                 let failure = upstream.is_failure(res.status());
                 if failure {
                     upstream.failed(target, at);

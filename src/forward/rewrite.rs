@@ -1,4 +1,5 @@
-//! The upstream request rewrite: origin-form URI, Host, hop-by-hop headers, X-Forwarded-*.
+//! The upstream request rewrite: origin-form URI, Host, hop-by-hop headers, X-Forwarded-*,
+//! client-IP and URL-override headers from untrusted peers, the framing re-emitted.
 
 use http::header::{CONNECTION, HOST};
 use http::uri::{Authority, PathAndQuery};
@@ -7,6 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri, Version};
 use super::Downstream;
 use crate::body::Guarded;
 use crate::error::ProxyError;
+use crate::screen::ForwardPath;
 use crate::Small;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -21,13 +23,15 @@ pub(super) fn rewrite(
     target: &Authority,
     down: Downstream<'_>,
 ) -> Result<bool, ProxyError> {
-    // Upstream requests are origin-form: the path and query only.
-    let authority = if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+    // Upstream requests are origin-form: the path and query only. A path whose parameters
+    // routing left out goes with them (screening kept it as `ForwardPath`).
+    let forward = req.extensions_mut().remove::<ForwardPath>();
+    let absolute = req.uri().scheme().is_some() || req.uri().authority().is_some();
+    let authority = if absolute || forward.is_some() {
         let authority = req.uri().authority().cloned();
-        let path = req
-            .uri()
-            .path_and_query()
-            .cloned()
+        let path = forward
+            .map(|f| f.0)
+            .or_else(|| req.uri().path_and_query().cloned())
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(path);
         authority
@@ -64,11 +68,15 @@ pub(super) fn rewrite(
         // forwarding headers tollgate controls. nginx drops them by default too.
         (!down.underscores && k.as_str().contains('_'))
             // Whatever an untrusted client says about forwarding is dropped, not passed on to
-            // a backend that may believe it (X-Forwarded-For is replaced below).
+            // a backend that may believe it (X-Forwarded-For is replaced below); so are the
+            // other client-IP headers (`True-Client-IP`, ...) and the URL overrides IIS and
+            // Symfony honour (`X-Original-URL`, `X-Rewrite-URL`): `strip_untrusted_headers`.
             || (!down.peer_trusted
                 && (*k == http::header::FORWARDED
-                    || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)))
+                    || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)
+                    || down.untrusted_strip.contains(k)))
     });
+    super::framing::canonical_length(headers)?;
     if down.client_ip == down.peer {
         headers.insert(X_REAL_IP, down.peer_value.clone());
     } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
@@ -129,9 +137,25 @@ fn is_hop_by_hop(name: &str) -> bool {
     )
 }
 
+/// Headers a `Connection` line may name but never removes: the message's Host and length, and
+/// the forwarding headers tollgate sets or appends to. RFC 9110 7.6.1 forbids naming headers
+/// meant for every recipient; a client that does (`Connection: host`, `Connection:
+/// X-Forwarded-For`) would otherwise take them from the backend, or the chain a trusted proxy
+/// appended to. (`Transfer-Encoding` is hop-by-hop anyway: hyper frames the next hop itself.)
+const OWNED: [&str; 7] = [
+    "host",
+    "content-length",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+];
+
 /// The names to remove from `headers` before the message goes on: the hop-by-hop headers, every
-/// header a `Connection` line names, and whatever `also` picks. One pass over the names (a
-/// `match` on each), so a message that has none of them costs no lookup and no allocation.
+/// header a `Connection` line names (except `OWNED`), and whatever `also` picks. One pass over
+/// the names (a `match` on each), so a message that has none of them costs no lookup and no
+/// allocation.
 fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Small<HeaderName> {
     let mut doomed = Small::new();
     let mut connection = false;
@@ -156,7 +180,10 @@ fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Smal
         for option in options {
             // The usual options, `keep-alive` and `close`: the first names a hop-by-hop header
             // (doomed above if present), the second none. No scan of the names for them.
-            if option.eq_ignore_ascii_case("keep-alive") || option.eq_ignore_ascii_case("close") {
+            if option.eq_ignore_ascii_case("keep-alive")
+                || option.eq_ignore_ascii_case("close")
+                || OWNED.iter().any(|o| option.eq_ignore_ascii_case(o))
+            {
                 continue;
             }
             if let Some(k) = headers
@@ -201,6 +228,27 @@ mod tests {
     }
 
     #[test]
+    fn connection_never_names_away_what_the_proxy_owns() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            "Host, content-length, X-Forwarded-For, x-real-ip, X-Forwarded-Proto, \
+             x-forwarded-host, forwarded, x-secret"
+                .parse()
+                .unwrap(),
+        );
+        for name in OWNED {
+            h.insert(name, "1".parse().unwrap());
+        }
+        h.insert("x-secret", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), OWNED.len(), "{h:?}");
+        for name in OWNED {
+            assert!(h.contains_key(name), "{name} removed");
+        }
+    }
+
+    #[test]
     fn forwarded_for_appends_only_for_trusted_peers() {
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
@@ -216,6 +264,7 @@ mod tests {
                 websocket_allowed: false,
                 websocket_idle: Duration::from_hours(1),
                 underscores: false,
+                untrusted_strip: &[],
                 worker: 0,
                 route: "r",
                 retry_idempotent: false,
@@ -233,6 +282,7 @@ mod tests {
                 websocket_allowed: false,
                 websocket_idle: Duration::from_hours(1),
                 underscores: false,
+                untrusted_strip: &[],
                 worker: 0,
                 route: "r",
                 retry_idempotent: false,

@@ -6,14 +6,21 @@ use http::header::HOST;
 use http::{HeaderMap, HeaderValue, Uri};
 use ipnet::IpNet;
 
-/// The request's host without port: the `Host` header, or the authority of an absolute URI
-/// (HTTP/2's `:authority`).
+/// The request's host without port and without the brackets of an IPv6 literal: the
+/// authority of an absolute URI (HTTP/2's `:authority`), or the `Host` header. Screening has
+/// made both canonical (lower case, no trailing dot) and made them agree.
 pub fn host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
     let raw = match uri.host() {
-        Some(h) => return Some(h),
+        Some(h) => return Some(strip_brackets(h)),
         None => headers.get(HOST)?.to_str().ok()?,
     };
     Some(strip_port(raw))
+}
+
+fn strip_brackets(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
 }
 
 fn strip_port(host: &str) -> &str {

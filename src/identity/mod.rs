@@ -205,10 +205,12 @@ impl Exemption {
             )),
             Some((source, value)) => {
                 let source = Source::parse(source)?;
-                // Compare the way the request's value is read: hosts lower-case, methods upper.
+                // Compare the way the request's value is read: hosts lower-case, methods upper,
+                // paths without a trailing slash.
                 let value = match source {
                     Source::Host => value.to_ascii_lowercase(),
                     Source::Method => value.to_ascii_uppercase(),
+                    Source::Path => without_trailing_slash(value).to_owned(),
                     _ => value.to_owned(),
                 };
                 Ok(Exemption::Equals(source, value))
@@ -218,6 +220,15 @@ impl Exemption {
                  (as in `header:X-API-Key=internal-batch`)"
             )),
         }
+    }
+}
+
+/// `path` without its one trailing slash (`/` stays `/`): the form exact `path` routes and
+/// the `path` key source compare in, since most backends serve `/login/` as `/login`.
+pub fn without_trailing_slash(path: &str) -> &str {
+    match path.strip_suffix('/') {
+        Some(bare) if !bare.is_empty() => bare,
+        _ => path,
     }
 }
 
@@ -254,7 +265,8 @@ impl<'a> RequestView<'a> {
                     .into_bytes(),
             ),
             Source::Method => Value::Borrowed(self.method.as_str().as_bytes()),
-            Source::Path => Value::Borrowed(self.uri.path().as_bytes()),
+            // As exact `path` routes compare it: `/login/` is `/login`'s bucket.
+            Source::Path => Value::Borrowed(without_trailing_slash(self.uri.path()).as_bytes()),
         };
         (!v.is_empty()).then_some(v)
     }

@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
 
 use super::balance::Seat;
+use super::request_line::LineGuard;
 use super::watchdog::{watchdog, AbortOnDrop, Activity, Command};
 use super::Builder;
 use crate::config::settings::ListenerSettings;
@@ -147,16 +148,22 @@ impl Connection {
                 })
             })
         };
-        // Bytes arriving mark a request head in progress for the watchdog.
+        // Bytes arriving mark a request head in progress for the watchdog; the request lines
+        // of heads are watched for their length (414).
         let io = {
-            let shared = shared.clone();
             let watched = WriteWatched {
                 inner: io,
                 shared: shared.clone(),
                 shut: false,
                 linger: None,
             };
-            ReadNoted::new(watched, move || shared.activity.bytes_read())
+            let noting = shared.clone();
+            let noted = ReadNoted::new(watched, move || noting.activity.bytes_read());
+            let between = shared.clone();
+            let max_line = self.settings.max_header_bytes.max(super::MIN_READ_BUFFER);
+            LineGuard::new(noted, self.settings.max_uri_bytes, max_line, move || {
+                between.activity.between_requests()
+            })
         };
         let connection = self
             .builder

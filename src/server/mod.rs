@@ -6,6 +6,7 @@
 
 mod balance;
 mod connection;
+mod request_line;
 mod watchdog;
 
 use std::net::SocketAddr;
@@ -26,6 +27,9 @@ use connection::Connection;
 
 type Builder = Arc<auto::Builder<TokioExecutor>>;
 
+/// hyper's smallest HTTP/1 read buffer (it panics below it).
+const MIN_READ_BUFFER: usize = 8192;
+
 /// The HTTP/1.1 and HTTP/2 settings of one listener. hyper's own defaults are set explicitly
 /// where they differ from ours: its header read timeout needs a timer, and it has no idle,
 /// body or connection-count limits (those live in this module and in `body`).
@@ -36,7 +40,7 @@ pub fn builder(s: &ListenerSettings) -> auto::Builder<TokioExecutor> {
     b.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_buf_size(s.max_header_bytes.max(8192))
+        .max_buf_size(s.max_header_bytes.max(MIN_READ_BUFFER))
         .max_headers(s.max_headers)
         .keep_alive(true);
     b.http2()

@@ -219,6 +219,14 @@ impl Activity {
         self.inflight.load(Ordering::Acquire) > 0 || self.head_in_progress()
     }
 
+    /// The number of requests begun so far, when none is in flight on an HTTP/1 connection:
+    /// bytes read now belong to the next head. `None` while a request (its body) is in flight,
+    /// and on HTTP/2.
+    pub(super) fn between_requests(&self) -> Option<u64> {
+        (self.inflight.load(Ordering::Acquire) == 0 && !self.http2.load(Ordering::Acquire))
+            .then(|| self.served.load(Ordering::Acquire))
+    }
+
     pub(super) fn bytes_read(&self) {
         if self.inflight.load(Ordering::Acquire) == 0 && !self.http2.load(Ordering::Acquire) {
             let mut marks = self.marks.lock();

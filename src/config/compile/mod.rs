@@ -105,6 +105,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         }
     }
     let buffering = buffering(raw.buffering.as_ref(), &mut p);
+    let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
@@ -128,6 +129,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         shutdown_delay,
         max_inflight: raw.max_inflight.unwrap_or(10_000),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+        strip_untrusted_headers,
         buffering,
         fingerprints: fingerprints(raw),
         source: String::new(),
@@ -182,6 +184,63 @@ fn whole_file_checks(
             "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
         );
     }
+}
+
+/// What `strip_untrusted_headers` is without the key: headers that name the client's address
+/// (set by CDNs and load balancers, believed by the frameworks behind them) and the URL
+/// overrides IIS's URL Rewrite module and Symfony honour in place of the request line.
+pub const DEFAULT_STRIP: [&str; 11] = [
+    "true-client-ip",
+    "x-client-ip",
+    "cf-connecting-ip",
+    "x-cluster-client-ip",
+    "fastly-client-ip",
+    "client-ip",
+    "x-originating-ip",
+    "x-remote-ip",
+    "x-remote-addr",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// Headers a strip list cannot name: the proxy needs them (Host, framing) or sets them itself
+/// for untrusted peers anyway.
+const NOT_STRIPPABLE: [&str; 8] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+];
+
+/// The `strip_untrusted_headers` list: header names, each once.
+fn strip_untrusted(raw: Option<&[String]>, p: &mut Problems) -> Vec<http::HeaderName> {
+    let Some(raw) = raw else {
+        return DEFAULT_STRIP
+            .iter()
+            .map(|n| http::HeaderName::from_static(n))
+            .collect();
+    };
+    let mut names: Vec<http::HeaderName> = Vec::new();
+    for (i, s) in raw.iter().enumerate() {
+        let key = format!("strip_untrusted_headers[{i}]");
+        let Ok(name) = http::HeaderName::from_bytes(s.as_bytes()) else {
+            p.add(key, format!("`{s}` is not a valid header name"));
+            continue;
+        };
+        if NOT_STRIPPABLE.contains(&name.as_str()) {
+            p.add(
+                key,
+                format!("`{s}` cannot be listed: tollgate needs it or sets it itself"),
+            );
+        } else if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// The `buffering` section: sizes, and a temporary directory that exists.

@@ -85,6 +85,7 @@ pub(super) fn route(
     let route = RouteSpec {
         buffer_request: buffering.and_then(|b| b.request).unwrap_or(true),
         buffer_response: buffering.and_then(|b| b.response).unwrap_or(true),
+        fold_path: matcher.as_ref().is_some_and(|m| m.fold_case),
         name: r.name.as_str().into(),
         action: action?,
         limits,
@@ -148,26 +149,34 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
         .host
         .as_ref()
         .and_then(|h| p.take(format!("{path}.host"), HostPattern::parse(h)));
-    let must_start_with_slash = |s: &String| {
-        if s.starts_with('/') {
-            Ok(s.clone())
-        } else {
-            Err(format!("`{s}` must start with `/`"))
-        }
-    };
     let path_pattern = match (&m.path, &m.path_prefix) {
         (None, None) => PathPattern::Any,
-        (Some(x), None) => {
-            PathPattern::Exact(p.take(format!("{path}.path"), must_start_with_slash(x))?)
-        }
+        (Some(x), None) => PathPattern::Exact(p.take(format!("{path}.path"), normal_form(x))?),
         (None, Some(x)) => {
-            PathPattern::Prefix(p.take(format!("{path}.path_prefix"), must_start_with_slash(x))?)
+            PathPattern::Prefix(p.take(format!("{path}.path_prefix"), normal_form(x))?)
         }
         (Some(_), Some(_)) => {
             p.add(path, "use `path` (exact) or `path_prefix`, not both");
             return None;
         }
     };
+    let fold_case = match m.path_case.as_deref() {
+        None | Some("sensitive") => false,
+        Some("insensitive") => true,
+        Some(other) => {
+            p.add(
+                format!("{path}.path_case"),
+                format!("`{other}` is not sensitive or insensitive"),
+            );
+            false
+        }
+    };
+    if m.path_case.is_some() && path_pattern == PathPattern::Any {
+        p.add(
+            format!("{path}.path_case"),
+            "only applies with `path` or `path_prefix`",
+        );
+    }
     if m.methods.as_ref().is_some_and(Vec::is_empty) {
         p.add(
             format!("{path}.methods"),
@@ -205,7 +214,28 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
         path: path_pattern,
         methods,
         headers,
+        fold_case,
     })
+}
+
+/// A route's path as requests are matched: it must start with `/` and be in the normal form
+/// screening gives request paths (else it could never match).
+fn normal_form(s: &String) -> Result<String, String> {
+    if !s.starts_with('/') {
+        return Err(format!("`{s}` must start with `/`"));
+    }
+    let Ok(normal) = crate::screen::normalize_path(s) else {
+        return Err(format!(
+            "`{s}` could never match: requests spelled so are refused with 400"
+        ));
+    };
+    let routed = crate::screen::route_form(&normal);
+    if routed != s.as_str() {
+        return Err(format!(
+            "`{s}` could never match: request paths are matched in normal form, as `{routed}`"
+        ));
+    }
+    Ok(s.clone())
 }
 
 fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<ActionSpec> {
