@@ -175,6 +175,11 @@ impl Activity {
     /// A request starts; returns how many this connection has now served, this one included.
     pub(super) fn begin(&self) -> u64 {
         self.inflight.fetch_add(1, Ordering::AcqRel);
+        if self.stopping.load(Ordering::Acquire) {
+            // The head the shutdown waited for is complete: close after this request now
+            // (HTTP/2: GOAWAY), rather than at the watchdog's next look.
+            self.retire.notify_one();
+        }
         self.served.fetch_add(1, Ordering::AcqRel) + 1
     }
 
