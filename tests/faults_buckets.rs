@@ -20,13 +20,14 @@ async fn bounded<F: Future>(test: F) -> F::Output {
         .expect("the test did not finish in time")
 }
 
-/// 640 buckets at most, 20 per address; `per-key` allows 2 a minute per API key.
+/// 640 buckets at most, 20 per address; `per-key` allows 2 an hour per API key (nothing
+/// refills while a test runs, however slow the machine).
 fn proxy() -> TestProxy {
     TestProxy::start(&config(
         "admin:\n  address: 127.0.0.1:0\n\
          limiter:\n  local: { max_buckets: 640, max_buckets_per_peer: 20 }\n\
          routes:\n  - name: api\n    respond: { status: 200 }\n    limits:\n      \
-         - { name: per-key, rate: 2/min, burst: 2, key: [header:X-API-Key] }\n",
+         - { name: per-key, rate: 2/h, burst: 2, key: [header:X-API-Key] }\n",
     ))
 }
 

@@ -79,7 +79,7 @@ async fn readyz_answers_503_through_the_drain() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(slow.await.expect("the slow request"), 200);
-        assert!(seen.len() >= 5, "{seen:?}");
+        assert!(seen.len() >= 3, "{seen:?}");
         assert!(
             seen.iter()
                 .all(|(code, body)| *code == 503 && body == "not ready: shutting down\n"),
@@ -215,18 +215,18 @@ async fn an_idle_keep_alive_connection_is_closed_cleanly() {
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
         proxy.terminate();
         assert!(proxy.wait_for_log("draining in-flight requests", Duration::from_secs(5)));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         // A client that sends its next request before it has read the close: the request
         // crosses the proxy's FIN. It must see that close (end of file), not a reset.
         conn.write_all(b"GET /fast HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
             .expect("write");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let read = conn.read(&mut buf).await;
         assert!(matches!(read, Ok(0)), "{read:?}");
         // And a second write still finds the proxy's side open, draining: no reset yet.
         let again = conn.write_all(b"x").await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
         let again_read = conn.read(&mut buf).await;
         assert!(
             again.is_ok() && matches!(again_read, Ok(0)),

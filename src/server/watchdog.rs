@@ -175,6 +175,11 @@ impl Activity {
     /// A request starts; returns how many this connection has now served, this one included.
     pub(super) fn begin(&self) -> u64 {
         self.inflight.fetch_add(1, Ordering::AcqRel);
+        if self.stopping.load(Ordering::Acquire) {
+            // The head the shutdown waited for is complete: close after this request now
+            // (HTTP/2: GOAWAY), rather than at the watchdog's next look.
+            self.retire.notify_one();
+        }
         self.served.fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -255,6 +260,13 @@ impl Activity {
     /// overdue: look again after the shorter timeout (never a deadline in the past, which
     /// would spin for as long as a slow request takes). A request that ends before that look
     /// leaves a deadline later than it, so the look then finds the exact deadline.
+    ///
+    /// An idle kept-alive connection is looked at every `header_read` too, not only at its
+    /// idle deadline: the first byte of its next head does not wake the watchdog (requests
+    /// never do), so without these looks a head started after the last one would be noticed
+    /// only at the idle deadline, and a slowloris on a kept-alive connection would have `idle`
+    /// for its head instead of `header_read`. With them, the look after the first byte finds
+    /// the head's exact deadline. Costs one wake-up per `header_read` per idle connection.
     fn next_check(&self, s: &ListenerSettings) -> Instant {
         if self.inflight.load(Ordering::Acquire) > 0 {
             let look = Instant::now() + s.idle_timeout.min(s.header_read_timeout);
@@ -264,7 +276,11 @@ impl Activity {
                 None => look,
             };
         }
-        self.deadline(s).0
+        let (deadline, kind) = self.deadline(s);
+        match kind {
+            Overdue::Idle => deadline.min(Instant::now() + s.header_read_timeout),
+            _ => deadline,
+        }
     }
 
     fn overdue(&self, s: &ListenerSettings) -> Overdue {
