@@ -278,8 +278,24 @@ async fn an_http10_backend_without_buffering_sees_the_chunked_upload() {
           4\r\nabcd\r\n0\r\n\r\n",
     )
     .await;
-    let r = conn.read_response().await;
-    assert_eq!(r.status, 411, "streamed, the upload stays chunked");
+    // The backend answers 411 and closes at once, racing the body the proxy streams to it: what
+    // the client gets is then a 411 or a 502. What it received is the point.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let head = loop {
+        if let Some(h) = backend.heads().into_iter().find(|h| h.starts_with("POST")) {
+            break h.to_ascii_lowercase();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upload never reached the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        head.contains("transfer-encoding: chunked"),
+        "streamed, the upload stays chunked: {head}"
+    );
+    assert!(!head.contains("content-length"), "{head}");
 }
 
 #[tokio::test]
