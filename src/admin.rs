@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::limiter::FailurePolicy;
+use crate::metrics::TargetSample;
 use crate::response::{fixed, Body};
 use crate::runtime::Runtime;
 use crate::state::State;
@@ -67,7 +68,7 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
                 state.metrics.render(
                     runtime.limits(),
                     runtime.redis.as_deref(),
-                    &runtime.upstreams,
+                    &target_samples(&runtime),
                 )
             },
         ),
@@ -85,6 +86,23 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
             "not found: try /healthz, /readyz, /metrics or /config\n",
         ),
     }
+}
+
+/// Every live upstream target's health and load, for a scrape.
+fn target_samples(runtime: &Runtime) -> Vec<TargetSample> {
+    let now = tokio::time::Instant::now();
+    let mut samples = Vec::new();
+    for u in &runtime.upstreams {
+        for (i, t) in u.targets.iter().enumerate() {
+            samples.push(TargetSample {
+                upstream: u.name.clone(),
+                target: t.to_string(),
+                healthy: u.is_healthy(i, now),
+                in_flight: u.in_flight(i),
+            });
+        }
+    }
+    samples
 }
 
 /// Ready means: not shutting down (from the signal on, through `shutdown_delay` and the

@@ -9,12 +9,11 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 use crate::config::settings::UpstreamSpec;
-use crate::forward::Upstream;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::{Limit, Outcome};
 use crate::sharded;
 use upstream::Targets;
-pub use upstream::{RetryReason, UpstreamHandles};
+pub use upstream::{RetryReason, TargetSample, UpstreamHandles};
 
 mod upstream;
 
@@ -398,9 +397,9 @@ impl Metrics {
         &self,
         limits: impl Iterator<Item = &'a Arc<Limit>>,
         redis: Option<&RedisLimiter>,
-        upstreams: &[Arc<Upstream>],
+        targets: &[TargetSample],
     ) -> String {
-        self.targets.read(upstreams);
+        self.targets.read(targets);
         self.buckets.clear();
         self.overflowed.clear();
         self.peer_overflowed.clear();

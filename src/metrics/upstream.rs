@@ -11,7 +11,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::config::settings::UpstreamSpec;
-use crate::forward::Upstream;
 use crate::sharded;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,23 +116,31 @@ impl Targets {
     /// Each live target's health (and load, for `least_request`), read now: an ejection ends
     /// by time alone, with nothing to set a gauge when it does. Targets of upstreams no longer
     /// live leave the families.
-    pub(super) fn read(&self, upstreams: &[Arc<Upstream>]) {
+    pub(super) fn read(&self, targets: &[TargetSample]) {
         self.healthy.clear();
         self.in_flight.clear();
-        let now = tokio::time::Instant::now();
-        for u in upstreams {
-            for (i, t) in u.targets.iter().enumerate() {
-                let labels = TargetLabels {
-                    upstream: u.name.to_string(),
-                    target: t.to_string(),
-                };
-                let healthy = i64::from(u.is_healthy(i, now));
-                self.healthy.get_or_create(&labels).set(healthy);
-                if let Some(n) = u.in_flight(i) {
-                    let n = i64::try_from(n).unwrap_or(i64::MAX);
-                    self.in_flight.get_or_create(&labels).set(n);
-                }
+        for t in targets {
+            let labels = TargetLabels {
+                upstream: t.upstream.to_string(),
+                target: t.target.clone(),
+            };
+            self.healthy
+                .get_or_create(&labels)
+                .set(i64::from(t.healthy));
+            if let Some(n) = t.in_flight {
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                self.in_flight.get_or_create(&labels).set(n);
             }
         }
     }
+}
+
+/// One upstream target's state at a scrape, as the caller read it off the live upstreams.
+#[derive(Debug, Clone)]
+pub struct TargetSample {
+    pub upstream: Arc<str>,
+    pub target: String,
+    pub healthy: bool,
+    /// Requests in flight to it (counted for `least_request` upstreams only).
+    pub in_flight: Option<usize>,
 }
