@@ -253,41 +253,24 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
         let peer = "10.0.0.1".parse().unwrap();
-        forwarded_for(
-            &mut h,
-            Downstream {
-                peer,
-                peer_value: &HeaderValue::from_static("10.0.0.1"),
-                peer_trusted: true,
-                tls: false,
-                client_ip: peer,
-                websocket_allowed: false,
-                websocket_idle: Duration::from_hours(1),
-                underscores: false,
-                untrusted_strip: &[],
-                worker: 0,
-                route: "r",
-                retry_idempotent: false,
-            },
-        );
+        let peer_value = HeaderValue::from_static("10.0.0.1");
+        let down = |peer_trusted| Downstream {
+            peer,
+            peer_value: &peer_value,
+            peer_trusted,
+            tls: false,
+            client_ip: peer,
+            websocket_allowed: false,
+            websocket_idle: Duration::from_hours(1),
+            underscores: false,
+            untrusted_strip: &[],
+            worker: 0,
+            route: "r",
+            retry_idempotent: false,
+        };
+        forwarded_for(&mut h, down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
-        forwarded_for(
-            &mut h,
-            Downstream {
-                peer,
-                peer_value: &HeaderValue::from_static("10.0.0.1"),
-                peer_trusted: false,
-                tls: false,
-                client_ip: peer,
-                websocket_allowed: false,
-                websocket_idle: Duration::from_hours(1),
-                underscores: false,
-                untrusted_strip: &[],
-                worker: 0,
-                route: "r",
-                retry_idempotent: false,
-            },
-        );
+        forwarded_for(&mut h, down(false));
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
     }
 }
