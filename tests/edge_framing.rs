@@ -1,4 +1,4 @@
-//! Framing re-emitted canonically (issue 20): the backend receives the length tollgate parsed,
+//! Framing re-emitted canonically: the backend receives the length tollgate parsed,
 //! an upstream response framed both ways or switching protocols unasked is a `502` whose
 //! connection is discarded, and a request line too long is `414` however long it is. A raw
 //! backend records the exact bytes and answers with canned ones.

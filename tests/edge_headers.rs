@@ -1,4 +1,4 @@
-//! Proxy-owned headers and client-supplied identity at the edge (issue 20): a `Connection`
+//! Proxy-owned headers and client-supplied identity at the edge: a `Connection`
 //! line never takes away Host, the framing or the forwarding headers tollgate sets, and the
 //! client-IP and URL-override headers of untrusted peers (`strip_untrusted_headers`) never
 //! reach the backend. A raw backend records the exact head that reached it.

@@ -1,4 +1,4 @@
-//! Host and `:authority` at the edge (issue 20): malformed values are refused before anything
+//! Host and `:authority` at the edge: malformed values are refused before anything
 //! reaches the backend, every spelling of a host meets that host's routes and limits, and the
 //! backend receives the canonical spelling. HTTP/1.1 on raw sockets, HTTP/2 as raw frames; a
 //! raw backend records the exact bytes that reached it.

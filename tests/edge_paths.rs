@@ -1,4 +1,4 @@
-//! Requests that would escape their route's limit by spelling (issue 20): method case, a
+//! Requests that would escape their route's limit by spelling: method case, a
 //! trailing slash, path parameters, `..;/`, a raw backslash, overlong UTF-8, double encoding,
 //! and path case on a route for a case-insensitive backend. Each is refused before anything
 //! reaches the backend, or meets the route (and the limit) the backend will serve it under;

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, RawConn};
+use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, Raw};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -114,7 +114,7 @@ async fn shutdown_delay_keeps_accepting_while_readiness_fails() {
         // ...while new connections are still served, for the whole delay.
         let mut served = 0;
         while signalled.elapsed() < Duration::from_millis(1200) {
-            let mut c = RawConn::open(addr).await;
+            let mut c = Raw::open(addr).await;
             let r = c.roundtrip(&["GET /fast HTTP/1.1", "Host: t"]).await;
             assert_eq!(r.status, 200);
             served += 1;
@@ -182,16 +182,16 @@ async fn a_request_head_under_way_at_sigterm_is_answered() {
     bounded(async {
         let up = MockUpstream::start();
         let mut proxy = proxy_for(&up, "");
-        let mut conn = RawConn::open(proxy.addr()).await;
+        let mut conn = Raw::open(proxy.addr()).await;
         let r = conn.roundtrip(&["GET /fast HTTP/1.1", "Host: t"]).await;
         assert_eq!(r.status, 200);
         // The next request on the kept-alive connection is under way when the signal lands.
-        conn.send_raw(b"GET /fast HTTP/1.1\r\nHost: t\r\n").await;
+        conn.send(b"GET /fast HTTP/1.1\r\nHost: t\r\n").await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         proxy.terminate();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        conn.send_raw(b"\r\n").await;
-        let r = conn.read_response().await;
+        conn.send(b"\r\n").await;
+        let r = conn.response().await;
         assert_eq!(r.status, 200);
         assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
         assert!(conn.is_closed().await);

@@ -10,9 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::client::{drain, request, upload};
-use common::{
-    config, refused_addr, upstream_app, BinaryProxy, Http, MockUpstream, RawConn, TestProxy,
-};
+use common::{config, refused_addr, upstream_app, BinaryProxy, Http, MockUpstream, Raw, TestProxy};
 use http::Version;
 
 /// `/limited/` counts per client address (burst 2, nothing refills during a test), `/dead/`
@@ -142,7 +140,7 @@ async fn behind_a_trusted_proxy_the_right_most_untrusted_address_is_the_client()
 async fn hop_by_hop_request_headers_do_not_reach_the_upstream() {
     let up = MockUpstream::start();
     let proxy = proxy(&up, "[]");
-    let mut conn = RawConn::open(proxy.addr()).await;
+    let mut conn = Raw::open(proxy.addr()).await;
     let res = conn
         .roundtrip(&[
             "GET /app/hop-request?a=1&b=%20x HTTP/1.1",
@@ -189,7 +187,7 @@ async fn hop_by_hop_request_headers_do_not_reach_the_upstream() {
 async fn hop_by_hop_response_headers_do_not_reach_the_client() {
     let up = MockUpstream::start();
     let proxy = proxy(&up, "[]");
-    let mut conn = RawConn::open(proxy.addr()).await;
+    let mut conn = Raw::open(proxy.addr()).await;
     for _ in 0..2 {
         let res = conn
             .roundtrip(&["GET /app/hop HTTP/1.1", "Host: shop.test"])
@@ -384,7 +382,7 @@ async fn h2c_requests_are_forwarded_and_limited_like_http1() {
 async fn keep_alive_connections_are_reused_on_both_sides() {
     let up = MockUpstream::start();
     let proxy = proxy(&up, "[]");
-    let mut conn = RawConn::open(proxy.addr()).await;
+    let mut conn = Raw::open(proxy.addr()).await;
     for i in 0..5 {
         let res = conn
             .roundtrip(&[&format!("GET /app/ka/{i} HTTP/1.1"), "Host: shop.test"])
@@ -460,7 +458,7 @@ async fn the_pool_keeps_at_most_max_idle_connections_per_target() {
 async fn max_idle_0_opens_a_connection_per_request() {
     let up = MockUpstream::start();
     let proxy = proxy_keeping(&up, Some(0));
-    let mut conn = RawConn::open(proxy.addr()).await;
+    let mut conn = Raw::open(proxy.addr()).await;
     for i in 0..4 {
         let res = conn
             .roundtrip(&[&format!("GET /ka/{i} HTTP/1.1"), "Host: shop.test"])
@@ -577,11 +575,11 @@ async fn a_connection_still_uploading_is_not_reused() {
         1,
     );
     // An upload that stalls after 10 of its 1000 bytes.
-    let mut uploader = RawConn::open(proxy.addr()).await;
+    let mut uploader = Raw::open(proxy.addr()).await;
     uploader
-        .send_raw(b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .send(b"POST /up HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n0123456789")
         .await;
-    let res = uploader.read_response().await;
+    let res = uploader.response().await;
     assert_eq!(res.status, 200);
     // The next request must get a connection of its own, not wait behind the upload.
     let started = Instant::now();

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::client::{Http, RawConn};
 use common::{config, TestProxy};
+use common::{Http, Raw};
 use tokio::io::AsyncWriteExt;
 
 /// A backend of `threads` threads, each serving one connection at a time to its end, as a
@@ -134,15 +134,15 @@ routes:
 async fn slow_uploaders(proxy: SocketAddr, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for _ in 0..n {
-        let mut conn = RawConn::open(proxy).await;
-        conn.send_raw(b"POST /upload HTTP/1.1\r\nHost: legacy\r\nContent-Length: 10\r\n\r\n")
+        let mut conn = Raw::open(proxy).await;
+        conn.send(b"POST /upload HTTP/1.1\r\nHost: legacy\r\nContent-Length: 10\r\n\r\n")
             .await;
         tasks.push(tokio::spawn(async move {
             for _ in 0..10 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                conn.send_raw(b"x").await;
+                conn.send(b"x").await;
             }
-            let _ = conn.read_response().await;
+            let _ = conn.response().await;
         }));
     }
     tasks
@@ -232,7 +232,7 @@ async fn an_http10_backend_keeps_the_clients_keep_alive() {
     let backend = LegacyBackend::start(2, Speaks::Http10);
     let proxy = TestProxy::start(&yaml(backend.addr, "{ request: true, response: true }"));
     // Three answers on one client connection: each backend answer ended with its connection.
-    let mut conn = RawConn::open(proxy.addr()).await;
+    let mut conn = Raw::open(proxy.addr()).await;
     for _ in 0..3 {
         let r = conn
             .roundtrip(&["GET /small HTTP/1.1", "Host: legacy"])
@@ -254,13 +254,13 @@ async fn an_http10_backend_keeps_the_clients_keep_alive() {
 async fn an_http10_backend_gets_chunked_uploads_with_a_length() {
     let backend = LegacyBackend::start(2, Speaks::Http10);
     let proxy = TestProxy::start(&yaml(backend.addr, "{ request: true }"));
-    let mut conn = RawConn::open(proxy.addr()).await;
-    conn.send_raw(
+    let mut conn = Raw::open(proxy.addr()).await;
+    conn.send(
         b"POST /form HTTP/1.1\r\nHost: legacy\r\nTransfer-Encoding: chunked\r\n\r\n\
           4\r\nabcd\r\n3\r\nefg\r\n0\r\n\r\n",
     )
     .await;
-    let r = conn.read_response().await;
+    let r = conn.response().await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.body, b"ok 7\n");
     let head = backend.heads().pop().unwrap().to_ascii_lowercase();
@@ -272,8 +272,8 @@ async fn an_http10_backend_gets_chunked_uploads_with_a_length() {
 async fn an_http10_backend_without_buffering_sees_the_chunked_upload() {
     let backend = LegacyBackend::start(2, Speaks::Http10);
     let proxy = TestProxy::start(&yaml(backend.addr, "{ request: false }"));
-    let mut conn = RawConn::open(proxy.addr()).await;
-    conn.send_raw(
+    let mut conn = Raw::open(proxy.addr()).await;
+    conn.send(
         b"POST /form HTTP/1.1\r\nHost: legacy\r\nTransfer-Encoding: chunked\r\n\r\n\
           4\r\nabcd\r\n0\r\n\r\n",
     )

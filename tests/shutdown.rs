@@ -10,7 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, RawConn};
+use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, Raw};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -130,7 +130,7 @@ async fn idle_keep_alive_connections_are_closed_and_the_exit_is_prompt() {
         // A connection that never sends a byte. The accept loop takes connections in order, so
         // once the next one is served, this one is accepted and waiting for its first request.
         let silent = TcpStream::connect(proxy.addr()).await.expect("connect");
-        let mut idle = RawConn::open(proxy.addr()).await;
+        let mut idle = Raw::open(proxy.addr()).await;
         let r = idle.roundtrip(&["GET /fast HTTP/1.1", "Host: t"]).await;
         assert_eq!(r.status, 200);
 

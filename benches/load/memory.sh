@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# benches/load.sh memory: memory of the in-process limiter (issue 6), RSS with KEYS distinct
+# benches/load.sh memory: memory of the in-process limiter, RSS with KEYS distinct
 # client buckets held, and after they are evicted. Sourced by benches/load.sh, with
 # benches/load/lib.sh.
 #

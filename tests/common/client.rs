@@ -1,6 +1,5 @@
-//! HTTP clients for the tests: `Http` (hyper-util's pooled client: HTTP/1.1, HTTP/1.1 from a
-//! chosen loopback source address, or HTTP/2 prior knowledge) and `RawConn` (exact bytes on one
-//! TCP connection, for tests about precise headers and keep-alive).
+//! The HTTP client of the tests: `Http`, hyper-util's pooled client (HTTP/1.1, HTTP/1.1 from a
+//! chosen loopback source address, or HTTP/2 prior knowledge). Exact bytes: `raw::Raw`.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -13,8 +12,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 use super::upstream::Zeros;
 
@@ -186,141 +184,4 @@ pub async fn drain(body: &mut Incoming) -> u64 {
         }
     }
     n
-}
-
-/// A response read off a raw connection.
-#[derive(Debug)]
-pub struct RawResponse {
-    pub status: u16,
-    /// Header lines as received, names lower-cased, in order.
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl RawResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// One TCP connection speaking HTTP/1.1 by hand.
-pub struct RawConn {
-    stream: BufReader<TcpStream>,
-}
-
-impl RawConn {
-    pub async fn open(addr: SocketAddr) -> Self {
-        Self::open_from(addr, "127.0.0.1").await
-    }
-
-    /// Connect from the loopback address `ip`.
-    pub async fn open_from(addr: SocketAddr, ip: &str) -> Self {
-        let socket = TcpSocket::new_v4().expect("socket");
-        socket
-            .bind(SocketAddr::new(ip.parse().expect("an IP address"), 0))
-            .expect("bind the client address");
-        let stream = socket.connect(addr).await.expect("connect to the proxy");
-        Self {
-            stream: BufReader::new(stream),
-        }
-    }
-
-    /// Write a request made of `lines` (the request line and headers) and an empty body, then
-    /// read the response.
-    pub async fn roundtrip(&mut self, lines: &[&str]) -> RawResponse {
-        let text = format!("{}\r\n\r\n", lines.join("\r\n"));
-        self.stream
-            .get_mut()
-            .write_all(text.as_bytes())
-            .await
-            .expect("write the request");
-        self.read_response().await
-    }
-
-    /// Write `bytes` as they are (a request in pieces, a body that stalls).
-    pub async fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream
-            .get_mut()
-            .write_all(bytes)
-            .await
-            .expect("write to the proxy");
-    }
-
-    /// Read one response, framed by Content-Length, chunked encoding, or the connection's end.
-    pub async fn read_response(&mut self) -> RawResponse {
-        let mut status_line = String::new();
-        self.stream
-            .read_line(&mut status_line)
-            .await
-            .expect("read the status line");
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
-        let mut headers = Vec::new();
-        loop {
-            let mut line = String::new();
-            self.stream
-                .read_line(&mut line)
-                .await
-                .expect("read a header");
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            let (k, v) = line.split_once(':').expect("a header line");
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-        }
-        let mut res = RawResponse {
-            status,
-            headers,
-            body: Vec::new(),
-        };
-        if let Some(len) = res.header("content-length") {
-            let mut body = vec![0; len.parse().expect("a length")];
-            self.stream
-                .read_exact(&mut body)
-                .await
-                .expect("read the body");
-            res.body = body;
-        } else if res
-            .header("transfer-encoding")
-            .is_some_and(|t| t.contains("chunked"))
-        {
-            res.body = self.read_chunked().await;
-        } else if status != 204 && status != 304 {
-            self.stream
-                .read_to_end(&mut res.body)
-                .await
-                .expect("read to the end");
-        }
-        res
-    }
-
-    async fn read_chunked(&mut self) -> Vec<u8> {
-        let mut body = Vec::new();
-        loop {
-            let mut size = String::new();
-            self.stream.read_line(&mut size).await.expect("chunk size");
-            let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
-                .expect("a hex chunk size");
-            let mut chunk = vec![0; size + 2];
-            self.stream.read_exact(&mut chunk).await.expect("chunk");
-            if size == 0 {
-                // The last chunk: `\r\n` ends the (empty) trailer section.
-                return body;
-            }
-            body.extend_from_slice(&chunk[..size]);
-        }
-    }
-
-    /// True when the server has closed the connection (a read returns end of file).
-    pub async fn is_closed(&mut self) -> bool {
-        let mut buf = [0u8; 1];
-        matches!(self.stream.read(&mut buf).await, Ok(0) | Err(_))
-    }
 }

@@ -8,14 +8,17 @@
 pub mod client;
 pub mod inproc;
 pub mod proxy;
+pub mod raw;
 pub mod upstream;
 
 #[allow(unused_imports)]
-pub use client::{Http, RawConn, Reply};
+pub use client::{Http, Reply};
 #[allow(unused_imports)]
 pub use inproc::TestProxy;
 #[allow(unused_imports)]
 pub use proxy::{check, BinaryProxy};
+#[allow(unused_imports)]
+pub use raw::{Raw, Resp};
 #[allow(unused_imports)]
 pub use upstream::{refused_addr, MockUpstream, Seen};
 
