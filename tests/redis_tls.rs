@@ -82,6 +82,7 @@ fn limiter(url: String) -> RedisLimiter {
         cluster: Vec::new(),
         timeout: Duration::from_secs(2),
         key_prefix: "tg-tls:".into(),
+        ..RedisConfig::default()
     };
     RedisLimiter::new(&cfg).expect("a valid config")
 }

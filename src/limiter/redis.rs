@@ -28,6 +28,7 @@ mod cluster;
 mod conn;
 mod failure;
 mod link;
+mod managed;
 mod negative;
 mod stats;
 
