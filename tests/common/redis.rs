@@ -375,9 +375,10 @@ fn ping(port: u16) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut buf = [0u8; 64];
+    // A server with `requirepass` answers, if only to ask for the password.
     s.write_all(b"PING\r\n").is_ok()
         && s.read(&mut buf)
-            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// A limit with the given numbers, for tests that drive `RedisLimiter` directly (no config).
@@ -413,4 +414,250 @@ pub async fn one(
         client: tollgate::identity::ClientId(client),
     }];
     Ok(l.check(&checks, &[true]).await?[0])
+}
+
+/// A master named `mymaster`, one replica of it, and one Sentinel watching them (quorum 1,
+/// down after 1 s), each a redis-server on free loopback ports. `password` is the servers'
+/// `requirepass` (and `masterauth`, and the Sentinel's `auth-pass`); `sentinel_password` the
+/// Sentinel's own.
+pub struct SentinelSet {
+    /// `servers[0]` starts as the master, `servers[1]` as its replica.
+    pub servers: Vec<RedisServer>,
+    pub sentinel_port: u16,
+    password: Option<String>,
+    sentinel_password: Option<String>,
+    sentinel_dir: TempDir,
+    sentinel: Option<Child>,
+}
+
+/// The master's name in the Sentinel's configuration.
+pub const MASTER: &str = "mymaster";
+
+impl SentinelSet {
+    pub fn start(password: Option<&str>, sentinel_password: Option<&str>) -> Self {
+        let auth: Vec<String> = password
+            .map(|pw| {
+                ["--requirepass", pw, "--masterauth", pw]
+                    .map(str::to_owned)
+                    .to_vec()
+            })
+            .unwrap_or_default();
+        let args: Vec<&str> = auth.iter().map(String::as_str).collect();
+        let primary = RedisServer::start_with(&args);
+        let primary_port = primary.port().to_string();
+        let mut replica_args = args.clone();
+        replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
+        let replica = RedisServer::start_with(&replica_args);
+        let mut set = Self {
+            servers: vec![primary, replica],
+            sentinel_port: 0,
+            password: password.map(str::to_owned),
+            sentinel_password: sentinel_password.map(str::to_owned),
+            sentinel_dir: tempfile::tempdir().expect("temp dir"),
+            sentinel: None,
+        };
+        set.wait_until("the replica is in sync", |s| {
+            s.server_cli(1, &["info", "replication"])
+                .contains("master_link_status:up")
+        });
+        set.start_sentinel();
+        set.wait_until("the Sentinel knows the replica", |s| {
+            let replicas = s.sentinel_cli(&["sentinel", "replicas", MASTER]);
+            replicas.contains(&s.servers[1].port().to_string()) && !replicas.contains("s_down")
+        });
+        set
+    }
+
+    fn start_sentinel(&mut self) {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = self.sentinel_dir.path();
+            let mut conf = format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\nlogfile {}\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds {MASTER} 1000\n\
+                 sentinel failover-timeout {MASTER} 10000\n",
+                dir.display(),
+                dir.join("sentinel.log").display(),
+                self.servers[0].port(),
+            );
+            if let Some(pw) = &self.password {
+                conf.push_str(&format!("sentinel auth-pass {MASTER} {pw}\n"));
+            }
+            if let Some(pw) = &self.sentinel_password {
+                conf.push_str(&format!("requirepass {pw}\n"));
+            }
+            let file = dir.join("sentinel.conf");
+            std::fs::write(&file, conf).expect("write sentinel.conf");
+            let child = Command::new("redis-server")
+                .arg(&file)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            self.sentinel = Some(child);
+            self.sentinel_port = port;
+            let started = Instant::now();
+            while started.elapsed() < START_TIMEOUT {
+                if self.sentinel_cli(&["ping"]).contains("PONG") {
+                    return;
+                }
+                if let Some(child) = self.sentinel.as_mut() {
+                    if child.try_wait().ok().flatten().is_some() {
+                        break;
+                    }
+                }
+                sleep(Duration::from_millis(10));
+            }
+            if let Some(mut child) = self.sentinel.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        panic!("could not start redis-server --sentinel on a free port");
+    }
+
+    /// `host:port` of the Sentinel, as `limiter.redis.sentinel.nodes` takes it.
+    pub fn sentinel_node(&self) -> String {
+        format!("127.0.0.1:{}", self.sentinel_port)
+    }
+
+    /// `redis-cli` against the Sentinel, with its password if it has one.
+    pub fn sentinel_cli(&self, args: &[&str]) -> String {
+        cli_with(self.sentinel_port, self.sentinel_password.as_deref(), args)
+    }
+
+    /// `redis-cli` against server `i`, with the servers' password if they have one.
+    pub fn server_cli(&self, i: usize, args: &[&str]) -> String {
+        cli_with(self.servers[i].port(), self.password.as_deref(), args)
+    }
+
+    /// The port of the server the Sentinel names as the master now.
+    pub fn master_port(&self) -> u16 {
+        let out = self.sentinel_cli(&["sentinel", "get-master-addr-by-name", MASTER]);
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The index of the server on `port`.
+    pub fn index_of(&self, port: u16) -> usize {
+        self.servers
+            .iter()
+            .position(|s| s.port() == port)
+            .expect("one of the set's servers")
+    }
+
+    /// Wait until server `replica` has everything server `master` wrote.
+    pub fn wait_replicated(&self, master: usize, replica: usize) {
+        let offset = |i: usize, field: &str| -> Option<u64> {
+            self.server_cli(i, &["info", "replication"])
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        self.wait_until("the replica caught up", |_| {
+            let (Some(written), Some(read)) = (
+                offset(master, "master_repl_offset:"),
+                offset(replica, "slave_repl_offset:"),
+            ) else {
+                return false;
+            };
+            read >= written
+        });
+    }
+
+    /// Poll `done` every 20 ms for up to 20 s; panics with `what` if it never holds.
+    pub fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if done(self) {
+                return;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        panic!("timed out waiting until {what}");
+    }
+}
+
+impl Drop for SentinelSet {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.sentinel.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `redis-cli -p PORT [-a PASSWORD] args...`'s stdout.
+pub fn cli_with(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut command = Command::new("redis-cli");
+    command.args(["-p", &port.to_string()]);
+    if let Some(pw) = password {
+        command.args(["--no-auth-warning", "-a", pw]);
+    }
+    let out = command
+        .args(args)
+        .output()
+        .expect("redis-cli is installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A CA, a certificate for 127.0.0.1 signed by it (`srv.crt`, `srv.key`) and a client
+/// certificate signed by it (`client.crt`, `client.key`), made in `dir` by `openssl`.
+pub fn make_certs(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command is installed");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    openssl(&[
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
+        "-out", "ca.crt", "-subj", "/CN=tollgate test CA",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    for (name, cn, ext) in [("srv", "127.0.0.1", true), ("client", "tollgate", false)] {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+            &format!("/CN={cn}"),
+        ]);
+        let mut sign = vec![
+            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", &crt, "-days", "1",
+        ];
+        if ext {
+            sign.extend(["-extfile", "san.ext"]);
+        }
+        openssl(&sign);
+    }
+}
+
+/// `redis-server` arguments for TLS on `tls_port` (besides the plain port the helper watches)
+/// with the files of `make_certs`; `auth_clients`: whether a client certificate is required.
+pub fn tls_args(dir: &std::path::Path, tls_port: u16, auth_clients: bool) -> Vec<String> {
+    let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    [
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &file("srv.crt"),
+        "--tls-key-file",
+        &file("srv.key"),
+        "--tls-ca-cert-file",
+        &file("ca.crt"),
+        "--tls-auth-clients",
+        if auth_clients { "yes" } else { "no" },
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }

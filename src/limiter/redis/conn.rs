@@ -185,6 +185,14 @@ impl RedisConn {
         ))
     }
 
+    /// Times this connection followed a Sentinel failover to another master.
+    pub(super) fn failovers(&self) -> u64 {
+        match self {
+            RedisConn::Single(m) => m.switches(),
+            RedisConn::Cluster(_) => 0,
+        }
+    }
+
     /// PING, for readiness: on a cluster it goes to one node, which shows the cluster client
     /// is connected.
     pub(super) async fn ping(&self) -> Result<(), RedisError> {

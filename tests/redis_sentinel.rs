@@ -1,0 +1,139 @@
+//! `limiter.redis.sentinel`: the limiter follows the master a real Sentinel names through a
+//! failover (`SENTINEL FAILOVER`, and the master killed), and a client's tokens carry over
+//! exactly by replication. The servers and the Sentinel have passwords; connections are named.
+
+#[allow(dead_code)]
+#[path = "common/redis.rs"]
+mod redis_helpers;
+
+use std::time::{Duration, Instant};
+
+use redis_helpers::{cli_with, limit, one, SentinelSet, MASTER, PREFIX};
+use tollgate::config::settings::SentinelSpec;
+use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
+use tollgate::limiter::{Limit, Verdict};
+
+const PASSWORD: &str = "server-secret";
+const SENTINEL_PASSWORD: &str = "sentinel-secret";
+
+fn limiter(set: &SentinelSet) -> RedisLimiter {
+    let cfg = RedisConfig {
+        sentinel: Some(SentinelSpec {
+            master: MASTER.into(),
+            nodes: vec![set.sentinel_node()],
+            username: None,
+            password: Some(SENTINEL_PASSWORD.into()),
+        }),
+        password: Some(PASSWORD.into()),
+        client_name: "tollgate-sentinel-test".into(),
+        timeout: Duration::from_millis(500),
+        key_prefix: PREFIX.into(),
+        ..RedisConfig::default()
+    };
+    RedisLimiter::new(&cfg).expect("a valid config")
+}
+
+/// The first verdict Redis decides (checks that fail meanwhile are retried), and how many
+/// checks failed before it. Panics after 30 s.
+async fn decided(l: &RedisLimiter, lim: &Limit) -> (Verdict, u32) {
+    let started = Instant::now();
+    let mut failed = 0;
+    loop {
+        match one(l, lim, 7).await {
+            Ok(v) => return (v, failed),
+            Err(_) => failed += 1,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Redis decided nothing for 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Burst 5 and no refill to speak of: three checks before the failover leave exactly two.
+async fn three_before(set: &SentinelSet, l: &RedisLimiter, lim: &Limit) -> (usize, usize) {
+    for remaining in [4, 3, 2] {
+        let (v, _) = decided(l, lim).await;
+        assert!(v.admitted && v.remaining == remaining, "{v:?}");
+    }
+    let old = set.index_of(set.master_port());
+    let new = 1 - old;
+    set.wait_replicated(old, new);
+    (old, new)
+}
+
+/// After the failover: exactly two more admitted, on the new master, by named connections.
+async fn two_after(set: &SentinelSet, l: &RedisLimiter, lim: &Limit, new: usize) {
+    let (second, _) = decided(l, lim).await;
+    assert!(second.admitted && second.remaining == 0, "{second:?}");
+    let (third, _) = decided(l, lim).await;
+    assert!(!third.admitted, "{third:?}");
+    assert_eq!(set.master_port(), set.servers[new].port());
+    let keys = set.server_cli(new, &["--scan"]);
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    let clients = set.server_cli(new, &["client", "list"]);
+    assert!(clients.contains("name=tollgate-sentinel-test "), "{clients}");
+    assert!(l.stats().failovers >= 1, "{:?}", l.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_sentinel_failover_with_the_count_carried_over() {
+    let set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
+    let l = limiter(&set);
+    let lim = limit("failover", 0.000_1, 5, 1);
+    let (old, new) = three_before(&set, &l, &lim).await;
+    let clients = set.server_cli(old, &["client", "list"]);
+    assert!(clients.contains("name=tollgate-sentinel-test "), "{clients}");
+
+    assert!(set
+        .sentinel_cli(&["sentinel", "failover", MASTER])
+        .contains("OK"));
+    // No check while both servers may be masters: what the old one took then would be lost
+    // when it turns replica (Sentinel's failover is not a handover).
+    set.wait_until("the Sentinel names the replica and the old master is one", |s| {
+        s.master_port() == s.servers[new].port()
+            && s.server_cli(old, &["role"]).starts_with("slave")
+    });
+    let started = Instant::now();
+    let (first, failed) = decided(&l, &lim).await;
+    eprintln!(
+        "SENTINEL FAILOVER: first decision {:?} after the old master turned replica \
+         ({failed} check(s) failed meanwhile)",
+        started.elapsed()
+    );
+    assert!(first.admitted && first.remaining == 1, "{first:?}");
+    two_after(&set, &l, &lim, new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_killed_master_to_the_promoted_replica() {
+    let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
+    let l = limiter(&set);
+    let lim = limit("killed", 0.000_1, 5, 1);
+    let (old, new) = three_before(&set, &l, &lim).await;
+
+    // When the Sentinel names the new master, watched from a thread of its own.
+    let (port, new_port) = (set.sentinel_port, set.servers[new].port());
+    let killed = Instant::now();
+    let promoted = std::thread::spawn(move || loop {
+        let out = cli_with(port, Some(SENTINEL_PASSWORD), &["sentinel", "get-master-addr-by-name", MASTER]);
+        if out.contains(&new_port.to_string()) || killed.elapsed() > Duration::from_secs(30) {
+            return killed.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    });
+    set.servers[old].kill();
+    // Checks fail (the failure policy applies) until the Sentinel promotes the replica.
+    let (first, failed) = decided(&l, &lim).await;
+    let decided_after = killed.elapsed();
+    eprintln!(
+        "master killed: the Sentinel named the replica {:?} after the kill (it waits 1 s to \
+         call a master down), the first decision by it came {decided_after:?} after the kill \
+         ({failed} check(s) failed meanwhile)",
+        promoted.join().unwrap()
+    );
+    assert!(first.admitted && first.remaining == 1, "{first:?}");
+    assert!(failed > 0, "the kill went unnoticed");
+    two_after(&set, &l, &lim, new).await;
+}
