@@ -620,25 +620,24 @@ pub fn make_certs(dir: &std::path::Path) {
         "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
         "-out", "ca.crt", "-subj", "/CN=tollgate test CA",
     ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    for (name, cn, ext) in [("srv", "127.0.0.1", true), ("client", "tollgate", false)] {
-        let (key, csr, crt) = (
+    std::fs::write(dir.join("srv.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    // Extensions make a v3 certificate: webpki refuses v1 ones, client certificates too.
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (name, cn) in [("srv", "127.0.0.1"), ("client", "tollgate")] {
+        let (key, csr, crt, ext) = (
             format!("{name}.key"),
             format!("{name}.csr"),
             format!("{name}.crt"),
+            format!("{name}.ext"),
         );
         openssl(&[
             "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
             &format!("/CN={cn}"),
         ]);
-        let mut sign = vec![
+        openssl(&[
             "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "1",
-        ];
-        if ext {
-            sign.extend(["-extfile", "san.ext"]);
-        }
-        openssl(&sign);
+            "-out", &crt, "-days", "1", "-extfile", &ext,
+        ]);
     }
 }
 

@@ -223,7 +223,7 @@ fn sentinel(s: &file::RedisSentinel, p: &mut Problems) -> Option<SentinelSpec> {
 
 /// Read and parse the TLS files now, so `tollgate check` reports them.
 fn tls(t: &file::RedisTls, p: &mut Problems) -> Option<RedisTls> {
-    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::pem::{self, PemObject};
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let read = |key: &str, path: &str, p: &mut Problems| {
         let at = format!("limiter.redis.tls.{key}");
@@ -234,7 +234,10 @@ fn tls(t: &file::RedisTls, p: &mut Problems) -> Option<RedisTls> {
         let parsed = if key == "key" {
             PrivateKeyDer::from_pem_slice(&bytes)
                 .map(|_| ())
-                .map_err(|e| format!("`{path}` holds no PEM private key: {e}"))
+                .map_err(|e| match e {
+                    pem::Error::NoItemsFound => format!("`{path}` holds no PEM private key"),
+                    e => format!("`{path}` is not a PEM private key file: {e}"),
+                })
         } else {
             match CertificateDer::pem_slice_iter(&bytes).collect::<Result<Vec<_>, _>>() {
                 Ok(certs) if !certs.is_empty() => Ok(()),
@@ -271,5 +274,27 @@ fn tls(t: &file::RedisTls, p: &mut Problems) -> Option<RedisTls> {
         Some(Some(pair)) => Some(pair),
         None => None,
     };
+    if let Some((cert, key)) = &client {
+        p.take("limiter.redis.tls.cert", usable_client_cert(cert, key))?;
+    }
     Some(RedisTls { ca, client })
+}
+
+/// Whether rustls takes `cert` (PEM chain) with `key` as a client certificate: it refuses a
+/// key that does not match and a v1 certificate, which would otherwise fail every connect.
+fn usable_client_cert(cert: &[u8], key: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| e.to_string())?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(drop)
+        .map_err(|e| format!("is not usable with `key` as a client certificate: {e}"))
 }
