@@ -349,6 +349,11 @@ impl RedisLimiter {
         };
         match tokio::time::timeout(WARM_UP_TIMEOUT, warm).await {
             Ok(Ok(())) => tracing::debug!("worker's Redis connection ready"),
+            Ok(Err(e)) if e.kind() == ::redis::ErrorKind::AuthenticationFailed => tracing::error!(
+                error = %e,
+                "Redis refused the credentials (limiter.redis username and password, or the \
+                 URL's); checks apply the failure policy until they are right"
+            ),
             Ok(Err(e)) => tracing::warn!(
                 error = %e,
                 "cannot reach Redis yet; checks apply the failure policy until it answers"
