@@ -2,12 +2,14 @@
 //! failover (`SENTINEL FAILOVER`, and the master killed), and a client's tokens carry over
 //! exactly by replication. The servers and the Sentinel have passwords; connections are named.
 
+mod common;
 #[allow(dead_code)]
 #[path = "common/redis.rs"]
 mod redis_helpers;
 
 use std::time::{Duration, Instant};
 
+use common::{config, Http, TestProxy};
 use redis_helpers::{cli_with, limit, one, SentinelSet, MASTER, PREFIX};
 use tollgate::config::settings::SentinelSpec;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
@@ -136,4 +138,50 @@ async fn follows_a_killed_master_to_the_promoted_replica() {
     assert!(first.admitted && first.remaining == 1, "{first:?}");
     assert!(failed > 0, "the kill went unnoticed");
     two_after(&set, &l, &lim, new).await;
+}
+
+/// Through the proxy's YAML (both passwords from the environment), with two workers, each
+/// with its own connection: a limit failing closed answers 503 while Redis cannot decide, so
+/// 200 and 429 are Redis's own verdicts, and exactly two more 200s follow the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_follows_a_failover_from_its_yaml() {
+    let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
+    std::env::set_var("TOLLGATE_TEST_SENTINEL_SERVER_PW", PASSWORD);
+    std::env::set_var("TOLLGATE_TEST_SENTINEL_OWN_PW", SENTINEL_PASSWORD);
+    let yaml = config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n\
+         limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    sentinel:\n      master: {MASTER}\n      nodes: [{}]\n      password: ${{TOLLGATE_TEST_SENTINEL_OWN_PW}}\n    password: ${{TOLLGATE_TEST_SENTINEL_SERVER_PW}}\n    timeout: 500ms\n\
+         routes:\n  - name: all\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: sentinel-limit, rate: 1/h, burst: 5, key: [ip] }}\n",
+        set.sentinel_node()
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    assert_eq!(
+        http.statuses(3, &proxy.url("/"), &[]).await,
+        [200, 200, 200]
+    );
+    let served = http
+        .get(&format!("http://{}/config", proxy.admin_addr()))
+        .await;
+    assert!(!served.text().contains(PASSWORD), "{}", served.text());
+    assert!(!served.text().contains(SENTINEL_PASSWORD), "{}", served.text());
+
+    let old = set.index_of(set.master_port());
+    let new = 1 - old;
+    set.wait_replicated(old, new);
+    let killed = Instant::now();
+    set.servers[old].kill();
+    let mut after = Vec::new();
+    while after.len() < 3 {
+        assert!(killed.elapsed() < Duration::from_secs(30), "{after:?}");
+        match http.get(&proxy.url("/")).await.code() {
+            503 => tokio::time::sleep(Duration::from_millis(20)).await,
+            code => after.push((code, killed.elapsed())),
+        }
+    }
+    eprintln!("through the proxy: first decision {:?} after the kill", after[0].1);
+    let codes: Vec<u16> = after.iter().map(|&(c, _)| c).collect();
+    assert_eq!(codes, [200, 200, 429]);
+    let clients = set.server_cli(new, &["client", "list"]);
+    assert!(clients.contains("name=tollgate "), "{clients}");
 }

@@ -101,9 +101,15 @@ impl Managed {
         self.0.switches.load(Ordering::Relaxed)
     }
 
-    /// The current connection (waiting for it if it is being made), and which it is.
+    /// The current connection (waiting for it if it is being made), and which it is. One that
+    /// failed to connect is replaced first: this call waits for a fresh attempt rather than
+    /// failing on an old one (under Sentinel, one made before the failover was over).
     async fn get(&self) -> (Result<MultiplexedConnection, RedisError>, u64) {
-        let slot = self.0.slot.load_full();
+        let mut slot = self.0.slot.load_full();
+        if matches!(slot.pending.peek(), Some(Err(_))) {
+            self.reconnect(slot.id);
+            slot = self.0.slot.load_full();
+        }
         (slot.pending.clone().await, slot.id)
     }
 
