@@ -140,17 +140,27 @@ async fn follows_a_killed_master_to_the_promoted_replica() {
     two_after(&set, &l, &lim, new).await;
 }
 
-/// Through the proxy's YAML (both passwords from the environment), with two workers, each
+/// Through the proxy's YAML (the minimal ACL user, both passwords from the environment), with
+/// two workers, each
 /// with its own connection: a limit failing closed answers 503 while Redis cannot decide, so
 /// 200 and 429 are Redis's own verdicts, and exactly two more 200s follow the failover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_follows_a_failover_from_its_yaml() {
     let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
-    std::env::set_var("TOLLGATE_TEST_SENTINEL_SERVER_PW", PASSWORD);
+    // The ACL of docs/operations.md, on both servers (ACLs are not replicated).
+    let acl = [
+        "ACL", "SETUSER", "tollgate", "on", ">acl-secret", "resetkeys", "~tollgate:*",
+        "resetchannels", "-@all", "+evalsha", "+script|load", "+time", "+get", "+mget", "+set",
+        "+del", "+ping", "+client|setname", "+role",
+    ];
+    for i in 0..2 {
+        assert_eq!(set.server_cli(i, &acl).trim(), "OK");
+    }
+    std::env::set_var("TOLLGATE_TEST_SENTINEL_SERVER_PW", "acl-secret");
     std::env::set_var("TOLLGATE_TEST_SENTINEL_OWN_PW", SENTINEL_PASSWORD);
     let yaml = config(&format!(
         "admin:\n  address: 127.0.0.1:0\n\
-         limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    sentinel:\n      master: {MASTER}\n      nodes: [{}]\n      password: ${{TOLLGATE_TEST_SENTINEL_OWN_PW}}\n    password: ${{TOLLGATE_TEST_SENTINEL_SERVER_PW}}\n    timeout: 500ms\n\
+         limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    sentinel:\n      master: {MASTER}\n      nodes: [{}]\n      password: ${{TOLLGATE_TEST_SENTINEL_OWN_PW}}\n    username: tollgate\n    password: ${{TOLLGATE_TEST_SENTINEL_SERVER_PW}}\n    timeout: 500ms\n\
          routes:\n  - name: all\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: sentinel-limit, rate: 1/h, burst: 5, key: [ip] }}\n",
         set.sentinel_node()
     ));
@@ -163,7 +173,7 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
     let served = http
         .get(&format!("http://{}/config", proxy.admin_addr()))
         .await;
-    assert!(!served.text().contains(PASSWORD), "{}", served.text());
+    assert!(!served.text().contains("acl-secret"), "{}", served.text());
     assert!(!served.text().contains(SENTINEL_PASSWORD), "{}", served.text());
 
     let old = set.index_of(set.master_port());
@@ -183,5 +193,10 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
     let codes: Vec<u16> = after.iter().map(|&(c, _)| c).collect();
     assert_eq!(codes, [200, 200, 429]);
     let clients = set.server_cli(new, &["client", "list"]);
-    assert!(clients.contains("name=tollgate "), "{clients}");
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains("name=tollgate ") && l.contains("user=tollgate ")),
+        "{clients}"
+    );
 }
