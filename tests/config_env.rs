@@ -110,7 +110,10 @@ async fn an_acl_user_with_the_minimal_commands() {
     let codes = http.statuses(3, &proxy.url("/"), &[]).await;
     assert_eq!(codes, [200, 200, 429]);
     let admin = proxy.admin_addr();
-    assert_eq!(http.get(&format!("http://{admin}/readyz")).await.code(), 200);
+    assert_eq!(
+        http.get(&format!("http://{admin}/readyz")).await.code(),
+        200
+    );
     let clients = redis.cli(&["client", "list"]);
     assert!(
         clients

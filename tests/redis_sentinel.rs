@@ -75,7 +75,10 @@ async fn two_after(set: &SentinelSet, l: &RedisLimiter, lim: &Limit, new: usize)
     let keys = set.server_cli(new, &["--scan"]);
     assert_eq!(keys.lines().count(), 1, "{keys}");
     let clients = set.server_cli(new, &["client", "list"]);
-    assert!(clients.contains("name=tollgate-sentinel-test "), "{clients}");
+    assert!(
+        clients.contains("name=tollgate-sentinel-test "),
+        "{clients}"
+    );
     assert!(l.stats().failovers >= 1, "{:?}", l.stats());
 }
 
@@ -86,17 +89,23 @@ async fn follows_sentinel_failover_with_the_count_carried_over() {
     let lim = limit("failover", 0.000_1, 5, 1);
     let (old, new) = three_before(&set, &l, &lim).await;
     let clients = set.server_cli(old, &["client", "list"]);
-    assert!(clients.contains("name=tollgate-sentinel-test "), "{clients}");
+    assert!(
+        clients.contains("name=tollgate-sentinel-test "),
+        "{clients}"
+    );
 
     assert!(set
         .sentinel_cli(&["sentinel", "failover", MASTER])
         .contains("OK"));
     // No check while both servers may be masters: what the old one took then would be lost
     // when it turns replica (Sentinel's failover is not a handover).
-    set.wait_until("the Sentinel names the replica and the old master is one", |s| {
-        s.master_port() == s.servers[new].port()
-            && s.server_cli(old, &["role"]).starts_with("slave")
-    });
+    set.wait_until(
+        "the Sentinel names the replica and the old master is one",
+        |s| {
+            s.master_port() == s.servers[new].port()
+                && s.server_cli(old, &["role"]).starts_with("slave")
+        },
+    );
     let started = Instant::now();
     let (first, failed) = decided(&l, &lim).await;
     eprintln!(
@@ -119,7 +128,11 @@ async fn follows_a_killed_master_to_the_promoted_replica() {
     let (port, new_port) = (set.sentinel_port, set.servers[new].port());
     let killed = Instant::now();
     let promoted = std::thread::spawn(move || loop {
-        let out = cli_with(port, Some(SENTINEL_PASSWORD), &["sentinel", "get-master-addr-by-name", MASTER]);
+        let out = cli_with(
+            port,
+            Some(SENTINEL_PASSWORD),
+            &["sentinel", "get-master-addr-by-name", MASTER],
+        );
         if out.contains(&new_port.to_string()) || killed.elapsed() > Duration::from_secs(30) {
             return killed.elapsed();
         }
@@ -149,9 +162,25 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
     let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
     // The ACL of docs/operations.md, on both servers (ACLs are not replicated).
     let acl = [
-        "ACL", "SETUSER", "tollgate", "on", ">acl-secret", "resetkeys", "~tollgate:*",
-        "resetchannels", "-@all", "+evalsha", "+script|load", "+time", "+get", "+mget", "+set",
-        "+del", "+ping", "+client|setname", "+role",
+        "ACL",
+        "SETUSER",
+        "tollgate",
+        "on",
+        ">acl-secret",
+        "resetkeys",
+        "~tollgate:*",
+        "resetchannels",
+        "-@all",
+        "+evalsha",
+        "+script|load",
+        "+time",
+        "+get",
+        "+mget",
+        "+set",
+        "+del",
+        "+ping",
+        "+client|setname",
+        "+role",
     ];
     for i in 0..2 {
         assert_eq!(set.server_cli(i, &acl).trim(), "OK");
@@ -174,7 +203,11 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
         .get(&format!("http://{}/config", proxy.admin_addr()))
         .await;
     assert!(!served.text().contains("acl-secret"), "{}", served.text());
-    assert!(!served.text().contains(SENTINEL_PASSWORD), "{}", served.text());
+    assert!(
+        !served.text().contains(SENTINEL_PASSWORD),
+        "{}",
+        served.text()
+    );
 
     let old = set.index_of(set.master_port());
     let new = 1 - old;
@@ -189,7 +222,10 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
             code => after.push((code, killed.elapsed())),
         }
     }
-    eprintln!("through the proxy: first decision {:?} after the kill", after[0].1);
+    eprintln!(
+        "through the proxy: first decision {:?} after the kill",
+        after[0].1
+    );
     let codes: Vec<u16> = after.iter().map(|&(c, _)| c).collect();
     assert_eq!(codes, [200, 200, 429]);
     let clients = set.server_cli(new, &["client", "list"]);

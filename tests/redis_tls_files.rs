@@ -41,7 +41,10 @@ async fn a_ca_file_and_a_client_certificate() {
         ),
     ));
     // Redis decides: a refused handshake would fail closed (503) instead.
-    assert_eq!(http.statuses(3, &proxy.url("/"), &[]).await, [200, 200, 429]);
+    assert_eq!(
+        http.statuses(3, &proxy.url("/"), &[]).await,
+        [200, 200, 429]
+    );
     assert_eq!(server.keys().len(), 1);
     let clients = server.cli(&["client", "list"]);
     assert!(clients.contains("name=tollgate-tls-test "), "{clients}");
@@ -66,4 +69,3 @@ async fn a_ca_file_and_a_client_certificate() {
     assert!(codes.iter().all(|&c| c == 503), "{codes:?}");
     assert_eq!(server.keys().len(), 1, "nothing else reached Redis");
 }
-

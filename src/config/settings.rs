@@ -303,7 +303,7 @@ impl Default for ListenerSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     Local,
-    Redis(RedisConfig),
+    Redis(Box<RedisConfig>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -388,14 +388,10 @@ impl std::fmt::Debug for RedisConfig {
             )
             .field(
                 "sentinel",
-                &self.sentinel.as_ref().map(|s| {
-                    (
-                        &s.master,
-                        &s.nodes,
-                        &s.username,
-                        hidden(&s.password),
-                    )
-                }),
+                &self
+                    .sentinel
+                    .as_ref()
+                    .map(|s| (&s.master, &s.nodes, &s.username, hidden(&s.password))),
             )
             .field("username", &self.username)
             .field("password", &hidden(&self.password))

@@ -469,6 +469,7 @@ impl SentinelSet {
     }
 
     fn start_sentinel(&mut self) {
+        use std::fmt::Write as _;
         for _ in 0..5 {
             let port = free_port();
             let dir = self.sentinel_dir.path();
@@ -482,10 +483,10 @@ impl SentinelSet {
                 self.servers[0].port(),
             );
             if let Some(pw) = &self.password {
-                conf.push_str(&format!("sentinel auth-pass {MASTER} {pw}\n"));
+                let _ = writeln!(conf, "sentinel auth-pass {MASTER} {pw}");
             }
             if let Some(pw) = &self.sentinel_password {
-                conf.push_str(&format!("requirepass {pw}\n"));
+                let _ = writeln!(conf, "requirepass {pw}");
             }
             let file = dir.join("sentinel.conf");
             std::fs::write(&file, conf).expect("write sentinel.conf");
@@ -598,10 +599,7 @@ pub fn cli_with(port: u16, password: Option<&str>, args: &[&str]) -> String {
     if let Some(pw) = password {
         command.args(["--no-auth-warning", "-a", pw]);
     }
-    let out = command
-        .args(args)
-        .output()
-        .expect("redis-cli is installed");
+    let out = command.args(args).output().expect("redis-cli is installed");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -617,8 +615,19 @@ pub fn make_certs(dir: &std::path::Path) {
         assert!(out.status.success(), "openssl {args:?}: {out:?}");
     };
     openssl(&[
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", "ca.key",
-        "-out", "ca.crt", "-subj", "/CN=tollgate test CA",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=tollgate test CA",
     ]);
     std::fs::write(dir.join("srv.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
     // Extensions make a v3 certificate: webpki refuses v1 ones, client certificates too.
@@ -631,12 +640,33 @@ pub fn make_certs(dir: &std::path::Path) {
             format!("{name}.ext"),
         );
         openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
             &format!("/CN={cn}"),
         ]);
         openssl(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "1", "-extfile", &ext,
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
         ]);
     }
 }

@@ -34,7 +34,7 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
             Backend::Local
         }
         Some("redis") => match redis {
-            Some(cfg) => Backend::Redis(cfg),
+            Some(cfg) => Backend::Redis(Box::new(cfg)),
             None => {
                 if raw.redis.is_none() {
                     p.add(
@@ -140,9 +140,11 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
         p.add("limiter.redis.username", "needs `password` as well");
         ok = false;
     }
-    if r.tls.is_some() && urls
+    if r.tls.is_some()
+        && urls
             .iter()
-            .any(|u| !matches!(u.addr(), redis::ConnectionAddr::TcpTls { .. })) {
+            .any(|u| !matches!(u.addr(), redis::ConnectionAddr::TcpTls { .. }))
+    {
         p.add(
             "limiter.redis.tls",
             "is set but the URL is `redis://`: use `rediss://` for TLS",
@@ -154,7 +156,10 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
     let tls = r.tls.as_ref().and_then(|t| tls(t, p));
     ok &= r.tls.is_none() || tls.is_some();
     let client_name = r.client_name.clone().unwrap_or_else(|| "tollgate".into());
-    if client_name.is_empty() || client_name.chars().any(|c| c.is_whitespace() || c.is_control())
+    if client_name.is_empty()
+        || client_name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
     {
         p.add(
             "limiter.redis.client_name",
@@ -198,9 +203,9 @@ fn sentinel(s: &file::RedisSentinel, p: &mut Problems) -> Option<SentinelSpec> {
         ok = false;
     }
     for (i, node) in s.nodes.iter().enumerate() {
-        let fine = node
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+        let fine = node.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
         if !fine {
             p.add(
                 format!("limiter.redis.sentinel.nodes[{i}]"),
@@ -210,7 +215,10 @@ fn sentinel(s: &file::RedisSentinel, p: &mut Problems) -> Option<SentinelSpec> {
         }
     }
     if s.username.is_some() && s.password.is_none() {
-        p.add("limiter.redis.sentinel.username", "needs `password` as well");
+        p.add(
+            "limiter.redis.sentinel.username",
+            "needs `password` as well",
+        );
         ok = false;
     }
     ok.then(|| SentinelSpec {

@@ -7,8 +7,8 @@ use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use ::redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo,
-    RedisError, Script, ScriptInvocation, TlsCertificates, TlsMode, Value,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError,
+    Script, ScriptInvocation, TlsCertificates, TlsMode, Value,
 };
 
 use super::managed::{Managed, Target};
@@ -73,9 +73,7 @@ impl RedisConn {
             (Some(url), [], None) => Self::single(cfg, url),
             (None, nodes, None) if !nodes.is_empty() => Self::cluster(cfg, nodes),
             (None, [], Some(s)) => Self::sentinel(cfg, s),
-            _ => Err(
-                "limiter.redis needs exactly one of `url`, `cluster` and `sentinel`".into(),
-            ),
+            _ => Err("limiter.redis needs exactly one of `url`, `cluster` and `sentinel`".into()),
         }
     }
 

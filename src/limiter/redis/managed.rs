@@ -138,7 +138,9 @@ impl Managed {
         let demoted = matches!(self.0.target, Target::Sentinel(_))
             && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
         if demoted {
-            tracing::warn!("the Redis master turned read-only (a failover): asking the Sentinels again");
+            tracing::warn!(
+                "the Redis master turned read-only (a failover): asking the Sentinels again"
+            );
         }
         if demoted || e.is_unrecoverable_error() || e.is_io_error() {
             self.reconnect(id);
@@ -183,13 +185,13 @@ async fn master(
     let client = tokio::time::timeout(inner.resolve_timeout, ask)
         .await
         .map_err(|_| {
-            RedisError::from((
-                ErrorKind::Io,
-                "the Sentinels did not name a master in time",
-            ))
+            RedisError::from((ErrorKind::Io, "the Sentinels did not name a master in time"))
         })??;
     let addr = client.get_connection_info().addr().to_string();
-    let mut last = inner.master.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut last = inner
+        .master
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if last.as_deref() != Some(addr.as_str()) {
         if let Some(before) = last.as_deref() {
             inner.switches.fetch_add(1, Ordering::Relaxed);
