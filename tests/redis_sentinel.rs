@@ -10,8 +10,8 @@ mod redis_helpers;
 use std::time::{Duration, Instant};
 
 use common::{config, Http, TestProxy};
-use redis_helpers::{cli_with, limit, one, SentinelSet, MASTER, PREFIX};
-use tollgate::config::settings::SentinelSpec;
+use redis_helpers::{cli_with, limit, make_certs, one, SentinelSet, MASTER, PREFIX};
+use tollgate::config::settings::{RedisTls, SentinelSpec};
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
 use tollgate::limiter::{Limit, Verdict};
 
@@ -19,14 +19,20 @@ const PASSWORD: &str = "server-secret";
 const SENTINEL_PASSWORD: &str = "sentinel-secret";
 
 fn limiter(set: &SentinelSet) -> RedisLimiter {
+    limiter_with(set.sentinel_node(), None)
+}
+
+/// A limiter asking the Sentinel at `node`, with TLS files `tls`.
+fn limiter_with(node: String, tls: Option<RedisTls>) -> RedisLimiter {
     let cfg = RedisConfig {
         sentinel: Some(SentinelSpec {
             master: MASTER.into(),
-            nodes: vec![set.sentinel_node()],
+            nodes: vec![node],
             username: None,
             password: Some(SENTINEL_PASSWORD.into()),
         }),
         password: Some(PASSWORD.into()),
+        tls,
         client_name: "tollgate-sentinel-test".into(),
         timeout: Duration::from_millis(500),
         key_prefix: PREFIX.into(),
@@ -71,7 +77,7 @@ async fn two_after(set: &SentinelSet, l: &RedisLimiter, lim: &Limit, new: usize)
     assert!(second.admitted && second.remaining == 0, "{second:?}");
     let (third, _) = decided(l, lim).await;
     assert!(!third.admitted, "{third:?}");
-    assert_eq!(set.master_port(), set.servers[new].port());
+    assert_eq!(set.master_port(), set.known_port(new));
     let keys = set.server_cli(new, &["--scan"]);
     assert_eq!(keys.lines().count(), 1, "{keys}");
     let clients = set.server_cli(new, &["client", "list"]);
@@ -102,7 +108,7 @@ async fn follows_sentinel_failover_with_the_count_carried_over() {
     set.wait_until(
         "the Sentinel names the replica and the old master is one",
         |s| {
-            s.master_port() == s.servers[new].port()
+            s.master_port() == s.known_port(new)
                 && s.server_cli(old, &["role"]).starts_with("slave")
         },
     );
@@ -125,7 +131,7 @@ async fn follows_a_killed_master_to_the_promoted_replica() {
     let (old, new) = three_before(&set, &l, &lim).await;
 
     // When the Sentinel names the new master, watched from a thread of its own.
-    let (port, new_port) = (set.sentinel_port, set.servers[new].port());
+    let (port, new_port) = (set.sentinel_port, set.known_port(new));
     let killed = Instant::now();
     let promoted = std::thread::spawn(move || loop {
         let out = cli_with(
@@ -235,4 +241,34 @@ async fn the_proxy_follows_a_failover_from_its_yaml() {
             .any(|l| l.contains("name=tollgate ") && l.contains("user=tollgate ")),
         "{clients}"
     );
+}
+
+/// The Sentinel and the servers over TLS only for the limiter (client certificates required
+/// everywhere), with the CA and client certificate of `limiter.redis.tls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_over_tls() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let set = SentinelSet::start_with(Some(PASSWORD), Some(SENTINEL_PASSWORD), Some(certs.path()));
+    let read = |name: &str| std::fs::read(certs.path().join(name)).unwrap();
+    let tls = RedisTls {
+        ca: Some(read("ca.crt")),
+        client: Some((read("client.crt"), read("client.key"))),
+    };
+    let l = limiter_with(format!("127.0.0.1:{}", set.sentinel_tls_port), Some(tls));
+    let lim = limit("tls-failover", 0.000_1, 5, 1);
+    let (old, new) = three_before(&set, &l, &lim).await;
+    assert!(set
+        .sentinel_cli(&["sentinel", "failover", MASTER])
+        .contains("OK"));
+    set.wait_until(
+        "the Sentinel names the replica and the old master is one",
+        |s| {
+            s.master_port() == s.known_port(new)
+                && s.server_cli(old, &["role"]).starts_with("slave")
+        },
+    );
+    let (first, _) = decided(&l, &lim).await;
+    assert!(first.admitted && first.remaining == 1, "{first:?}");
+    two_after(&set, &l, &lim, new).await;
 }

@@ -423,7 +423,11 @@ pub async fn one(
 pub struct SentinelSet {
     /// `servers[0]` starts as the master, `servers[1]` as its replica.
     pub servers: Vec<RedisServer>,
+    /// Each server's TLS port, under TLS.
+    tls_ports: Vec<u16>,
     pub sentinel_port: u16,
+    /// The Sentinel's TLS port, under TLS.
+    pub sentinel_tls_port: u16,
     password: Option<String>,
     sentinel_password: Option<String>,
     sentinel_dir: TempDir,
@@ -435,22 +439,54 @@ pub const MASTER: &str = "mymaster";
 
 impl SentinelSet {
     pub fn start(password: Option<&str>, sentinel_password: Option<&str>) -> Self {
-        let auth: Vec<String> = password
-            .map(|pw| {
-                ["--requirepass", pw, "--masterauth", pw]
-                    .map(str::to_owned)
-                    .to_vec()
-            })
-            .unwrap_or_default();
-        let args: Vec<&str> = auth.iter().map(String::as_str).collect();
-        let primary = RedisServer::start_with(&args);
-        let primary_port = primary.port().to_string();
-        let mut replica_args = args.clone();
-        replica_args.extend(["--replicaof", "127.0.0.1", &primary_port]);
-        let replica = RedisServer::start_with(&replica_args);
+        Self::start_with(password, sentinel_password, None)
+    }
+
+    /// `start`, and with `tls` (a directory of `make_certs` files) every server and the
+    /// Sentinel also serve TLS, requiring client certificates, replicate over it, and are
+    /// known to the Sentinel by their TLS ports (`tls_port`, `sentinel_tls_port`).
+    pub fn start_with(
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+        tls: Option<&std::path::Path>,
+    ) -> Self {
+        let tls_ports = [free_port(), free_port()];
+        // What each server is started with: auth, and TLS with its announced port.
+        let server_args = |i: usize| -> Vec<String> {
+            let mut args = Vec::new();
+            if let Some(pw) = password {
+                args.extend(["--requirepass", pw, "--masterauth", pw].map(str::to_owned));
+            }
+            if let Some(dir) = tls {
+                args.extend(tls_args(dir, tls_ports[i], true));
+                args.extend(
+                    ["--tls-replication", "yes", "--replica-announce-port"].map(str::to_owned),
+                );
+                args.push(tls_ports[i].to_string());
+            }
+            args
+        };
+        let start = |args: &[String]| {
+            RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let primary = start(&server_args(0));
+        let upstream = if tls.is_some() {
+            tls_ports[0]
+        } else {
+            primary.port()
+        };
+        let mut replica_args = server_args(1);
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            upstream.to_string(),
+        ]);
+        let replica = start(&replica_args);
         let mut set = Self {
             servers: vec![primary, replica],
+            tls_ports: tls.map(|_| tls_ports.to_vec()).unwrap_or_default(),
             sentinel_port: 0,
+            sentinel_tls_port: 0,
             password: password.map(str::to_owned),
             sentinel_password: sentinel_password.map(str::to_owned),
             sentinel_dir: tempfile::tempdir().expect("temp dir"),
@@ -460,18 +496,27 @@ impl SentinelSet {
             s.server_cli(1, &["info", "replication"])
                 .contains("master_link_status:up")
         });
-        set.start_sentinel();
+        set.start_sentinel(tls);
         set.wait_until("the Sentinel knows the replica", |s| {
             let replicas = s.sentinel_cli(&["sentinel", "replicas", MASTER]);
-            replicas.contains(&s.servers[1].port().to_string()) && !replicas.contains("s_down")
+            replicas.contains(&s.known_port(1).to_string()) && !replicas.contains("s_down")
         });
         set
     }
 
-    fn start_sentinel(&mut self) {
+    /// The port the Sentinel knows server `i` by: its TLS port under TLS.
+    pub fn known_port(&self, i: usize) -> u16 {
+        self.tls_ports
+            .get(i)
+            .copied()
+            .unwrap_or_else(|| self.servers[i].port())
+    }
+
+    fn start_sentinel(&mut self, tls: Option<&std::path::Path>) {
         use std::fmt::Write as _;
         for _ in 0..5 {
             let port = free_port();
+            let tls_port = free_port();
             let dir = self.sentinel_dir.path();
             let mut conf = format!(
                 "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\nlogfile {}\n\
@@ -480,8 +525,19 @@ impl SentinelSet {
                  sentinel failover-timeout {MASTER} 10000\n",
                 dir.display(),
                 dir.join("sentinel.log").display(),
-                self.servers[0].port(),
+                self.known_port(0),
             );
+            if let Some(certs) = tls {
+                let file = |name: &str| certs.join(name).display().to_string();
+                let _ = writeln!(
+                    conf,
+                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes",
+                    file("srv.crt"),
+                    file("srv.key"),
+                    file("ca.crt"),
+                );
+            }
             if let Some(pw) = &self.password {
                 let _ = writeln!(conf, "sentinel auth-pass {MASTER} {pw}");
             }
@@ -499,6 +555,7 @@ impl SentinelSet {
                 .expect("redis-server is installed");
             self.sentinel = Some(child);
             self.sentinel_port = port;
+            self.sentinel_tls_port = tls_port;
             let started = Instant::now();
             while started.elapsed() < START_TIMEOUT {
                 if self.sentinel_cli(&["ping"]).contains("PONG") {
@@ -543,11 +600,10 @@ impl SentinelSet {
             .unwrap_or(0)
     }
 
-    /// The index of the server on `port`.
+    /// The index of the server on `port` (plain or TLS).
     pub fn index_of(&self, port: u16) -> usize {
-        self.servers
-            .iter()
-            .position(|s| s.port() == port)
+        (0..self.servers.len())
+            .find(|&i| self.servers[i].port() == port || self.known_port(i) == port)
             .expect("one of the set's servers")
     }
 
