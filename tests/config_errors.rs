@@ -174,6 +174,10 @@ fixtures! {
 {f}: 1 problem
   {f}:3:1: limiter.redis: `backend: redis` needs a `redis:` block with `url`, `cluster` or `sentinel`
 ",
+    redis_sentinel_url: r"
+{f}: 1 problem
+  {f}:6:10: limiter.redis.url: Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL
+",
     route_action: r"
 {f}: 2 problems
   {f}:7:9: routes[0]: a route has either `upstream` or `respond`, not both

@@ -10,6 +10,9 @@
 //! the digest keeps raw identities (API keys, tokens) out of Redis, and the braces make it the
 //! Redis Cluster hash tag, so a client's buckets spread over the cluster by client.
 //!
+//! A single server's connection (or the master's, found through Sentinel) reconnects by itself,
+//! names itself, and follows a failover to wherever the Sentinels say (see `managed`).
+//!
 //! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
 //! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
 //! once, and probes Redis once per cooldown (on a cluster, one breaker per range of slots, so

@@ -91,6 +91,13 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
 
 fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
     let check_url = |path: String, url: &str, p: &mut Problems| {
+        if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+            p.add(
+                path,
+                "Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL",
+            );
+            return None;
+        }
         let r = redis::IntoConnectionInfo::into_connection_info(url)
             .map_err(|e| format!("`{url}` is not a Redis URL (redis://[user:password@]host:port[/db] or rediss://...): {e}"));
         p.take(path, r)

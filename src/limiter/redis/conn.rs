@@ -99,8 +99,13 @@ impl RedisConn {
 
     fn sentinel(cfg: &RedisConfig, s: &SentinelSpec) -> Result<Self, String> {
         let nodes = s.nodes.iter().map(|node| {
+            // Validated as host:port when the config was compiled; `[::1]` loses its brackets.
             let (host, port) = node.rsplit_once(':').unwrap_or((node, "26379"));
-            let (host, port) = (host.to_owned(), port.parse().unwrap_or(26379));
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = port.parse().unwrap_or(26379);
             if cfg.tls.is_some() {
                 ConnectionAddr::TcpTls {
                     host,
