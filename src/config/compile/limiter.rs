@@ -90,18 +90,6 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
 }
 
 fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
-    let check_url = |path: String, url: &str, p: &mut Problems| {
-        if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
-            p.add(
-                path,
-                "Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL",
-            );
-            return None;
-        }
-        let r = redis::IntoConnectionInfo::into_connection_info(url)
-            .map_err(|e| format!("`{url}` is not a Redis URL (redis://[user:password@]host:port[/db] or rediss://...): {e}"));
-        p.take(path, r)
-    };
     let (url, cluster) = match (&r.url, &r.cluster, &r.sentinel) {
         (Some(url), None, None) => (Some(url.clone()), Vec::new()),
         (None, Some(nodes), None) if !nodes.is_empty() => (None, nodes.clone()),
@@ -129,10 +117,10 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
     // Every server URL: parsed, and whether it asks for TLS and carries a password.
     let mut urls = Vec::new();
     if let Some(u) = url.as_deref() {
-        urls.push(check_url("limiter.redis.url".into(), u, p));
+        urls.push(redis_url("limiter.redis.url".into(), u, p));
     }
     for (i, node) in cluster.iter().enumerate() {
-        urls.push(check_url(format!("limiter.redis.cluster[{i}]"), node, p));
+        urls.push(redis_url(format!("limiter.redis.cluster[{i}]"), node, p));
     }
     ok &= urls.iter().all(Option::is_some);
     let urls: Vec<_> = urls.into_iter().flatten().collect();
@@ -194,6 +182,20 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
         timeout,
         key_prefix: r.key_prefix.clone().unwrap_or_else(|| "tollgate:".into()),
     })
+}
+
+/// A Redis URL parsed, or a problem at `path`.
+fn redis_url(path: String, url: &str, p: &mut Problems) -> Option<redis::ConnectionInfo> {
+    if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+        p.add(
+            path,
+            "Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL",
+        );
+        return None;
+    }
+    let r = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| format!("`{url}` is not a Redis URL (redis://[user:password@]host:port[/db] or rediss://...): {e}"));
+    p.take(path, r)
 }
 
 fn sentinel(s: &file::RedisSentinel, p: &mut Problems) -> Option<SentinelSpec> {
