@@ -107,14 +107,14 @@ impl Managed {
     async fn get(&self) -> (Result<MultiplexedConnection, RedisError>, u64) {
         let mut slot = self.0.slot.load_full();
         if matches!(slot.pending.peek(), Some(Err(_))) {
-            self.reconnect(slot.id);
+            let _ = self.reconnect(slot.id);
             slot = self.0.slot.load_full();
         }
         (slot.pending.clone().await, slot.id)
     }
 
-    /// Replace connection `id` by a new one, unless another caller already did.
-    fn reconnect(&self, id: u64) {
+    /// Replace connection `id` by a new one, unless another caller already did (false).
+    fn reconnect(&self, id: u64) -> bool {
         let next = Arc::new(Slot {
             id: id + 1,
             pending: connect(Arc::downgrade(&self.0)),
@@ -126,9 +126,11 @@ impl Managed {
                 now.clone()
             }
         });
-        if previous.id == id {
+        let swapped = previous.id == id;
+        if swapped {
             tokio::spawn(next.pending.clone().map(drop));
         }
+        swapped
     }
 
     /// After a call on connection `id`: reconnect if the connection is gone, or (Sentinel)
@@ -137,13 +139,12 @@ impl Managed {
         let Err(e) = result else { return };
         let demoted = matches!(self.0.target, Target::Sentinel(_))
             && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
-        if demoted {
+        let gone = demoted || e.is_unrecoverable_error() || e.is_io_error();
+        // Logged once per connection, by the call that replaces it.
+        if gone && self.reconnect(id) && demoted {
             tracing::warn!(
                 "the Redis master turned read-only (a failover): asking the Sentinels again"
             );
-        }
-        if demoted || e.is_unrecoverable_error() || e.is_io_error() {
-            self.reconnect(id);
         }
     }
 }
@@ -212,7 +213,7 @@ impl ConnectionLike for Managed {
                 Ok(mut conn) => conn.req_packed_command(cmd).await,
                 Err(e) => {
                     // A failed connect is tried again by the next call, whatever the error.
-                    self.reconnect(id);
+                    let _ = self.reconnect(id);
                     return Err(e);
                 }
             };
@@ -234,7 +235,7 @@ impl ConnectionLike for Managed {
                 Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
                 Err(e) => {
                     // A failed connect is tried again by the next call, whatever the error.
-                    self.reconnect(id);
+                    let _ = self.reconnect(id);
                     return Err(e);
                 }
             };
