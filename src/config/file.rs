@@ -158,7 +158,7 @@ pub struct RedisSentinel {
     pub password: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisTls {
     /// PEM file of the certificates to trust instead of the system roots.
