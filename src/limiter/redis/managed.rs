@@ -3,9 +3,10 @@
 //!
 //! Hand-written rather than the redis crate's `ConnectionManager`, which can neither run a
 //! command on each new connection nor ask anew where to connect each time. It is the same
-//! idea: one multiplexed connection shared by clones, and on a connection error (or a failed
-//! connect) the next call starts a new connection in the background, so attempts are paced by
-//! the calls (and so by the circuit breaker) rather than by a loop of their own.
+//! idea: one multiplexed connection shared by clones; the call that meets a connection error
+//! (or a failed connect) starts a new connection in the background, and a call that finds the
+//! last attempt failed starts another and waits for it. Attempts are so paced by the calls (and
+//! so by the circuit breaker) rather than by a loop of their own.
 //!
 //! Under Sentinel every new connection first asks the Sentinels where the master is (the
 //! crate checks that the server named answers `ROLE` as a master). A failover shows up as a
