@@ -86,6 +86,7 @@ fn redis_round_trip(c: &mut Criterion) {
         cluster: Vec::new(),
         timeout: Duration::from_millis(500),
         key_prefix: "bench:".into(),
+        ..RedisConfig::default()
     };
     let limiter = rt
         .block_on(async { RedisLimiter::new(&cfg) })

@@ -125,14 +125,63 @@ async fn not_ready(state: &State, runtime: &Runtime) -> Option<String> {
     })
 }
 
-/// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`)
-/// and the values of identity exemptions (`header:X-API-Key=...`, often an internal key).
+/// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`),
+/// the values of `password:` keys and of identity exemptions (`header:X-API-Key=...`, often an
+/// internal key).
 pub fn redact(text: &str) -> String {
     let text = redact_urls(text);
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        out.push_str(&redact_exemptions(line));
+        out.push_str(&redact_passwords(&redact_exemptions(line)));
     }
+    out
+}
+
+/// `password: anything` -> `password: ***`, in block and flow style.
+fn redact_passwords(line: &str) -> String {
+    const KEY: &str = "password:";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(KEY) {
+        let (head, tail) = rest.split_at(at + KEY.len());
+        // Only as a key: at the line's start or after indentation, `{`, `,` or `- `.
+        let raw = head[..at].strip_suffix(['"', '\'']).unwrap_or(&head[..at]);
+        let before = raw.trim_end();
+        let separated = raw.is_empty() || raw.ends_with([' ', '\t', '{', ',']);
+        out.push_str(head);
+        if !separated || !(before.is_empty() || before.ends_with(['{', ',', '-'])) {
+            rest = tail;
+            continue;
+        }
+        let value = tail.trim_start_matches([' ', '\t']);
+        let skipped = tail.len() - value.len();
+        // A quoted value ends at its closing quote (it may hold `,` or `}`).
+        let end = match value.chars().next() {
+            Some(q @ ('"' | '\'')) => value[1..]
+                .find(q)
+                .map_or(value.len(), |i| i + 2)
+                .min(value.find(['\n', '\r']).unwrap_or(value.len())),
+            // In a flow mapping a plain value ends at `,` or `}` (past a `${VAR}`).
+            _ if before.ends_with(['{', ',']) => {
+                let from = if value.starts_with("${") {
+                    value.find('}').map_or(0, |i| i + 1)
+                } else {
+                    0
+                };
+                value[from..]
+                    .find([',', '}', '\n', '\r'])
+                    .map_or(value.len(), |i| i + from)
+            }
+            _ => value.find(['\n', '\r']).unwrap_or(value.len()),
+        } + skipped;
+        if tail[..end].trim().is_empty() {
+            rest = tail;
+            continue;
+        }
+        out.push_str(" ***");
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -216,5 +265,27 @@ mod tests {
             redact("exempt: [10.0.0.0/8, \"header:X-API-Key=internal-batch\"]\nkey: [header:X-API-Key, ip]\n"),
             "exempt: [10.0.0.0/8, \"header:X-API-Key=***\"]\nkey: [header:X-API-Key, ip]\n"
         );
+    }
+
+    #[test]
+    fn password_keys_are_masked() {
+        assert_eq!(
+            redact("    password: s3cret\n    username: app\n"),
+            "    password: ***\n    username: app\n"
+        );
+        assert_eq!(
+            redact("sentinel: { master: m, password: \"a,b\" , nodes: [h:1] }\n"),
+            "sentinel: { master: m, password: *** , nodes: [h:1] }\n"
+        );
+        assert_eq!(
+            redact("  - password: ${REDIS_PASSWORD}\n"),
+            "  - password: ***\n"
+        );
+        assert_eq!(
+            redact("redis: { password: ${PW}, url: x }\n"),
+            "redis: { password: ***, url: x }\n"
+        );
+        // Not a key: left alone.
+        assert_eq!(redact("x: my-password: 1\n"), "x: my-password: 1\n");
     }
 }

@@ -175,6 +175,7 @@ pub struct Metrics {
     redis_calls: Counter,
     negative_hits: Counter,
     redis_reconnects: Counter,
+    redis_failovers: Counter,
     breaker_open: Gauge,
 }
 
@@ -214,6 +215,7 @@ impl Metrics {
             redis_calls: Counter::default(),
             negative_hits: Counter::default(),
             redis_reconnects: Counter::default(),
+            redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
         };
         m.register();
@@ -335,6 +337,11 @@ impl Metrics {
             self.redis_reconnects.clone(),
         );
         r.register(
+            "redis_failovers",
+            "Redis connections that followed a Sentinel failover to another master",
+            self.redis_failovers.clone(),
+        );
+        r.register(
             "redis_breaker_open",
             "1 while the Redis circuit breaker is open",
             self.breaker_open.clone(),
@@ -426,6 +433,7 @@ impl Metrics {
             set_counter(&self.redis_calls, s.redis_calls);
             set_counter(&self.negative_hits, s.negative_hits);
             set_counter(&self.redis_reconnects, s.reconnects);
+            set_counter(&self.redis_failovers, s.failovers);
             self.breaker_open.set(i64::from(redis.breaker_open()));
         }
         let mut out = String::new();

@@ -1,6 +1,7 @@
 //! `${VAR}` in the config: a Redis password from the environment reaches a real redis-server
-//! with `requirepass` (and never the served `/config`), and an unset variable is a located
-//! error of `check`. About the binary's environment, so the proxy is the real process.
+//! with `requirepass`, or an ACL user with only the commands the limiter needs (and never the
+//! served `/config`); a wrong one is logged and shown by `/readyz`; an unset variable is a
+//! located error of `check`. About the binary's environment, so the proxy is the real process.
 
 mod common;
 #[allow(dead_code)]
@@ -8,6 +9,7 @@ mod common;
 mod redis_helpers;
 
 use std::io::Write;
+use std::time::Duration;
 
 use common::{config, BinaryProxy, Http};
 use redis_helpers::RedisServer;
@@ -57,4 +59,103 @@ fn an_unset_variable_is_a_located_error() {
         err.contains(":9:10: limiter.redis.url: environment variable `TOLLGATE_TEST_REDIS_PASSWORD` is not set"),
         "{err}"
     );
+}
+
+const ACL_PASSWORD: &str = "acl-pw-from-the-environment";
+
+/// The commands the limiter needs, on its own keys only: the ACL that docs/operations.md
+/// gives.
+const MINIMAL_ACL: &[&str] = &[
+    "resetkeys",
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+time",
+    "+get",
+    "+mget",
+    "+set",
+    "+del",
+    "+ping",
+    "+client|setname",
+];
+
+/// The `limiter.redis` block as user `tollgate` with the password in `password:` (`pw`).
+fn acl_yaml(port: u16, pw: &str) -> String {
+    config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n\
+         limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    url: redis://127.0.0.1:{port}\n    username: tollgate\n    password: {pw}\n\
+         routes:\n  - name: all\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: acl-limit, rate: 1/min, burst: 2, key: [ip] }}\n"
+    ))
+}
+
+fn acl_server() -> RedisServer {
+    let redis = RedisServer::start();
+    let pass = format!(">{ACL_PASSWORD}");
+    let mut args = vec!["ACL", "SETUSER", "tollgate", "on", &pass];
+    args.extend(MINIMAL_ACL);
+    assert_eq!(redis.cli(&args).trim(), "OK");
+    redis
+}
+
+#[tokio::test]
+async fn an_acl_user_with_the_minimal_commands() {
+    let redis = acl_server();
+    let proxy = BinaryProxy::start_with_env(
+        &acl_yaml(redis.port(), "${TOLLGATE_TEST_ACL_PASSWORD}"),
+        &[("TOLLGATE_TEST_ACL_PASSWORD", ACL_PASSWORD)],
+    );
+    let http = Http::new();
+    let codes = http.statuses(3, &proxy.url("/"), &[]).await;
+    assert_eq!(codes, [200, 200, 429]);
+    let admin = proxy.admin_addr();
+    assert_eq!(
+        http.get(&format!("http://{admin}/readyz")).await.code(),
+        200
+    );
+    let clients = redis.cli(&["client", "list"]);
+    assert!(
+        clients
+            .lines()
+            .any(|l| l.contains("name=tollgate ") && l.contains("user=tollgate ")),
+        "{clients}"
+    );
+    assert_eq!(redis.keys().len(), 1);
+    let served = http.get(&format!("http://{admin}/config")).await;
+    assert!(!served.text().contains(ACL_PASSWORD), "{}", served.text());
+
+    // Written in the file itself, the password is masked too.
+    let literal = BinaryProxy::start(&acl_yaml(redis.port(), ACL_PASSWORD));
+    let served = http
+        .get(&format!("http://{}/config", literal.admin_addr()))
+        .await;
+    assert!(served.text().contains("password: ***"), "{}", served.text());
+    assert!(!served.text().contains(ACL_PASSWORD), "{}", served.text());
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_reported() {
+    let redis = acl_server();
+    let proxy = BinaryProxy::start_with_env(
+        &acl_yaml(redis.port(), "${TOLLGATE_TEST_ACL_PASSWORD}"),
+        &[("TOLLGATE_TEST_ACL_PASSWORD", "not-the-password")],
+    );
+    let http = Http::new();
+    // The limit fails closed: nothing is admitted without Redis.
+    let codes = http.statuses(2, &proxy.url("/"), &[]).await;
+    assert_eq!(codes, [503, 503]);
+    let why = "Password authentication failed";
+    assert!(
+        proxy.wait_for_log("Redis refused the credentials", Duration::from_secs(5)),
+        "{:#?}",
+        proxy.logs()
+    );
+    assert!(proxy.logs().iter().any(|l| l.contains(why)));
+    let ready = http
+        .get(&format!("http://{}/readyz", proxy.admin_addr()))
+        .await;
+    assert_eq!(ready.code(), 503);
+    assert!(ready.text().contains(why), "{}", ready.text());
+    assert!(redis.keys().is_empty());
 }

@@ -119,6 +119,20 @@ fixtures! {
   {f}:6:10: limiter.redis.url: `memcache://127.0.0.1:6379` is not a Redis URL (redis://[user:password@]host:port[/db] or rediss://...): Redis URL did not parse - InvalidClientConfig
   {f}:7:14: limiter.redis.timeout: must be longer than zero
 ",
+    bad_redis_sentinel: r"
+{f}: 4 problems
+  {f}:8:31: limiter.redis.sentinel.nodes[1]: `10.0.0.2` is not host:port
+  {f}:10:11: limiter.redis.tls.ca: cannot read `tests/fixtures/no-such-dir/ca.pem`: No such file or directory (os error 2)
+  {f}:11:13: limiter.redis.tls.cert: needs `key` as well
+  {f}:12:18: limiter.redis.client_name: must be a non-empty name without spaces (Redis refuses others)
+",
+    bad_redis_tls_files: r"
+{f}: 4 problems
+  {f}:7:15: limiter.redis.password: is also in the URL: set the password in one place
+  {f}:8:5: limiter.redis.tls: is set but the URL is `redis://`: use `rediss://` for TLS
+  {f}:9:13: limiter.redis.tls.cert: `{f}` holds no PEM certificate
+  {f}:10:12: limiter.redis.tls.key: `{f}` holds no PEM private key
+",
     bad_respond: r"
 {f}: 2 problems
   {f}:5:24: routes[0].respond.status: `99` is not a final HTTP status (200-599)
@@ -158,7 +172,11 @@ fixtures! {
 ",
     redis_without_settings: r"
 {f}: 1 problem
-  {f}:3:1: limiter.redis: `backend: redis` needs a `redis:` block with `url` or `cluster`
+  {f}:3:1: limiter.redis: `backend: redis` needs a `redis:` block with `url`, `cluster` or `sentinel`
+",
+    redis_sentinel_url: r"
+{f}: 1 problem
+  {f}:6:10: limiter.redis.url: Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL
 ",
     route_action: r"
 {f}: 2 problems

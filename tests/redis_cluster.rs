@@ -20,6 +20,7 @@ fn cluster_limiter(urls: Vec<String>, timeout: Duration) -> RedisLimiter {
         cluster: urls,
         timeout,
         key_prefix: PREFIX.into(),
+        ..RedisConfig::default()
     };
     RedisLimiter::new(&cfg).expect("a valid config")
 }

@@ -21,6 +21,7 @@ fn limiter(url: String, timeout: Duration) -> RedisLimiter {
         cluster: Vec::new(),
         timeout,
         key_prefix: PREFIX.into(),
+        ..RedisConfig::default()
     };
     RedisLimiter::new(&cfg).expect("a valid config")
 }

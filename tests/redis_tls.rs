@@ -7,74 +7,14 @@
 #[path = "common/redis.rs"]
 mod redis_helpers;
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_helpers::{free_port, RedisServer};
+use redis_helpers::{free_port, make_certs, RedisServer};
 use tollgate::identity::{ClientId, KeySpec};
 use tollgate::limiter::local::Buckets;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
 use tollgate::limiter::{Check, FailurePolicy, Limit, Rate};
-
-/// A CA, and a certificate for 127.0.0.1 signed by it, in `dir`.
-fn make_certs(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("the openssl command is installed");
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
-    let subj = |cn: &str| format!("/CN={cn}");
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-subj",
-        &subj("tollgate test CA"),
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "srv.key",
-        "-out",
-        "srv.csr",
-        "-subj",
-        &subj("127.0.0.1"),
-    ]);
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "srv.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "srv.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-    ]);
-}
 
 fn limiter(url: String) -> RedisLimiter {
     let cfg = RedisConfig {
@@ -82,6 +22,7 @@ fn limiter(url: String) -> RedisLimiter {
         cluster: Vec::new(),
         timeout: Duration::from_secs(2),
         key_prefix: "tg-tls:".into(),
+        ..RedisConfig::default()
     };
     RedisLimiter::new(&cfg).expect("a valid config")
 }

@@ -131,8 +131,42 @@ pub struct Limiter {
 pub struct Redis {
     pub url: Option<String>,
     pub cluster: Option<Vec<String>>,
+    /// The master a set of Sentinels names, instead of `url`.
+    pub sentinel: Option<RedisSentinel>,
+    /// The Redis servers' ACL user, when not in the URL.
+    pub username: Option<String>,
+    /// The Redis servers' password, when not in the URL (`${REDIS_PASSWORD}`).
+    pub password: Option<String>,
+    /// TLS files: a CA to trust, a client certificate and key.
+    pub tls: Option<RedisTls>,
+    /// The connections' `CLIENT SETNAME` (default `tollgate`).
+    pub client_name: Option<String>,
     pub timeout: Option<String>,
     pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSentinel {
+    /// The master's name in the Sentinels' configuration.
+    pub master: String,
+    /// `host:port` of each Sentinel.
+    pub nodes: Vec<String>,
+    /// The Sentinels' own ACL user, if they require one.
+    pub username: Option<String>,
+    /// The Sentinels' own password (`requirepass` in sentinel.conf), if they require one.
+    pub password: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTls {
+    /// PEM file of the certificates to trust instead of the system roots.
+    pub ca: Option<String>,
+    /// PEM file of the client certificate chain, for servers that require one (with `key`).
+    pub cert: Option<String>,
+    /// PEM file of the client certificate's private key.
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

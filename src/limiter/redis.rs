@@ -10,6 +10,9 @@
 //! the digest keeps raw identities (API keys, tokens) out of Redis, and the braces make it the
 //! Redis Cluster hash tag, so a client's buckets spread over the cluster by client.
 //!
+//! A single server's connection (or the master's, found through Sentinel) reconnects by itself,
+//! names itself, and follows a failover to wherever the Sentinels say (see `managed`).
+//!
 //! Redis being slow or gone must not become the proxy's problem. Every call has a deadline
 //! (`timeout`); after a few consecutive failures a circuit breaker answers `Unavailable` at
 //! once, and probes Redis once per cooldown (on a cluster, one breaker per range of slots, so
@@ -28,6 +31,7 @@ mod cluster;
 mod conn;
 mod failure;
 mod link;
+mod managed;
 mod negative;
 mod stats;
 
@@ -348,6 +352,11 @@ impl RedisLimiter {
         };
         match tokio::time::timeout(WARM_UP_TIMEOUT, warm).await {
             Ok(Ok(())) => tracing::debug!("worker's Redis connection ready"),
+            Ok(Err(e)) if e.kind() == ::redis::ErrorKind::AuthenticationFailed => tracing::error!(
+                error = %e,
+                "Redis refused the credentials (limiter.redis username and password, or the \
+                 URL's); checks apply the failure policy until they are right"
+            ),
             Ok(Err(e)) => tracing::warn!(
                 error = %e,
                 "cannot reach Redis yet; checks apply the failure policy until it answers"

@@ -375,9 +375,10 @@ fn ping(port: u16) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut buf = [0u8; 64];
+    // A server with `requirepass` answers, if only to ask for the password.
     s.write_all(b"PING\r\n").is_ok()
         && s.read(&mut buf)
-            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// A limit with the given numbers, for tests that drive `RedisLimiter` directly (no config).
@@ -413,4 +414,335 @@ pub async fn one(
         client: tollgate::identity::ClientId(client),
     }];
     Ok(l.check(&checks, &[true]).await?[0])
+}
+
+/// A master named `mymaster`, one replica of it, and one Sentinel watching them (quorum 1,
+/// down after 1 s), each a redis-server on free loopback ports. `password` is the servers'
+/// `requirepass` (and `masterauth`, and the Sentinel's `auth-pass`); `sentinel_password` the
+/// Sentinel's own.
+pub struct SentinelSet {
+    /// `servers[0]` starts as the master, `servers[1]` as its replica.
+    pub servers: Vec<RedisServer>,
+    /// Each server's TLS port, under TLS.
+    tls_ports: Vec<u16>,
+    pub sentinel_port: u16,
+    /// The Sentinel's TLS port, under TLS.
+    pub sentinel_tls_port: u16,
+    password: Option<String>,
+    sentinel_password: Option<String>,
+    sentinel_dir: TempDir,
+    sentinel: Option<Child>,
+}
+
+/// The master's name in the Sentinel's configuration.
+pub const MASTER: &str = "mymaster";
+
+impl SentinelSet {
+    pub fn start(password: Option<&str>, sentinel_password: Option<&str>) -> Self {
+        Self::start_with(password, sentinel_password, None)
+    }
+
+    /// `start`, and with `tls` (a directory of `make_certs` files) every server and the
+    /// Sentinel also serve TLS, requiring client certificates, replicate over it, and are
+    /// known to the Sentinel by their TLS ports (`tls_port`, `sentinel_tls_port`).
+    pub fn start_with(
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+        tls: Option<&std::path::Path>,
+    ) -> Self {
+        let tls_ports = [free_port(), free_port()];
+        // What each server is started with: auth, and TLS with its announced port.
+        let server_args = |i: usize| -> Vec<String> {
+            let mut args = Vec::new();
+            if let Some(pw) = password {
+                args.extend(["--requirepass", pw, "--masterauth", pw].map(str::to_owned));
+            }
+            if let Some(dir) = tls {
+                args.extend(tls_args(dir, tls_ports[i], true));
+                args.extend(
+                    ["--tls-replication", "yes", "--replica-announce-port"].map(str::to_owned),
+                );
+                args.push(tls_ports[i].to_string());
+            }
+            args
+        };
+        let start = |args: &[String]| {
+            RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        let primary = start(&server_args(0));
+        let upstream = if tls.is_some() {
+            tls_ports[0]
+        } else {
+            primary.port()
+        };
+        let mut replica_args = server_args(1);
+        replica_args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            upstream.to_string(),
+        ]);
+        let replica = start(&replica_args);
+        let mut set = Self {
+            servers: vec![primary, replica],
+            tls_ports: tls.map(|_| tls_ports.to_vec()).unwrap_or_default(),
+            sentinel_port: 0,
+            sentinel_tls_port: 0,
+            password: password.map(str::to_owned),
+            sentinel_password: sentinel_password.map(str::to_owned),
+            sentinel_dir: tempfile::tempdir().expect("temp dir"),
+            sentinel: None,
+        };
+        set.wait_until("the replica is in sync", |s| {
+            s.server_cli(1, &["info", "replication"])
+                .contains("master_link_status:up")
+        });
+        set.start_sentinel(tls);
+        set.wait_until("the Sentinel knows the replica", |s| {
+            let replicas = s.sentinel_cli(&["sentinel", "replicas", MASTER]);
+            replicas.contains(&s.known_port(1).to_string()) && !replicas.contains("s_down")
+        });
+        set
+    }
+
+    /// The port the Sentinel knows server `i` by: its TLS port under TLS.
+    pub fn known_port(&self, i: usize) -> u16 {
+        self.tls_ports
+            .get(i)
+            .copied()
+            .unwrap_or_else(|| self.servers[i].port())
+    }
+
+    fn start_sentinel(&mut self, tls: Option<&std::path::Path>) {
+        use std::fmt::Write as _;
+        for _ in 0..5 {
+            let port = free_port();
+            let tls_port = free_port();
+            let dir = self.sentinel_dir.path();
+            let mut conf = format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\nlogfile {}\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {} 1\n\
+                 sentinel down-after-milliseconds {MASTER} 1000\n\
+                 sentinel failover-timeout {MASTER} 10000\n",
+                dir.display(),
+                dir.join("sentinel.log").display(),
+                self.known_port(0),
+            );
+            if let Some(certs) = tls {
+                let file = |name: &str| certs.join(name).display().to_string();
+                let _ = writeln!(
+                    conf,
+                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes",
+                    file("srv.crt"),
+                    file("srv.key"),
+                    file("ca.crt"),
+                );
+            }
+            if let Some(pw) = &self.password {
+                let _ = writeln!(conf, "sentinel auth-pass {MASTER} {pw}");
+            }
+            if let Some(pw) = &self.sentinel_password {
+                let _ = writeln!(conf, "requirepass {pw}");
+            }
+            let file = dir.join("sentinel.conf");
+            std::fs::write(&file, conf).expect("write sentinel.conf");
+            let child = Command::new("redis-server")
+                .arg(&file)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            self.sentinel = Some(child);
+            self.sentinel_port = port;
+            self.sentinel_tls_port = tls_port;
+            let started = Instant::now();
+            while started.elapsed() < START_TIMEOUT {
+                if self.sentinel_cli(&["ping"]).contains("PONG") {
+                    return;
+                }
+                if let Some(child) = self.sentinel.as_mut() {
+                    if child.try_wait().ok().flatten().is_some() {
+                        break;
+                    }
+                }
+                sleep(Duration::from_millis(10));
+            }
+            if let Some(mut child) = self.sentinel.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        panic!("could not start redis-server --sentinel on a free port");
+    }
+
+    /// `host:port` of the Sentinel, as `limiter.redis.sentinel.nodes` takes it.
+    pub fn sentinel_node(&self) -> String {
+        format!("127.0.0.1:{}", self.sentinel_port)
+    }
+
+    /// `redis-cli` against the Sentinel, with its password if it has one.
+    pub fn sentinel_cli(&self, args: &[&str]) -> String {
+        cli_with(self.sentinel_port, self.sentinel_password.as_deref(), args)
+    }
+
+    /// `redis-cli` against server `i`, with the servers' password if they have one.
+    pub fn server_cli(&self, i: usize, args: &[&str]) -> String {
+        cli_with(self.servers[i].port(), self.password.as_deref(), args)
+    }
+
+    /// The port of the server the Sentinel names as the master now.
+    pub fn master_port(&self) -> u16 {
+        let out = self.sentinel_cli(&["sentinel", "get-master-addr-by-name", MASTER]);
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The index of the server on `port` (plain or TLS).
+    pub fn index_of(&self, port: u16) -> usize {
+        (0..self.servers.len())
+            .find(|&i| self.servers[i].port() == port || self.known_port(i) == port)
+            .expect("one of the set's servers")
+    }
+
+    /// Wait until server `replica` has everything server `master` wrote.
+    pub fn wait_replicated(&self, master: usize, replica: usize) {
+        let offset = |i: usize, field: &str| -> Option<u64> {
+            self.server_cli(i, &["info", "replication"])
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        self.wait_until("the replica caught up", |_| {
+            let (Some(written), Some(read)) = (
+                offset(master, "master_repl_offset:"),
+                offset(replica, "slave_repl_offset:"),
+            ) else {
+                return false;
+            };
+            read >= written
+        });
+    }
+
+    /// Poll `done` every 20 ms for up to 20 s; panics with `what` if it never holds.
+    pub fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if done(self) {
+                return;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        panic!("timed out waiting until {what}");
+    }
+}
+
+impl Drop for SentinelSet {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.sentinel.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `redis-cli -p PORT [-a PASSWORD] args...`'s stdout.
+pub fn cli_with(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut command = Command::new("redis-cli");
+    command.args(["-p", &port.to_string()]);
+    if let Some(pw) = password {
+        command.args(["--no-auth-warning", "-a", pw]);
+    }
+    let out = command.args(args).output().expect("redis-cli is installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A CA, a certificate for 127.0.0.1 signed by it (`srv.crt`, `srv.key`) and a client
+/// certificate signed by it (`client.crt`, `client.key`), made in `dir` by `openssl`.
+pub fn make_certs(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command is installed");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=tollgate test CA",
+    ]);
+    std::fs::write(dir.join("srv.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    // Extensions make a v3 certificate: webpki refuses v1 ones, client certificates too.
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (name, cn) in [("srv", "127.0.0.1"), ("client", "tollgate")] {
+        let (key, csr, crt, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "1",
+            "-extfile",
+            &ext,
+        ]);
+    }
+}
+
+/// `redis-server` arguments for TLS on `tls_port` (besides the plain port the helper watches)
+/// with the files of `make_certs`; `auth_clients`: whether a client certificate is required.
+pub fn tls_args(dir: &std::path::Path, tls_port: u16, auth_clients: bool) -> Vec<String> {
+    let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    [
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &file("srv.crt"),
+        "--tls-key-file",
+        &file("srv.key"),
+        "--tls-ca-cert-file",
+        &file("ca.crt"),
+        "--tls-auth-clients",
+        if auth_clients { "yes" } else { "no" },
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }

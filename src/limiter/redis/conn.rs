@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, RedisError, Script, ScriptInvocation, Value};
+use ::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use ::redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, RedisError,
+    Script, ScriptInvocation, TlsCertificates, TlsMode, Value,
+};
 
+use super::managed::{Managed, Target};
 use super::{Bucket, RedisConfig};
+use crate::config::settings::{RedisTls, SentinelSpec};
 use crate::limiter::{Small, Verdict};
 
 /// The atomic N-bucket check; its header documents KEYS, ARGV and the reply.
@@ -17,6 +22,9 @@ pub(super) const BUCKET_LUA: &str = include_str!("../bucket.lua");
 /// How long one TCP (and TLS) connection attempt may take. Independent of the per-check
 /// timeout: a reconnect runs in the background, and checks waiting on it are cut by theirs.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long asking the Sentinels where the master is may take (each is tried in turn).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the script is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +48,8 @@ impl Mode {
 /// cheap (an `Arc`).
 #[derive(Clone)]
 pub(super) enum RedisConn {
-    Single(ConnectionManager),
+    /// One server, or the master Sentinel names.
+    Single(Managed),
     Cluster(ClusterConnection),
 }
 
@@ -60,36 +69,110 @@ impl RedisConn {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err("the Redis limiter must be created inside the tokio runtime".into());
         }
-        match (&cfg.url, cfg.cluster.as_slice()) {
-            (Some(url), []) => Self::single(url),
-            (None, nodes) if !nodes.is_empty() => Self::cluster(nodes),
-            _ => Err("limiter.redis needs exactly one of `url` and `cluster`".into()),
+        match (&cfg.url, cfg.cluster.as_slice(), &cfg.sentinel) {
+            (Some(url), [], None) => Self::single(cfg, url),
+            (None, nodes, None) if !nodes.is_empty() => Self::cluster(cfg, nodes),
+            (None, [], Some(s)) => Self::sentinel(cfg, s),
+            _ => Err("limiter.redis needs exactly one of `url`, `cluster` and `sentinel`".into()),
         }
     }
 
-    fn single(url: &str) -> Result<Self, String> {
+    fn single(cfg: &RedisConfig, url: &str) -> Result<Self, String> {
         // Never echo the URL: it may carry a password.
-        let client = Client::open(url).map_err(|e| format!("limiter.redis.url: {e}"))?;
-        // Few, short reconnect retries: while Redis is down the breaker paces the attempts, and
-        // a long backoff inside the manager would only delay noticing that it is back.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(None)
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(200));
-        let manager = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("limiter.redis: {e}"))?;
-        // Connect in the background now, so the first request does not pay for it.
-        let mut warm = manager.clone();
-        tokio::spawn(async move {
-            let _: Result<Value, _> = ::redis::cmd("PING").query_async(&mut warm).await;
-        });
-        Ok(RedisConn::Single(manager))
+        let mut info = url
+            .into_connection_info()
+            .map_err(|e| format!("limiter.redis.url: {e}"))?;
+        if let Some(password) = &cfg.password {
+            let mut redis = info.redis_settings().clone().set_password(password);
+            if let Some(user) = &cfg.username {
+                redis = redis.set_username(user);
+            }
+            info = info.set_redis_settings(redis);
+        }
+        let client = match &cfg.tls {
+            Some(tls) => Client::build_with_tls(info, certificates(tls)),
+            None => Client::open(info),
+        }
+        .map_err(|e| format!("limiter.redis: {e}"))?;
+        Ok(Self::managed(cfg, Target::Server(client)))
     }
 
-    fn cluster(nodes: &[String]) -> Result<Self, String> {
-        let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+    fn sentinel(cfg: &RedisConfig, s: &SentinelSpec) -> Result<Self, String> {
+        let nodes = s.nodes.iter().map(|node| {
+            // Validated as host:port when the config was compiled; `[::1]` loses its brackets.
+            let (host, port) = node.rsplit_once(':').unwrap_or((node, "26379"));
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = port.parse().unwrap_or(26379);
+            if cfg.tls.is_some() {
+                ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: false,
+                    tls_params: None,
+                }
+            } else {
+                ConnectionAddr::Tcp(host, port)
+            }
+        });
+        let mut b = SentinelClientBuilder::new(nodes, &s.master, SentinelServerType::Master)
+            .map_err(|e| format!("limiter.redis.sentinel: {e}"))?;
+        if let Some(password) = &cfg.password {
+            b = b.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &cfg.username {
+            b = b.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &s.password {
+            b = b.set_client_to_sentinel_password(password);
+        }
+        if let Some(user) = &s.username {
+            b = b.set_client_to_sentinel_username(user);
+        }
+        if let Some(tls) = &cfg.tls {
+            b = b
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates(tls))
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_certificates(certificates(tls));
+        }
+        let client = b
+            .build()
+            .map_err(|e| format!("limiter.redis.sentinel: {e}"))?;
+        Ok(Self::managed(
+            cfg,
+            Target::Sentinel(tokio::sync::Mutex::new(client)),
+        ))
+    }
+
+    /// A connection that reconnects by itself, started in the background now, so the first
+    /// request does not pay for it.
+    fn managed(cfg: &RedisConfig, target: Target) -> Self {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None);
+        RedisConn::Single(Managed::new(
+            target,
+            cfg.client_name.clone(),
+            config,
+            RESOLVE_TIMEOUT,
+        ))
+    }
+
+    fn cluster(cfg: &RedisConfig, nodes: &[String]) -> Result<Self, String> {
+        let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str));
+        if let Some(password) = &cfg.password {
+            b = b.password(password);
+        }
+        if let Some(user) = &cfg.username {
+            b = b.username(user);
+        }
+        if let Some(tls) = &cfg.tls {
+            b = b.certs(certificates(tls));
+        }
+        let client = b
             // Retries also carry MOVED/ASK redirections, so keep a few, but short.
             .retries(3)
             .min_retry_wait(5)
@@ -103,6 +186,14 @@ impl RedisConn {
         Ok(RedisConn::Cluster(
             client.get_pending_async_connection_with_config(config),
         ))
+    }
+
+    /// Times this connection followed a Sentinel failover to another master.
+    pub(super) fn failovers(&self) -> u64 {
+        match self {
+            RedisConn::Single(m) => m.switches(),
+            RedisConn::Cluster(_) => 0,
+        }
     }
 
     /// PING, for readiness: on a cluster it goes to one node, which shows the cluster client
@@ -166,6 +257,17 @@ impl RedisConn {
             RedisConn::Single(m) => call.invoke_async(&mut m.clone()).await,
             RedisConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
         }
+    }
+}
+
+/// The TLS files as the redis crate takes them.
+fn certificates(tls: &RedisTls) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: tls.ca.clone(),
     }
 }
 

@@ -45,6 +45,8 @@ pub(super) struct Link {
     timeouts: AtomicU32,
     /// Connections replaced since start.
     replaced: AtomicU64,
+    /// Failovers followed by connections replaced since (the current one counts its own).
+    followed_before: AtomicU64,
 }
 
 impl Link {
@@ -56,6 +58,7 @@ impl Link {
             current: ArcSwap::from_pointee(Current { conn, id: 0 }),
             timeouts: AtomicU32::new(0),
             replaced: AtomicU64::new(0),
+            followed_before: AtomicU64::new(0),
         })
     }
 
@@ -71,6 +74,11 @@ impl Link {
     /// Connections replaced since start.
     pub(super) fn replaced(&self) -> u64 {
         self.replaced.load(Ordering::Relaxed)
+    }
+
+    /// Times this link's connections followed a Sentinel failover to another master.
+    pub(super) fn failovers(&self) -> u64 {
+        self.followed_before.load(Ordering::Relaxed) + self.current.load().conn.failovers()
     }
 
     /// Note how a call on `on` went: answered, timed out, or neither (an error Redis sent, a
@@ -135,6 +143,8 @@ impl Link {
             }
         });
         if previous.id == old.id {
+            self.followed_before
+                .fetch_add(old.conn.failovers(), Ordering::Relaxed);
             self.timeouts.store(0, Ordering::Relaxed);
             self.replaced.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(

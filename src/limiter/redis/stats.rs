@@ -21,6 +21,9 @@ pub struct RedisStats {
     pub negative_hits: u64,
     /// Connections replaced because they went out of step or stalled (see `link`).
     pub reconnects: u64,
+    /// Connections that followed a Sentinel failover to another master (each worker's
+    /// connection counts its own).
+    pub failovers: u64,
     /// Cluster refunds sent (a slot rejected what another slot's check charged).
     pub refunds: u64,
     /// Refunds that did not make it: those tokens come back only by refill.
@@ -63,6 +66,13 @@ impl RedisLimiter {
                     .iter()
                     .filter_map(|w| w.get())
                     .map(|w| w.link.replaced())
+                    .sum::<u64>(),
+            failovers: self.shared.failovers()
+                + self
+                    .per_worker
+                    .iter()
+                    .filter_map(|w| w.get())
+                    .map(|w| w.link.failovers())
                     .sum::<u64>(),
             refunds: get(&c.refunds),
             refund_failures: get(&c.refund_failures),

@@ -1,0 +1,255 @@
+//! A connection to one Redis server, or to the master a set of Sentinels names, that
+//! reconnects by itself and names itself (`CLIENT SETNAME`).
+//!
+//! Hand-written rather than the redis crate's `ConnectionManager`, which can neither run a
+//! command on each new connection nor ask anew where to connect each time. It is the same
+//! idea: one multiplexed connection shared by clones; the call that meets a connection error
+//! (or a failed connect) starts a new connection in the background, and a call that finds the
+//! last attempt failed starts another and waits for it. Attempts are so paced by the calls (and
+//! so by the circuit breaker) rather than by a loop of their own.
+//!
+//! Under Sentinel every new connection first asks the Sentinels where the master is (the
+//! crate checks that the server named answers `ROLE` as a master). A failover shows up as a
+//! dropped connection (Sentinel disconnects the clients of a demoted master) or as `READONLY`
+//! replies (a client that reached the old master after it became a replica): both make the
+//! next call reconnect, to wherever the Sentinels now say.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, MultiplexedConnection};
+use ::redis::sentinel::SentinelClient;
+use ::redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture,
+    ServerErrorKind, Value,
+};
+use arc_swap::ArcSwap;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+
+/// A connection being made, or made (or failed): every caller awaits the same one.
+type Pending = Shared<BoxFuture<'static, Result<MultiplexedConnection, RedisError>>>;
+
+/// Where new connections go.
+pub(super) enum Target {
+    /// One server, always the same.
+    Server(Client),
+    /// Wherever the Sentinels say the master is now.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// One connection attempt and its number.
+struct Slot {
+    id: u64,
+    pending: Pending,
+}
+
+struct Inner {
+    target: Target,
+    name: String,
+    config: AsyncConnectionConfig,
+    /// How long asking the Sentinels may take.
+    resolve_timeout: Duration,
+    slot: ArcSwap<Slot>,
+    /// The master's address the last connection went to (Sentinel only).
+    master: Mutex<Option<String>>,
+    /// Times the Sentinels named a different master than the previous connection's.
+    switches: AtomicU64,
+}
+
+/// A self-healing multiplexed connection; clones share it.
+#[derive(Clone)]
+pub(super) struct Managed(Arc<Inner>);
+
+impl std::fmt::Debug for Managed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0.target {
+            Target::Server(_) => "Managed::Server",
+            Target::Sentinel(_) => "Managed::Sentinel",
+        })
+    }
+}
+
+impl Managed {
+    /// Start connecting in the background and return at once.
+    pub(super) fn new(
+        target: Target,
+        name: String,
+        config: AsyncConnectionConfig,
+        resolve_timeout: Duration,
+    ) -> Self {
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let first = connect(weak.clone());
+            Inner {
+                target,
+                name,
+                config,
+                resolve_timeout,
+                slot: ArcSwap::from_pointee(Slot {
+                    id: 0,
+                    pending: first,
+                }),
+                master: Mutex::new(None),
+                switches: AtomicU64::new(0),
+            }
+        });
+        tokio::spawn(inner.slot.load().pending.clone().map(drop));
+        Self(inner)
+    }
+
+    /// Times the connection followed a failover to another master.
+    pub(super) fn switches(&self) -> u64 {
+        self.0.switches.load(Ordering::Relaxed)
+    }
+
+    /// The current connection (waiting for it if it is being made), and which it is. One that
+    /// failed to connect is replaced first: this call waits for a fresh attempt rather than
+    /// failing on an old one (under Sentinel, one made before the failover was over).
+    async fn get(&self) -> (Result<MultiplexedConnection, RedisError>, u64) {
+        let mut slot = self.0.slot.load_full();
+        if matches!(slot.pending.peek(), Some(Err(_))) {
+            let _ = self.reconnect(slot.id);
+            slot = self.0.slot.load_full();
+        }
+        (slot.pending.clone().await, slot.id)
+    }
+
+    /// Replace connection `id` by a new one, unless another caller already did (false).
+    fn reconnect(&self, id: u64) -> bool {
+        let next = Arc::new(Slot {
+            id: id + 1,
+            pending: connect(Arc::downgrade(&self.0)),
+        });
+        let previous = self.0.slot.rcu(|now| {
+            if now.id == id {
+                next.clone()
+            } else {
+                now.clone()
+            }
+        });
+        let swapped = previous.id == id;
+        if swapped {
+            tokio::spawn(next.pending.clone().map(drop));
+        }
+        swapped
+    }
+
+    /// After a call on connection `id`: reconnect if the connection is gone, or (Sentinel)
+    /// if the server is no longer the master.
+    fn settle<T>(&self, id: u64, result: &Result<T, RedisError>) {
+        let Err(e) = result else { return };
+        let demoted = matches!(self.0.target, Target::Sentinel(_))
+            && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        let gone = demoted || e.is_unrecoverable_error() || e.is_io_error();
+        // Logged once per connection, by the call that replaces it.
+        if gone && self.reconnect(id) && demoted {
+            tracing::warn!(
+                "the Redis master turned read-only (a failover): asking the Sentinels again"
+            );
+        }
+    }
+}
+
+/// A new connection for `inner` (gone: an error), named, as a shared future.
+fn connect(inner: std::sync::Weak<Inner>) -> Pending {
+    async move {
+        let Some(inner) = inner.upgrade() else {
+            return Err(RedisError::from((ErrorKind::Client, "the limiter is gone")));
+        };
+        let client = match &inner.target {
+            Target::Server(client) => client.clone(),
+            Target::Sentinel(sentinel) => master(&inner, sentinel).await?,
+        };
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&inner.config)
+            .await?;
+        // A user whose ACL lacks CLIENT SETNAME can still check limits: only the name is lost.
+        let named: Result<(), RedisError> = ::redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(&inner.name)
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = named {
+            tracing::warn!(error = %e, "Redis refused CLIENT SETNAME; the connection stays unnamed");
+        }
+        Ok(conn)
+    }
+    .boxed()
+    .shared()
+}
+
+/// Ask the Sentinels for the master, and note when it moved.
+async fn master(
+    inner: &Inner,
+    sentinel: &tokio::sync::Mutex<SentinelClient>,
+) -> Result<Client, RedisError> {
+    let ask = async { sentinel.lock().await.async_get_client().await };
+    let client = tokio::time::timeout(inner.resolve_timeout, ask)
+        .await
+        .map_err(|_| {
+            RedisError::from((ErrorKind::Io, "the Sentinels did not name a master in time"))
+        })??;
+    let addr = client.get_connection_info().addr().to_string();
+    let mut last = inner
+        .master
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.as_deref() != Some(addr.as_str()) {
+        if let Some(before) = last.as_deref() {
+            inner.switches.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(from = before, to = %addr, "the Sentinels name another Redis master: following it");
+        } else {
+            tracing::info!(master = %addr, "the Sentinels name the Redis master");
+        }
+        *last = Some(addr);
+    }
+    Ok(client)
+}
+
+impl ConnectionLike for Managed {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        async move {
+            let (conn, id) = self.get().await;
+            let result = match conn {
+                Ok(mut conn) => conn.req_packed_command(cmd).await,
+                Err(e) => {
+                    // A failed connect is tried again by the next call, whatever the error.
+                    let _ = self.reconnect(id);
+                    return Err(e);
+                }
+            };
+            self.settle(id, &result);
+            result
+        }
+        .boxed()
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        async move {
+            let (conn, id) = self.get().await;
+            let result = match conn {
+                Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Err(e) => {
+                    // A failed connect is tried again by the next call, whatever the error.
+                    let _ = self.reconnect(id);
+                    return Err(e);
+                }
+            };
+            self.settle(id, &result);
+            result
+        }
+        .boxed()
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0.target {
+            Target::Server(client) => client.get_connection_info().redis_settings().db(),
+            Target::Sentinel(_) => 0,
+        }
+    }
+}
