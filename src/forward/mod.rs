@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
-use crate::metrics::RetryReason;
+use crate::metrics::{AttemptResult, RetryReason};
 use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
 use rewrite::rewrite;
@@ -129,7 +129,18 @@ pub async fn send(
             // here: each move of the response on its way out is a copy of it.
             Ok((mut res, mut lease)) => {
                 // Refused whole, its connection dropped: nothing of it reaches the client.
-                framing::check_response(&res, client_side.is_some())?;
+                if let Err(e) = framing::check_response(&res, client_side.is_some()) {
+                    upstream.attempted(target, AttemptResult::unreachable);
+                    return Err(e);
+                }
+                upstream.attempted(
+                    target,
+                    if upstream.is_failure_status(res.status()) {
+                        AttemptResult::failure_status
+                    } else {
+                        AttemptResult::response
+                    },
+                );
                 let failure = upstream.is_failure(res.status());
                 if failure {
                     upstream.failed(target, at);
@@ -156,6 +167,13 @@ pub async fn send(
                 if sent.failure().is_some() {
                     return Err(classify(&failed.error));
                 }
+                upstream.attempted(
+                    target,
+                    match classify(&failed.error) {
+                        ProxyError::UpstreamTimeout => AttemptResult::timeout,
+                        _ => AttemptResult::unreachable,
+                    },
+                );
                 upstream.failed(target, at);
                 match (failed.unsent, replay) {
                     (Some(unsent), _) if left => (RetryReason::unreached, unsent),
