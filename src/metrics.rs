@@ -213,7 +213,7 @@ impl Metrics {
         );
         r.register(
             "limiter_backend_seconds",
-            "Latency of shared-store (Redis) checks",
+            "Time requests spent in the limit decision with the Redis backend (negative-cache answers included)",
             self.backend_seconds.clone(),
         );
         r.register(
