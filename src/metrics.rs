@@ -189,13 +189,6 @@ impl Metrics {
 
     fn register(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
-        let version = env!("CARGO_PKG_VERSION").to_owned();
-        let commit = env!("TOLLGATE_COMMIT").to_owned();
-        r.register(
-            "build",
-            "The version and commit of this tollgate binary",
-            Info::new(vec![("version", version), ("commit", commit)]),
-        );
         r.register(
             "requests",
             "Requests by route and status code",
@@ -257,26 +250,6 @@ impl Metrics {
             self.generation.clone(),
         );
         r.register(
-            "config_hash",
-            "Hash of the live config file (the first 48 bits of its BLAKE3 digest)",
-            self.config_hash.clone(),
-        );
-        r.register(
-            "config_last_reload_successful",
-            "1 if the last config load (start or reload) succeeded, 0 if it failed",
-            self.config_ok.clone(),
-        );
-        r.register(
-            "config_last_reload_success_timestamp_seconds",
-            "When the live config was loaded (at start or by the last successful reload)",
-            self.config_loaded_at.clone(),
-        );
-        r.register(
-            "tls_certificate_expiry_timestamp_seconds",
-            "When a listener certificate expires (its notAfter), by listener and file",
-            self.certificates.clone(),
-        );
-        r.register(
             "local_buckets",
             "In-process buckets held, by limit",
             self.buckets.clone(),
@@ -297,6 +270,13 @@ impl Metrics {
             self.without_backend.clone(),
         );
         self.targets.register(r);
+        self.register_redis();
+        self.register_config();
+    }
+
+    /// The Redis client's series.
+    fn register_redis(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
         r.register(
             "redis_check_duration_seconds",
             "Time of limit checks sent to Redis, until answered or failed",
@@ -331,6 +311,38 @@ impl Metrics {
             "redis_breaker_open",
             "1 while the Redis circuit breaker is open",
             self.breaker_open.clone(),
+        );
+    }
+
+    /// The build's and the live config's series.
+    fn register_config(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        let version = env!("CARGO_PKG_VERSION").to_owned();
+        let commit = env!("TOLLGATE_COMMIT").to_owned();
+        r.register(
+            "build",
+            "The version and commit of this tollgate binary",
+            Info::new(vec![("version", version), ("commit", commit)]),
+        );
+        r.register(
+            "config_hash",
+            "Hash of the live config file (the first 48 bits of its BLAKE3 digest)",
+            self.config_hash.clone(),
+        );
+        r.register(
+            "config_last_reload_successful",
+            "1 if the last config load (start or reload) succeeded, 0 if it failed",
+            self.config_ok.clone(),
+        );
+        r.register(
+            "config_last_reload_success_timestamp_seconds",
+            "When the live config was loaded (at start or by the last successful reload)",
+            self.config_loaded_at.clone(),
+        );
+        r.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When a listener certificate expires (its notAfter), by listener and file",
+            self.certificates.clone(),
         );
     }
 

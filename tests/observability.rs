@@ -51,7 +51,10 @@ impl Prometheus {
         let addr = refused_addr();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -102,7 +105,10 @@ impl Prometheus {
             return Vec::new();
         };
         assert_eq!(answer["status"], "success", "{expr}: {answer}");
-        answer["data"]["result"].as_array().cloned().unwrap_or_default()
+        answer["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -117,7 +123,14 @@ impl Drop for Prometheus {
 fn short_lived_cert(dir: &Path) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("short.crt"), dir.join("short.key"));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
         .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
         .args(["-addext", "subjectAltName=DNS:localhost", "-keyout"])
         .arg(&key)
@@ -125,7 +138,11 @@ fn short_lived_cert(dir: &Path) -> (PathBuf, PathBuf) {
         .arg(&cert)
         .output()
         .expect("run openssl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (cert, key)
 }
 
@@ -338,10 +355,16 @@ async fn every_shipped_expression_returns_data_from_a_real_scrape() {
 
     // Prometheus negotiated OpenMetrics and its parser took every scrape.
     let targets = prometheus.api("targets").await.expect("targets");
-    let active = targets["data"]["activeTargets"].as_array().expect("targets");
+    let active = targets["data"]["activeTargets"]
+        .as_array()
+        .expect("targets");
     assert_eq!(active.len(), 2, "{targets}");
     for t in active {
-        assert_eq!((&t["health"], &t["lastError"]), (&"up".into(), &"".into()), "{t}");
+        assert_eq!(
+            (&t["health"], &t["lastError"]),
+            (&"up".into(), &"".into()),
+            "{t}"
+        );
     }
     let om = http
         .get_with(
@@ -369,7 +392,11 @@ fn the_alert_rules_pass_their_unit_tests() {
     );
     assert_eq!(code, Some(0), "{out}");
     let (code, out) = promtool(
-        &["test", "rules", "deploy/prometheus/tollgate-rules.test.yaml"],
+        &[
+            "test",
+            "rules",
+            "deploy/prometheus/tollgate-rules.test.yaml",
+        ],
         "",
     );
     assert_eq!(code, Some(0), "{out}");

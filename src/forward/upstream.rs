@@ -215,8 +215,14 @@ impl Upstream {
         }
     }
 
-    /// `status` is one of the upstream's `failure_statuses` (whatever its number of targets).
-    pub(super) fn is_failure_status(&self, status: StatusCode) -> bool {
-        self.health.is_failure(status)
+    /// Count an attempt on `target` that got a response head with `status`: a failure if it
+    /// is one of `failure_statuses`, whatever the number of targets.
+    pub(super) fn answered(&self, target: usize, status: StatusCode) {
+        let result = if self.health.is_failure(status) {
+            AttemptResult::failure_status
+        } else {
+            AttemptResult::response
+        };
+        self.attempted(target, result);
     }
 }

@@ -104,7 +104,11 @@ mod tests {
     fn reads_this_process() {
         let r = super::read().expect("/proc/self is readable");
         assert!(r.resident_bytes > 0 && r.virtual_bytes >= r.resident_bytes);
-        assert!(r.open_fds >= 3, "stdin, stdout, stderr at least: {}", r.open_fds);
+        assert!(
+            r.open_fds >= 3,
+            "stdin, stdout, stderr at least: {}",
+            r.open_fds
+        );
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
