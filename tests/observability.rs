@@ -242,6 +242,20 @@ fn has_data(result: &[serde_json::Value]) -> bool {
     })
 }
 
+/// The value of the sample `series` (name and labels exactly as exposed) in a text scrape.
+fn value(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
+}
+
 /// Run `promtool` with `args`, `stdin` fed to it; its exit code and output.
 fn promtool(args: &[&str], stdin: &str) -> (Option<i32>, String) {
     use std::io::Write;
@@ -312,6 +326,47 @@ async fn every_shipped_expression_returns_data_from_a_real_scrape() {
     );
     let (code, lint) = promtool(&["check", "metrics"], text.text());
     assert_eq!((code, lint.as_str()), (Some(0), ""), "{}", text.text());
+    let scrape = text.text();
+    // Redis latency is observed for the checks that went to Redis only: every request on the
+    // limited route was decided (9), some of them by the negative cache without Redis.
+    let decided = value(scrape, "tollgate_limiter_backend_seconds_count");
+    let cached = value(scrape, "tollgate_redis_negative_cache_hits_total");
+    let round_trips = value(scrape, "tollgate_redis_check_duration_seconds_count");
+    assert_eq!(decided, 9.0, "{scrape}");
+    assert!(cached >= 1.0, "{scrape}");
+    assert_eq!(round_trips, decided - cached, "{scrape}");
+    // The certificate's notAfter, a day from now (openssl's -days 1).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let expiry = value(
+        scrape,
+        &format!(
+            "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"127.0.0.1:0\",cert=\"{}\"}}",
+            cert.display()
+        ),
+    );
+    assert!((expiry - now - 86_400.0).abs() < 120.0, "{expiry} vs {now}");
+    // Each attempt on the dead upstream's target counted against it.
+    let dead = value(
+        scrape,
+        "tollgate_requests_total{route=\"dead\",code=\"502\",class=\"5xx\"}",
+    );
+    let attempts: f64 = scrape
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_upstream_target_attempts_total{upstream=\"dead\"")
+                && l.contains("result=\"unreachable\"")
+        })
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        })
+        .sum();
+    assert_eq!((dead, attempts), (3.0, 3.0), "{scrape}");
 
     // A bad edit: the reload fails and the old config stays live.
     std::fs::write(proxy.config_path(), "listeners: [").expect("break the config");
