@@ -81,6 +81,13 @@ mod tests {
         // Prometheus 2.x's scrape header, verbatim.
         let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
         assert_eq!(Format::negotiate(Some(prometheus)), Format::OpenMetrics);
+        // Later releases weigh every type, and Prometheus 3 names text/plain 1.0.0 too.
+        for later in [
+            "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+            "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+        ] {
+            assert_eq!(Format::negotiate(Some(later)), Format::OpenMetrics, "{later}");
+        }
         for text in [
             None,
             Some("*/*"),

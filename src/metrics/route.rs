@@ -180,3 +180,64 @@ impl RouteCounters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OutcomeLabel;
+    use crate::limiter::{LimitResult, Outcome};
+
+    fn result(index: usize, outcome: Outcome, shadow: bool, fallback: bool) -> LimitResult {
+        LimitResult {
+            index,
+            outcome,
+            verdict: None,
+            fallback,
+            shadow,
+            client: None,
+        }
+    }
+
+    #[test]
+    fn only_the_rejecting_limit_counts_limited() {
+        let of = |r: &LimitResult, rejected| OutcomeLabel::of(r, rejected);
+        // Both over; limit 0 answered.
+        assert_eq!(
+            of(&result(0, Outcome::Limited, false, false), Some(0)),
+            OutcomeLabel::limited
+        );
+        assert_eq!(
+            of(&result(1, Outcome::Limited, false, false), Some(0)),
+            OutcomeLabel::rejected_by_other
+        );
+        assert_eq!(
+            of(&result(1, Outcome::Admitted, false, false), Some(0)),
+            OutcomeLabel::rejected_by_other
+        );
+        // Dry runs and exemptions keep their own verdict; no rejection, no change.
+        assert_eq!(
+            of(&result(1, Outcome::ShadowLimited, true, false), Some(0)),
+            OutcomeLabel::shadow_limited
+        );
+        assert_eq!(
+            of(&result(1, Outcome::Admitted, true, false), Some(0)),
+            OutcomeLabel::admitted
+        );
+        assert_eq!(
+            of(&result(1, Outcome::Exempt, false, false), Some(0)),
+            OutcomeLabel::exempt
+        );
+        assert_eq!(
+            of(&result(0, Outcome::Admitted, false, false), None),
+            OutcomeLabel::admitted
+        );
+        // Without Redis every checked limit says so, the local fallback's rejection included.
+        assert_eq!(
+            of(&result(0, Outcome::Limited, false, true), Some(0)),
+            OutcomeLabel::without_backend
+        );
+        assert_eq!(
+            of(&result(1, Outcome::FailedOpen, false, true), Some(0)),
+            OutcomeLabel::without_backend
+        );
+    }
+}
