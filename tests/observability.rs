@@ -256,6 +256,13 @@ fn value(scrape: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
 }
 
+/// The value of the counter `series` in a text scrape.
+fn count(scrape: &str, series: &str) -> u64 {
+    let v = value(scrape, series);
+    assert!(v >= 0.0 && v.fract() == 0.0, "{series} = {v}");
+    v as u64
+}
+
 /// Run `promtool` with `args`, `stdin` fed to it; its exit code and output.
 fn promtool(args: &[&str], stdin: &str) -> (Option<i32>, String) {
     use std::io::Write;
@@ -294,6 +301,50 @@ async fn traffic(proxy: &BinaryProxy, limited: &Http) {
     let _ = tokio::time::timeout(Duration::from_secs(5), limited.get(&url)).await;
 }
 
+/// What the text scrape of the main proxy says after the Redis-up traffic.
+fn check_scrape(scrape: &str, cert: &Path) {
+    // Redis latency is observed for the checks that went to Redis only: every request on the
+    // limited route was decided (9), some of them by the negative cache without Redis.
+    let decided = count(scrape, "tollgate_limiter_backend_seconds_count");
+    let cached = count(scrape, "tollgate_redis_negative_cache_hits_total");
+    let round_trips = count(scrape, "tollgate_redis_check_duration_seconds_count");
+    assert_eq!(decided, 9, "{scrape}");
+    assert!(cached >= 1, "{scrape}");
+    assert_eq!(round_trips, decided - cached, "{scrape}");
+    // The certificate's notAfter, a day from now (openssl's -days 1).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let expiry = value(
+        scrape,
+        &format!(
+            "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"127.0.0.1:0\",cert=\"{}\"}}",
+            cert.display()
+        ),
+    );
+    assert!((expiry - now - 86_400.0).abs() < 120.0, "{expiry} vs {now}");
+    // Each attempt on the dead upstream's target counted against it.
+    let dead = count(
+        scrape,
+        "tollgate_requests_total{route=\"dead\",code=\"502\",class=\"5xx\"}",
+    );
+    let attempts: u64 = scrape
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_upstream_target_attempts_total{upstream=\"dead\"")
+                && l.contains("result=\"unreachable\"")
+        })
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!((dead, attempts), (3, 3), "{scrape}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_shipped_expression_returns_data_from_a_real_scrape() {
     let mut redis = RedisServer::start();
@@ -326,47 +377,7 @@ async fn every_shipped_expression_returns_data_from_a_real_scrape() {
     );
     let (code, lint) = promtool(&["check", "metrics"], text.text());
     assert_eq!((code, lint.as_str()), (Some(0), ""), "{}", text.text());
-    let scrape = text.text();
-    // Redis latency is observed for the checks that went to Redis only: every request on the
-    // limited route was decided (9), some of them by the negative cache without Redis.
-    let decided = value(scrape, "tollgate_limiter_backend_seconds_count");
-    let cached = value(scrape, "tollgate_redis_negative_cache_hits_total");
-    let round_trips = value(scrape, "tollgate_redis_check_duration_seconds_count");
-    assert_eq!(decided, 9.0, "{scrape}");
-    assert!(cached >= 1.0, "{scrape}");
-    assert_eq!(round_trips, decided - cached, "{scrape}");
-    // The certificate's notAfter, a day from now (openssl's -days 1).
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs_f64();
-    let expiry = value(
-        scrape,
-        &format!(
-            "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"127.0.0.1:0\",cert=\"{}\"}}",
-            cert.display()
-        ),
-    );
-    assert!((expiry - now - 86_400.0).abs() < 120.0, "{expiry} vs {now}");
-    // Each attempt on the dead upstream's target counted against it.
-    let dead = value(
-        scrape,
-        "tollgate_requests_total{route=\"dead\",code=\"502\",class=\"5xx\"}",
-    );
-    let attempts: f64 = scrape
-        .lines()
-        .filter(|l| {
-            l.starts_with("tollgate_upstream_target_attempts_total{upstream=\"dead\"")
-                && l.contains("result=\"unreachable\"")
-        })
-        .map(|l| {
-            l.rsplit(' ')
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        })
-        .sum();
-    assert_eq!((dead, attempts), (3.0, 3.0), "{scrape}");
+    check_scrape(text.text(), &cert);
 
     // A bad edit: the reload fails and the old config stays live.
     std::fs::write(proxy.config_path(), "listeners: [").expect("break the config");
