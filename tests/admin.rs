@@ -293,3 +293,70 @@ async fn connections_are_spread_evenly_over_the_workers() {
     })
     .await;
 }
+
+/// The config series follow the reloads: a new file changes the hash and the load time, a
+/// broken one sets `last_reload_successful` to 0 and leaves the hash of the config still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_metrics_follow_reloads() {
+    bounded(async {
+        let limits = |burst: u32| {
+            format!("      - {{ name: per-ip, rate: 1/min, burst: {burst}, key: [ip] }}\n")
+        };
+        let yaml = |burst| {
+            config(&format!(
+                "admin:\n  address: 127.0.0.1:0\n{}",
+                answering(&limits(burst))
+            ))
+        };
+        let proxy = TestProxy::start(&yaml(3));
+        // The load time is a float; every other series here is a whole number.
+        let seconds = |s: &str| -> f64 {
+            let name = "tollgate_config_last_reload_success_timestamp_seconds ";
+            s.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no load time in:\n{s}"))
+        };
+        let read = |s: &str, name: &str| -> u64 {
+            sample(s, name).unwrap_or_else(|| panic!("no `{name}` in:\n{s}"))
+        };
+        let scrape = async || admin_get(&proxy, "/metrics").await.text().to_owned();
+        let first = scrape().await;
+        assert_eq!(read(&first, "tollgate_config_last_reload_successful"), 1);
+        let (hash, loaded) = (read(&first, "tollgate_config_hash"), seconds(&first));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(loaded <= now && loaded > now - 60.0, "{loaded} vs {now}");
+
+        std::fs::write(proxy.config_path(), yaml(4)).expect("rewrite the config");
+        proxy.reload();
+        assert!(proxy.wait_for_generation(2, TEST_TIMEOUT).await);
+        let second = scrape().await;
+        assert_ne!(read(&second, "tollgate_config_hash"), hash);
+        assert!(seconds(&second) >= loaded);
+        assert_eq!(read(&second, "tollgate_config_last_reload_successful"), 1);
+
+        std::fs::write(proxy.config_path(), "listeners: [").expect("break the config");
+        proxy.reload();
+        let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+        let third = loop {
+            let s = scrape().await;
+            if read(&s, r#"tollgate_config_reloads_total{result="failed"}"#) >= 1 {
+                break s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the failed reload is counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(read(&third, "tollgate_config_last_reload_successful"), 0);
+        assert_eq!(
+            read(&third, "tollgate_config_hash"),
+            read(&second, "tollgate_config_hash"),
+            "the live config is still the second one"
+        );
+    })
+    .await;
+}
