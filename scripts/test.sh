@@ -16,6 +16,9 @@ command -v curl >/dev/null || need_apt+=(curl)
 # libfaketime steps a test redis-server's wall clock (tests/faults_redis.rs).
 command -v faketime >/dev/null || need_apt+=(faketime)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# Prometheus and promtool (2.42 on Debian 12): tests/observability.rs scrapes tollgate with a
+# real server and checks the shipped dashboard and alert rules against it.
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if ((${#need_apt[@]})); then
   echo "installing: ${need_apt[*]}"
@@ -23,11 +26,13 @@ if ((${#need_apt[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-# The distribution's redis-server package starts a system instance on 6379; the tests never
-# use it, but stop it so a stray dependency on it cannot hide.
-if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
-  systemctl stop redis-server || true
-fi
+# The distribution's redis-server and prometheus packages start system instances (6379, 9090,
+# 9100); the tests never use them, but stop them so a stray dependency on them cannot hide.
+for unit in redis-server prometheus prometheus-node-exporter; do
+  if command -v systemctl >/dev/null && systemctl is-active --quiet "$unit" 2>/dev/null; then
+    systemctl stop "$unit" || true
+  fi
+done
 
 if [ -z "${SKIP_LINT:-}" ]; then
   cargo fmt --all -- --check
@@ -43,6 +48,10 @@ else
   echo "cargo audit: skipped (cargo-audit or its advisory database is not available here);" \
        "dependency floors for h2 and rustls are pinned in Cargo.toml"
 fi
+
+# The shipped alert rules: valid, and their unit tests pass.
+promtool check rules deploy/prometheus/tollgate-rules.yaml
+promtool test rules deploy/prometheus/tollgate-rules.test.yaml
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast

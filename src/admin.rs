@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::limiter::FailurePolicy;
-use crate::metrics::TargetSample;
+use crate::metrics::{CertSample, Format, Scrape, TargetSample};
 use crate::response::{fixed, Body};
 use crate::runtime::Runtime;
 use crate::state::State;
@@ -59,19 +59,21 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
                 ),
             }
         }
-        "/metrics" => fixed(
-            StatusCode::OK,
-            // prometheus-client writes the OpenMetrics text format.
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            {
-                let runtime = state.runtime.load();
-                state.metrics.render(
-                    runtime.limits(),
-                    runtime.redis.as_deref(),
-                    &target_samples(&runtime),
-                )
-            },
-        ),
+        "/metrics" => {
+            let accept = req.headers().get(http::header::ACCEPT);
+            let format = Format::negotiate(accept.and_then(|v| v.to_str().ok()));
+            let runtime = state.runtime.load();
+            let body = state.metrics.render(
+                format,
+                Scrape {
+                    limits: runtime.limits(),
+                    redis: runtime.redis.as_deref(),
+                    targets: &target_samples(&runtime),
+                    certs: &cert_samples(&runtime),
+                },
+            );
+            fixed(StatusCode::OK, format.content_type(), body)
+        }
         "/config" => {
             let runtime = state.runtime.load();
             fixed(
@@ -99,6 +101,22 @@ fn target_samples(runtime: &Runtime) -> Vec<TargetSample> {
                 target: t.to_string(),
                 healthy: u.is_healthy(i, now),
                 in_flight: u.in_flight(i),
+            });
+        }
+    }
+    samples
+}
+
+/// Every live listener certificate's expiry, for a scrape.
+fn cert_samples(runtime: &Runtime) -> Vec<CertSample> {
+    let mut samples = Vec::new();
+    for l in &runtime.settings.listeners {
+        let Some(tls) = &l.tls else { continue };
+        for (files, not_after) in tls.files.iter().zip(&tls.not_after) {
+            samples.push(CertSample {
+                listener: l.address.to_string(),
+                cert: files.cert.display().to_string(),
+                not_after: *not_after,
             });
         }
     }

@@ -26,8 +26,8 @@
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
 //!   stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
-//!   WebSocket tunnels. `metrics`: the Prometheus registry. `response`: 429 and the
-//!   error responses.
+//!   WebSocket tunnels. `metrics`: the Prometheus registry, served in the format the
+//!   scraper asks for. `response`: 429 and the error responses.
 //! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
 //!   the Redis client and metric handles reused where their spec is unchanged).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).

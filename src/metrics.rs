@@ -1,84 +1,31 @@
 //! Prometheus metrics: what the request path counts, and what is read off the state at scrape.
+//!
+//! Every name but the standard `process_*` ones has the prefix `tollgate_`. `/metrics` answers
+//! in the format the scraper asks for (`Format`).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::exponential_buckets;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::config::settings::UpstreamSpec;
 use crate::limiter::redis::RedisLimiter;
-use crate::limiter::{Limit, Outcome};
+use crate::limiter::Limit;
 use crate::sharded;
+pub use format::Format;
+pub use route::{DecisionLabels, RequestLabels, RouteCounters, RouteLabels};
 use upstream::Targets;
-pub use upstream::{RetryReason, TargetSample, UpstreamHandles};
+pub use upstream::{AttemptResult, RetryReason, TargetSample, UpstreamHandles};
 
+mod format;
+mod process;
+mod route;
 mod upstream;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub route: String,
-    pub class: StatusClass,
-}
-
-/// The status class label: `2xx`, `4xx`, ...
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub struct StatusClass(pub &'static str);
-
-impl prometheus_client::encoding::EncodeLabelValue for StatusClass {
-    fn encode(
-        &self,
-        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
-    ) -> Result<(), std::fmt::Error> {
-        self.0.encode(encoder)
-    }
-}
-
-impl StatusClass {
-    pub fn of(status: http::StatusCode) -> Self {
-        Self(CLASSES[Self::index(status)])
-    }
-
-    /// 0 for 1xx .. 4 for 5xx.
-    pub fn index(status: http::StatusCode) -> usize {
-        (usize::from(status.as_u16() / 100)).clamp(1, 5) - 1
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
-    pub route: String,
-    pub limit: String,
-    pub outcome: OutcomeLabel,
-}
-
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum OutcomeLabel {
-    admitted,
-    limited,
-    shadow_limited,
-    exempt,
-    /// Decided without the shared store (open, closed or local fallback).
-    without_backend,
-}
-
-impl OutcomeLabel {
-    pub fn of(outcome: Outcome, fallback: bool) -> Self {
-        if fallback {
-            return Self::without_backend;
-        }
-        match outcome {
-            Outcome::Admitted => Self::admitted,
-            Outcome::Limited => Self::limited,
-            Outcome::ShadowLimited => Self::shadow_limited,
-            Outcome::Exempt => Self::exempt,
-            Outcome::FailedOpen | Outcome::FailedClosed => Self::without_backend,
-        }
-    }
-}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabels {
@@ -120,29 +67,30 @@ pub struct LimitLabels {
     pub limit: String,
 }
 
-/// One route's counters, fetched from the families once per route and snapshot, so the
-/// request path does no label hashing or allocation to count.
-#[derive(Debug)]
-pub struct RouteCounters {
-    /// By status class: 1xx .. 5xx.
-    pub requests: [sharded::Counter; 5],
-    /// By limit (route order), then by outcome (`OutcomeLabel` order).
-    pub decisions: Vec<[sharded::Counter; 5]>,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    /// The listener's configured address.
+    pub listener: String,
+    /// The certificate file.
+    pub cert: String,
 }
 
-const OUTCOMES: [OutcomeLabel; 5] = [
-    OutcomeLabel::admitted,
-    OutcomeLabel::limited,
-    OutcomeLabel::shadow_limited,
-    OutcomeLabel::exempt,
-    OutcomeLabel::without_backend,
-];
-const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+/// A listener certificate's expiry, as the caller read it off the live config.
+#[derive(Debug, Clone)]
+pub struct CertSample {
+    pub listener: String,
+    pub cert: String,
+    /// `notAfter` of the leaf, in seconds since the Unix epoch.
+    pub not_after: i64,
+}
 
-impl OutcomeLabel {
-    pub fn index(self) -> usize {
-        self as usize
-    }
+/// What `render` reads off the live runtime.
+#[derive(Debug)]
+pub struct Scrape<'a, L> {
+    pub limits: L,
+    pub redis: Option<&'a RedisLimiter>,
+    pub targets: &'a [TargetSample],
+    pub certs: &'a [CertSample],
 }
 
 /// Every metric tollgate exports.
@@ -152,7 +100,10 @@ pub struct Metrics {
     // Written by every request: per thread (see `sharded`).
     pub requests: Family<RequestLabels, sharded::Counter>,
     pub decisions: Family<DecisionLabels, sharded::Counter>,
+    durations: Family<RouteLabels, sharded::Histogram>,
     pub backend_seconds: sharded::Histogram,
+    /// Checks that went to Redis: sent until answered or failed (see `RedisLimiter`).
+    pub redis_check_seconds: sharded::Histogram,
     pub upstream_seconds: Family<UpstreamLabels, sharded::Histogram>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     /// Retries, ejections and the targets' health.
@@ -166,6 +117,10 @@ pub struct Metrics {
     pub without_backend: Counter,
     reloads: Family<ReloadLabels, Counter>,
     generation: Gauge,
+    config_hash: Gauge,
+    config_ok: Gauge,
+    config_loaded_at: Gauge<f64, AtomicU64>,
+    certificates: Family<CertLabels, Gauge>,
     // Read off the live runtime at scrape time.
     buckets: Family<LimitLabels, Gauge>,
     overflowed: Family<LimitLabels, Counter>,
@@ -193,10 +148,12 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut m = Self {
-            registry: Registry::with_prefix("tollgate"),
+            registry: Registry::default(),
             requests: Family::default(),
             decisions: Family::default(),
+            durations: Family::new_with_constructor(latency_histogram),
             backend_seconds: latency_histogram(),
+            redis_check_seconds: latency_histogram(),
             upstream_seconds: Family::new_with_constructor(latency_histogram),
             upstream_errors: Family::default(),
             targets: Targets::default(),
@@ -206,6 +163,10 @@ impl Metrics {
             overloaded: Counter::default(),
             reloads: Family::default(),
             generation: Gauge::default(),
+            config_hash: Gauge::default(),
+            config_ok: Gauge::default(),
+            config_loaded_at: Gauge::default(),
+            certificates: Family::default(),
             buckets: Family::default(),
             overflowed: Family::default(),
             peer_overflowed: Family::default(),
@@ -218,8 +179,8 @@ impl Metrics {
             redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
         };
+        m.registry.register_collector(Box::new(process::Process));
         m.register();
-        m.targets.register(&mut m.registry);
         // Both series exist from the start, at 0, and generation 1 is the config started with.
         for result in [ReloadResult::ok, ReloadResult::failed] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -229,11 +190,16 @@ impl Metrics {
     }
 
     fn register(&mut self) {
-        let r = &mut self.registry;
+        let r = self.registry.sub_registry_with_prefix("tollgate");
         r.register(
             "requests",
-            "Requests by route and status class",
+            "Requests by route and status code",
             self.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its response head, by route",
+            self.durations.clone(),
         );
         r.register(
             "limit_decisions",
@@ -242,7 +208,7 @@ impl Metrics {
         );
         r.register(
             "limiter_backend_seconds",
-            "Latency of shared-store (Redis) checks",
+            "Time requests spent in the limit decision with the Redis backend (negative-cache answers included)",
             self.backend_seconds.clone(),
         );
         r.register(
@@ -305,12 +271,19 @@ impl Metrics {
             "Requests whose limits were decided without the shared store",
             self.without_backend.clone(),
         );
+        self.targets.register(r);
         self.register_redis();
+        self.register_config();
     }
 
     /// The Redis client's series.
     fn register_redis(&mut self) {
-        let r = &mut self.registry;
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
+            "redis_check_duration_seconds",
+            "Time of limit checks sent to Redis, until answered or failed",
+            self.redis_check_seconds.clone(),
+        );
         r.register(
             "redis_errors",
             "Redis checks that failed (errors, timeouts, breaker open)",
@@ -348,23 +321,47 @@ impl Metrics {
         );
     }
 
+    /// The build's and the live config's series.
+    fn register_config(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        let version = env!("CARGO_PKG_VERSION").to_owned();
+        let commit = env!("TOLLGATE_COMMIT").to_owned();
+        r.register(
+            "build",
+            "The version and commit of this tollgate binary",
+            Info::new(vec![("version", version), ("commit", commit)]),
+        );
+        r.register(
+            "config_hash",
+            "Hash of the live config file (the first 48 bits of its BLAKE3 digest)",
+            self.config_hash.clone(),
+        );
+        r.register(
+            "config_last_reload_successful",
+            "1 if the last config load (start or reload) succeeded, 0 if it failed",
+            self.config_ok.clone(),
+        );
+        r.register(
+            "config_last_reload_success_timestamp_seconds",
+            "When the live config was loaded (at start or by the last successful reload)",
+            self.config_loaded_at.clone(),
+        );
+        r.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When a listener certificate expires (its notAfter), by listener and file",
+            self.certificates.clone(),
+        );
+    }
+
     /// The counters of one route (`route` is its name, `limits` its limit names in order).
     pub fn route_counters<'a>(
         &self,
         route: &str,
         limits: impl Iterator<Item = &'a str>,
     ) -> RouteCounters {
-        let requests = CLASSES.map(|class| {
-            self.requests
-                .get_or_create(&RequestLabels {
-                    route: route.to_owned(),
-                    class: StatusClass(class),
-                })
-                .clone()
-        });
         let decisions = limits
             .map(|limit| {
-                OUTCOMES.map(|outcome| {
+                route::OUTCOMES.map(|outcome| {
                     self.decisions
                         .get_or_create(&DecisionLabels {
                             route: route.to_owned(),
@@ -375,10 +372,20 @@ impl Metrics {
                 })
             })
             .collect();
-        RouteCounters {
-            requests,
-            decisions,
-        }
+        let duration = self
+            .durations
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+            })
+            .clone();
+        RouteCounters::new(route, &self.requests, duration, decisions)
+    }
+
+    /// Count a request that matched no route (answered by tollgate: 404, 400, 503).
+    pub fn unrouted(&self, status: http::StatusCode) {
+        self.requests
+            .get_or_create(&RequestLabels::of("", status))
+            .inc();
     }
 
     /// The handles of upstream `spec`: its response-time histogram, retry and ejection
@@ -396,21 +403,46 @@ impl Metrics {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
         self.generation
             .set(i64::try_from(generation).unwrap_or(i64::MAX));
+        if result == ReloadResult::failed {
+            self.config_ok.set(0);
+        }
     }
 
-    /// The Prometheus text exposition, with the values kept elsewhere (the live limits'
-    /// buckets, the Redis client's counters, the upstreams' target health) read now.
+    /// The config of `source` (the file's text) went live, now.
+    pub fn loaded(&self, source: &str) {
+        let digest = blake3::hash(source.as_bytes());
+        let mut first = [0u8; 8];
+        first[2..].copy_from_slice(&digest.as_bytes()[..6]);
+        // 48 bits: exact in the float Prometheus stores samples as.
+        self.config_hash.set(i64::from_be_bytes(first));
+        self.config_ok.set(1);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.config_loaded_at.set(now);
+    }
+
+    /// The exposition in `format`, with the values kept elsewhere (the live limits' buckets,
+    /// the Redis client's counters, the upstreams' target health, the listeners'
+    /// certificates) read now.
     pub fn render<'a>(
         &self,
-        limits: impl Iterator<Item = &'a Arc<Limit>>,
-        redis: Option<&RedisLimiter>,
-        targets: &[TargetSample],
+        format: Format,
+        scrape: Scrape<'a, impl Iterator<Item = &'a Arc<Limit>>>,
     ) -> String {
-        self.targets.read(targets);
+        self.targets.read(scrape.targets);
+        self.certificates.clear();
+        for c in scrape.certs {
+            let labels = CertLabels {
+                listener: c.listener.clone(),
+                cert: c.cert.clone(),
+            };
+            self.certificates.get_or_create(&labels).set(c.not_after);
+        }
         self.buckets.clear();
         self.overflowed.clear();
         self.peer_overflowed.clear();
-        for limit in limits {
+        for limit in scrape.limits {
             let labels = LimitLabels {
                 limit: limit.name.to_string(),
             };
@@ -426,7 +458,7 @@ impl Metrics {
                 limit.local.peer_overflowed(),
             );
         }
-        if let Some(redis) = redis {
+        if let Some(redis) = scrape.redis {
             let s = redis.stats();
             set_counter(&self.redis_errors, s.errors);
             set_counter(&self.redis_timeouts, s.timeouts);
@@ -436,11 +468,7 @@ impl Metrics {
             set_counter(&self.redis_failovers, s.failovers);
             self.breaker_open.set(i64::from(redis.breaker_open()));
         }
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            return String::new();
-        }
-        out
+        format.encode(&self.registry).unwrap_or_default()
     }
 }
 

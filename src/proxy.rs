@@ -16,9 +16,7 @@ use crate::error::ProxyError;
 use crate::forward::{self, Downstream, Tunnel};
 use crate::identity::{self, RequestView};
 use crate::limiter::{self, Outcome};
-use crate::metrics::{
-    OutcomeLabel, RequestLabels, StatusClass, UpstreamErrorKind, UpstreamErrorLabels,
-};
+use crate::metrics::{UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::Pooled;
 use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
@@ -402,7 +400,7 @@ fn record(
     status: StatusCode,
     started: Instant,
 ) {
-    count(state, trace, status);
+    count(state, trace, status, started);
     if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
         return;
     }
@@ -442,30 +440,26 @@ fn record(
     );
 }
 
-/// Count the request and its limit decisions: through the route's cached counters, so no
-/// label is built on the request path (requests that matched no route are rare: 404s).
-fn count(state: &State, trace: &Trace<'_>, status: StatusCode) {
+/// Count the request, its duration and its limit decisions: through the route's cached
+/// handles, so no label is built on the request path (requests that matched no route are rare:
+/// 404s).
+fn count(state: &State, trace: &Trace<'_>, status: StatusCode, started: Instant) {
     let m = &state.metrics;
     let Some(route) = trace.route else {
-        m.requests
-            .get_or_create(&RequestLabels {
-                route: String::new(),
-                class: StatusClass::of(status),
-            })
-            .inc();
+        m.unrouted(status);
         return;
     };
     let counters = &route.counters;
-    counters.requests[StatusClass::index(status)].inc();
+    counters.request(status);
+    counters.duration.observe(started.elapsed().as_secs_f64());
     let Some(decision) = &trace.decision else {
         return;
     };
     if decision.without_backend() {
         m.without_backend.inc();
     }
+    counters.decided(decision);
     for r in &decision.results {
-        let outcome = OutcomeLabel::of(r.outcome, r.fallback);
-        counters.decisions[r.index][outcome.index()].inc();
         if r.outcome == Outcome::ShadowLimited {
             tracing::info!(
                 route = &*route.name,

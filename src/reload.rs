@@ -96,6 +96,7 @@ pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
     match result {
         Ok(next) => {
             log_changes(&current.settings, &next.settings);
+            state.metrics.loaded(&next.settings.source);
             let generation = state.swap(next);
             state.metrics.reloaded(ReloadResult::ok, generation);
             tracing::info!(generation, "config reloaded");

@@ -83,7 +83,7 @@ impl Runtime {
         workers: &Workers,
         metrics: &Metrics,
     ) -> Result<Self, String> {
-        let redis = redis(&settings, previous, workers)?;
+        let redis = redis(&settings, previous, workers, metrics)?;
         let old_upstreams: HashMap<&str, &Arc<Upstream>> = previous
             .map(|p| p.upstreams.iter().map(|u| (&*u.name, u)).collect())
             .unwrap_or_default();
@@ -197,6 +197,7 @@ fn redis(
     settings: &Settings,
     previous: Option<&Runtime>,
     workers: &Workers,
+    metrics: &Metrics,
 ) -> Result<Option<Arc<RedisLimiter>>, String> {
     let Backend::Redis(cfg) = &settings.limiter.backend else {
         return Ok(None);
@@ -207,7 +208,10 @@ fn redis(
     if let Some(kept) = kept {
         return Ok(Some(kept));
     }
-    let limiter = Arc::new(RedisLimiter::for_workers(cfg, workers.count())?);
+    let limiter = Arc::new(
+        RedisLimiter::for_workers(cfg, workers.count())?
+            .with_latency(metrics.redis_check_seconds.clone()),
+    );
     // The workers running now open their connections at once (a worker started later does so
     // as it starts).
     let warm = limiter.clone();

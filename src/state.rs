@@ -32,6 +32,7 @@ pub struct State {
 
 impl State {
     pub fn new(runtime: Runtime, workers: Arc<Workers>, metrics: Metrics) -> Self {
+        metrics.loaded(&runtime.settings.source);
         Self {
             runtime: ArcSwap::from_pointee(runtime),
             clock: Clock::new(),

@@ -21,17 +21,30 @@ pub struct CertFiles {
     pub key: PathBuf,
 }
 
+/// `server_config_and_expiry` without the expiry.
+#[cfg(test)]
+pub fn server_config(certs: &[CertFiles]) -> Result<Arc<rustls::ServerConfig>, String> {
+    server_config_and_expiry(certs).map(|(config, _)| config)
+}
+
 /// Build the server TLS config for one listener: the first entry is the default certificate
 /// (used when the client sends no SNI or an unknown name); every entry is also selected by SNI
 /// for the DNS names (SANs, including wildcards like `*.example.com`) its certificate carries.
 /// When two certificates carry the same name, the earlier entry wins. ALPN: h2, http/1.1.
-pub fn server_config(certs: &[CertFiles]) -> Result<Arc<rustls::ServerConfig>, String> {
+///
+/// Also returns when each entry's leaf certificate expires (its `notAfter`, in seconds since
+/// the Unix epoch), in order, for `/metrics`.
+pub fn server_config_and_expiry(
+    certs: &[CertFiles],
+) -> Result<(Arc<rustls::ServerConfig>, Vec<i64>), String> {
     // An explicit provider: with more than one compiled in (any dependency may enable one),
     // `ServerConfig::builder()` panics unless a process-wide default was installed first.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut resolver: Option<SniResolver> = None;
+    let mut expiry = Vec::with_capacity(certs.len());
     for files in certs {
         let (key, names) = load(files, &provider)?;
+        expiry.push(key.end_entity_cert().map_or(0, not_after));
         resolver
             .get_or_insert_with(|| SniResolver::new(Arc::clone(&key)))
             .add(&key, &names);
@@ -43,7 +56,14 @@ pub fn server_config(certs: &[CertFiles]) -> Result<Arc<rustls::ServerConfig>, S
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), expiry))
+}
+
+/// The certificate's `notAfter`, in seconds since the Unix epoch (0 if it cannot be parsed,
+/// which `load` has ruled out).
+fn not_after(cert: &CertificateDer<'_>) -> i64 {
+    x509_parser::parse_x509_certificate(cert)
+        .map_or(0, |(_, parsed)| parsed.validity().not_after.timestamp())
 }
 
 /// The handshake half of a listener, for the accept loop and tests.

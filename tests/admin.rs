@@ -87,12 +87,10 @@ async fn metrics_count_429s_exactly() {
 
         let r = admin_get(&proxy, "/metrics").await;
         assert_eq!(r.code(), 200);
-        // The Prometheus text format or OpenMetrics, which prometheus-client writes.
-        let kind = r.header("content-type");
-        assert!(
-            kind.starts_with("text/plain; version=0.0.4")
-                || kind.starts_with("application/openmetrics-text; version=1.0.0"),
-            "{kind}"
+        // Without an Accept header asking for OpenMetrics: the Prometheus text format.
+        assert_eq!(
+            r.header("content-type"),
+            "text/plain; version=0.0.4; charset=utf-8"
         );
         let s = r.text();
         let count = |series: &str| {
@@ -106,16 +104,16 @@ async fn metrics_count_429s_exactly() {
         assert_eq!(decision("limited"), (n - burst));
         assert_eq!(decision("admitted"), burst);
         assert_eq!(
-            count(r#"tollgate_requests_total{route="api",class="4xx"}"#),
+            count(r#"tollgate_requests_total{route="api",code="429",class="4xx"}"#),
             (n - burst)
         );
         assert_eq!(
-            count(r#"tollgate_requests_total{route="api",class="2xx"}"#),
+            count(r#"tollgate_requests_total{route="api",code="200",class="2xx"}"#),
             burst
         );
         // The unmatched request has no route and made no decision.
         assert_eq!(
-            count(r#"tollgate_requests_total{route="",class="4xx"}"#),
+            count(r#"tollgate_requests_total{route="",code="404",class="4xx"}"#),
             1
         );
         assert_eq!(count(r#"tollgate_local_buckets{limit="per-ip"}"#), 1);
@@ -125,6 +123,78 @@ async fn metrics_count_429s_exactly() {
             0
         );
         assert!(count("tollgate_open_connections") >= 1);
+    })
+    .await;
+}
+
+/// Prometheus's own Accept header gets OpenMetrics (counters' families without `_total`, the
+/// body ending `# EOF`); any other client the text format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_format_follows_the_accept_header() {
+    bounded(async {
+        let proxy = with_admin(&answering(
+            "      - { name: per-ip, rate: 1/min, burst: 3, key: [ip] }\n",
+        ));
+        assert_eq!(Http::new().get(&proxy.url("/api/x")).await.code(), 200);
+        let url = format!("http://{}/metrics", proxy.admin_addr());
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let r = Http::new().get_with(&url, &[("accept", prometheus)]).await;
+        assert_eq!(
+            r.header("content-type"),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        let om = r.text();
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        assert!(om.contains("# TYPE tollgate_requests counter\n"), "{om}");
+        assert!(om.contains("# TYPE tollgate_build info\n"), "{om}");
+        for accept in ["*/*", "text/plain", "text/plain;version=0.0.4"] {
+            let r = Http::new().get_with(&url, &[("accept", accept)]).await;
+            assert_eq!(
+                r.header("content-type"),
+                "text/plain; version=0.0.4; charset=utf-8",
+                "{accept}"
+            );
+            let text = r.text();
+            assert!(!text.contains("# EOF"), "{text}");
+            assert!(text.contains("# TYPE tollgate_requests_total counter\n"), "{text}");
+            assert!(text.contains("# TYPE tollgate_build_info gauge\n"), "{text}");
+        }
+    })
+    .await;
+}
+
+/// A request two limits would reject counts `limited` once, on the limit that answered (the
+/// first of the route's that rejected); the route's other limits count `rejected_by_other`,
+/// since none took a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_rejected_by_two_limits_counts_limited_once() {
+    bounded(async {
+        let proxy = with_admin(&answering(
+            "      - { name: wide, rate: 1/min, burst: 2, key: [ip] }\n      \
+             - { name: narrow, rate: 1/min, burst: 1, key: [ip] }\n",
+        ));
+        let codes = Http::new().statuses(4, &proxy.url("/api/x"), &[]).await;
+        assert_eq!(codes, [200, 429, 429, 429]);
+        let s = admin_get(&proxy, "/metrics").await.text().to_owned();
+        let decision = |limit: &str, outcome: &str| {
+            let series = format!(
+                r#"tollgate_limit_decisions_total{{route="api",limit="{limit}",outcome="{outcome}"}}"#
+            );
+            sample(&s, &series).unwrap_or_else(|| panic!("no `{series}` in:\n{s}"))
+        };
+        // `narrow` rejected the last three. `wide` alone would have admitted them (it kept its
+        // second token), and took no token either: it counts them `rejected_by_other`.
+        assert_eq!(decision("narrow", "limited"), 3);
+        assert_eq!(decision("narrow", "admitted"), 1);
+        assert_eq!(decision("wide", "limited"), 0);
+        assert_eq!(decision("wide", "rejected_by_other"), 3);
+        assert_eq!(decision("wide", "admitted"), 1);
+        let limited: u64 = ["wide", "narrow"].iter().map(|l| decision(l, "limited")).sum();
+        assert_eq!(
+            Some(limited),
+            sample(&s, r#"tollgate_requests_total{route="api",code="429",class="4xx"}"#),
+            "one `limited` per 429"
+        );
     })
     .await;
 }
@@ -220,6 +290,73 @@ async fn connections_are_spread_evenly_over_the_workers() {
             assert!(std::time::Instant::now() < deadline, "{counts:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    })
+    .await;
+}
+
+/// The config series follow the reloads: a new file changes the hash and the load time, a
+/// broken one sets `last_reload_successful` to 0 and leaves the hash of the config still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_metrics_follow_reloads() {
+    bounded(async {
+        let limits = |burst: u32| {
+            format!("      - {{ name: per-ip, rate: 1/min, burst: {burst}, key: [ip] }}\n")
+        };
+        let yaml = |burst| {
+            config(&format!(
+                "admin:\n  address: 127.0.0.1:0\n{}",
+                answering(&limits(burst))
+            ))
+        };
+        let proxy = TestProxy::start(&yaml(3));
+        // The load time is a float; every other series here is a whole number.
+        let seconds = |s: &str| -> f64 {
+            let name = "tollgate_config_last_reload_success_timestamp_seconds ";
+            s.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no load time in:\n{s}"))
+        };
+        let read = |s: &str, name: &str| -> u64 {
+            sample(s, name).unwrap_or_else(|| panic!("no `{name}` in:\n{s}"))
+        };
+        let scrape = async || admin_get(&proxy, "/metrics").await.text().to_owned();
+        let first = scrape().await;
+        assert_eq!(read(&first, "tollgate_config_last_reload_successful"), 1);
+        let (hash, loaded) = (read(&first, "tollgate_config_hash"), seconds(&first));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(loaded <= now && loaded > now - 60.0, "{loaded} vs {now}");
+
+        std::fs::write(proxy.config_path(), yaml(4)).expect("rewrite the config");
+        proxy.reload();
+        assert!(proxy.wait_for_generation(2, TEST_TIMEOUT).await);
+        let second = scrape().await;
+        assert_ne!(read(&second, "tollgate_config_hash"), hash);
+        assert!(seconds(&second) >= loaded);
+        assert_eq!(read(&second, "tollgate_config_last_reload_successful"), 1);
+
+        std::fs::write(proxy.config_path(), "listeners: [").expect("break the config");
+        proxy.reload();
+        let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+        let third = loop {
+            let s = scrape().await;
+            if read(&s, r#"tollgate_config_reloads_total{result="failed"}"#) >= 1 {
+                break s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the failed reload is counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(read(&third, "tollgate_config_last_reload_successful"), 0);
+        assert_eq!(
+            read(&third, "tollgate_config_hash"),
+            read(&second, "tollgate_config_hash"),
+            "the live config is still the second one"
+        );
     })
     .await;
 }

@@ -249,6 +249,9 @@ pub struct Listener {
 pub struct TlsSettings {
     pub files: Vec<crate::tls::CertFiles>,
     pub config: Arc<rustls::ServerConfig>,
+    /// When each file's leaf certificate expires, in seconds since the Unix epoch (`files`
+    /// order), for `/metrics`.
+    pub not_after: Vec<i64>,
 }
 
 impl PartialEq for TlsSettings {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
-use crate::metrics::RetryReason;
+use crate::metrics::{AttemptResult, RetryReason};
 use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
 use rewrite::rewrite;
@@ -129,7 +129,9 @@ pub async fn send(
             // here: each move of the response on its way out is a copy of it.
             Ok((mut res, mut lease)) => {
                 // Refused whole, its connection dropped: nothing of it reaches the client.
-                framing::check_response(&res, client_side.is_some())?;
+                framing::check_response(&res, client_side.is_some())
+                    .inspect_err(|_| upstream.attempted(target, AttemptResult::unreachable))?;
+                upstream.answered(target, res.status());
                 let failure = upstream.is_failure(res.status());
                 if failure {
                     upstream.failed(target, at);
@@ -156,6 +158,7 @@ pub async fn send(
                 if sent.failure().is_some() {
                     return Err(classify(&failed.error));
                 }
+                upstream.attempted(target, attempt_result(&failed.error));
                 upstream.failed(target, at);
                 match (failed.unsent, replay) {
                     (Some(unsent), _) if left => (RetryReason::unreached, unsent),
@@ -264,6 +267,14 @@ fn given_up(
 }
 
 /// The client's status for a request that got no response head.
+/// How a failed attempt counts in `tollgate_upstream_target_attempts_total`.
+fn attempt_result(e: &SendError) -> AttemptResult {
+    match classify(e) {
+        ProxyError::UpstreamTimeout => AttemptResult::timeout,
+        _ => AttemptResult::unreachable,
+    }
+}
+
 fn classify(e: &SendError) -> ProxyError {
     if let SendError::HeadTimeout = e {
         return ProxyError::UpstreamTimeout;

@@ -16,7 +16,7 @@ use super::check::{self, Checker, Probe};
 use super::health::Health;
 use crate::config::settings::UpstreamSpec;
 use crate::log_gate::LogGate;
-use crate::metrics::{RetryReason, UpstreamHandles};
+use crate::metrics::{AttemptResult, RetryReason, UpstreamHandles};
 use crate::pool::{Connector, InFlight, Pool};
 
 /// A named group of targets with their health, and its own connection pools.
@@ -43,6 +43,8 @@ pub struct Upstream {
     pub(super) retries: u32,
     /// `tollgate_upstream_retries_total` by reason (`RetryReason` order).
     retried: [Counter; 2],
+    /// `tollgate_upstream_target_attempts_total` by target, then by result.
+    attempts: Vec<[crate::sharded::Counter; 4]>,
     /// Keeps the warnings of a dead upstream to one a second.
     pub(super) log_gate: LogGate,
     /// The active health check, stopped with the upstream.
@@ -132,6 +134,7 @@ impl Upstream {
             balancer: Balancer::new(spec.balance, spec.targets.len()),
             retries: if several { spec.retries } else { 0 },
             retried: metrics.retries,
+            attempts: metrics.attempts,
             log_gate: LogGate::new(Duration::from_secs(1)),
             _checker: checker,
         }
@@ -203,5 +206,23 @@ impl Upstream {
 
     pub(super) fn retried(&self, why: RetryReason) {
         self.retried[why as usize].inc();
+    }
+
+    /// Count one attempt on `target`: how it ended.
+    pub(super) fn attempted(&self, target: usize, result: AttemptResult) {
+        if let Some(c) = self.attempts.get(target) {
+            c[result as usize].inc();
+        }
+    }
+
+    /// Count an attempt on `target` that got a response head with `status`: a failure if it
+    /// is one of `failure_statuses`, whatever the number of targets.
+    pub(super) fn answered(&self, target: usize, status: StatusCode) {
+        let result = if self.health.is_failure(status) {
+            AttemptResult::failure_status
+        } else {
+            AttemptResult::response
+        };
+        self.attempted(target, result);
     }
 }

@@ -111,6 +111,8 @@ pub struct RedisLimiter {
     negative: Arc<NegativeCache>,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
+    /// Observes each check that went to Redis, sent until answered or failed.
+    latency: Option<crate::sharded::Histogram>,
 }
 
 impl RedisLimiter {
@@ -156,6 +158,7 @@ impl RedisLimiter {
             negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
+            latency: None,
         })
     }
 
@@ -172,6 +175,14 @@ impl RedisLimiter {
     #[must_use]
     pub fn with_negative_cache(mut self, capacity: usize) -> Self {
         self.negative = Arc::new(NegativeCache::new(capacity));
+        self
+    }
+
+    /// Time each check that goes to Redis in `latency` (never the negative cache's answers nor
+    /// the open breaker's refusals: those asked nothing).
+    #[must_use]
+    pub fn with_latency(mut self, latency: crate::sharded::Histogram) -> Self {
+        self.latency = Some(latency);
         self
     }
 
@@ -238,7 +249,11 @@ impl RedisLimiter {
                 "not asking Redis during the breaker's cooldown",
             )));
         }
-        match self.ask(via, &buckets, sent).await {
+        let asked = self.ask(via, &buckets, sent).await;
+        if let Some(latency) = &self.latency {
+            latency.observe(sent.elapsed().as_secs_f64());
+        }
+        match asked {
             Ok(reply) => {
                 for &i in &breakers {
                     self.breakers[i].success();

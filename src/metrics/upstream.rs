@@ -35,6 +35,34 @@ pub enum RetryReason {
     idempotent,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub upstream: String,
+    pub target: String,
+    pub result: AttemptResult,
+}
+
+/// How one attempt on one target ended.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum AttemptResult {
+    /// A response head came back, and its status is not one of `failure_statuses`.
+    response,
+    /// A response head with one of the upstream's `failure_statuses`.
+    failure_status,
+    /// No connection within `connect_timeout`, or no response head within `timeout`.
+    timeout,
+    /// Refused, reset or broken connection, or a malformed response.
+    unreachable,
+}
+
+const RESULTS: [AttemptResult; 4] = [
+    AttemptResult::response,
+    AttemptResult::failure_status,
+    AttemptResult::timeout,
+    AttemptResult::unreachable,
+];
+
 /// One upstream's metric handles, fetched from the families once per upstream built.
 #[derive(Debug)]
 pub struct UpstreamHandles {
@@ -43,6 +71,8 @@ pub struct UpstreamHandles {
     pub retries: [Counter; 2],
     /// By target, in order.
     pub ejections: Vec<Counter>,
+    /// By target, in order, then by result (`AttemptResult` order).
+    pub attempts: Vec<[sharded::Counter; 4]>,
 }
 
 /// The families of the targets' metrics.
@@ -50,6 +80,7 @@ pub struct UpstreamHandles {
 pub(super) struct Targets {
     retries: Family<RetryLabels, Counter>,
     ejections: Family<TargetLabels, Counter>,
+    attempts: Family<AttemptLabels, sharded::Counter>,
     healthy: Family<TargetLabels, Gauge>,
     in_flight: Family<TargetLabels, Gauge>,
 }
@@ -65,6 +96,11 @@ impl Targets {
             "upstream_ejections",
             "Times a target was taken out of rotation after failing requests in a row",
             self.ejections.clone(),
+        );
+        r.register(
+            "upstream_target_attempts",
+            "Attempts sent to a target (retries included), by how they ended",
+            self.attempts.clone(),
         );
         r.register(
             "upstream_target_healthy",
@@ -106,10 +142,26 @@ impl Targets {
                     .clone()
             })
             .collect();
+        let attempts = spec
+            .targets
+            .iter()
+            .map(|t| {
+                RESULTS.map(|result| {
+                    self.attempts
+                        .get_or_create(&AttemptLabels {
+                            upstream: upstream.clone(),
+                            target: t.to_string(),
+                            result,
+                        })
+                        .clone()
+                })
+            })
+            .collect();
         UpstreamHandles {
             seconds,
             retries,
             ejections,
+            attempts,
         }
     }
 

@@ -180,6 +180,13 @@ fn tls(t: &file::Tls, path: &str, p: &mut Problems) -> Option<TlsSettings> {
         key: c.key.clone().into(),
     });
     let files: Vec<_> = std::iter::once(first).chain(more).collect();
-    let config = p.take(path.to_owned(), crate::tls::server_config(&files))?;
-    Some(TlsSettings { files, config })
+    let (config, not_after) = p.take(
+        path.to_owned(),
+        crate::tls::server_config_and_expiry(&files),
+    )?;
+    Some(TlsSettings {
+        files,
+        config,
+        not_after,
+    })
 }
