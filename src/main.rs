@@ -1,5 +1,6 @@
 //! The `tollgate` binary: parse the command line, start logging, hand over to the library.
 
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 
 /// mimalloc: the request path allocates many small, short-lived buffers (headers, futures),
@@ -102,7 +103,9 @@ fn json_escaped(s: &str) -> String {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
             c => out.push(c),
         }
     }

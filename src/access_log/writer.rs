@@ -245,7 +245,7 @@ impl Output {
         match Self::open(path.clone()) {
             Ok(reopened) => *self = reopened,
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot reopen the access log")
+                tracing::warn!(path = %path.display(), error = %e, "cannot reopen the access log");
             }
         }
     }
