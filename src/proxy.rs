@@ -85,7 +85,8 @@ struct Trace<'a> {
 pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) -> Handled {
     let started = Instant::now();
     let runtime = state.current();
-    let request_id = request_id::resolve(req.headers(), || {
+    let id_header = &runtime.settings.request_id_header;
+    let request_id = request_id::resolve(req.headers(), id_header, || {
         identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies)
     });
     let entry = access_log::enabled()
@@ -96,9 +97,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     let Some(_admitted) = Admission::enter(&state.inflight, runtime.settings.max_inflight) else {
         state.metrics.overloaded.inc();
         let mut response = response::from_error(&ProxyError::Overloaded);
-        response
-            .headers_mut()
-            .insert(request_id::HEADER, request_id);
+        response.headers_mut().insert(id_header.clone(), request_id);
         let access = record(state, &trace, response.status(), entry);
         return Handled {
             response,
@@ -122,7 +121,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
         );
     }
     // Every answer carries the ID, tollgate's own included.
-    res.headers_mut().insert(request_id::HEADER, request_id);
+    res.headers_mut().insert(id_header.clone(), request_id);
     let access = record(state, &trace, res.status(), entry);
     Handled {
         response: res,
@@ -279,7 +278,7 @@ fn downstream<'a>(
         worker: conn.worker,
         route: &route.name,
         retry_idempotent: route.retry_idempotent,
-        request_id,
+        request_id: (&settings.request_id_header, request_id),
     }
 }
 

@@ -10,8 +10,10 @@ use std::cell::RefCell;
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-/// The header the ID is read from, sent upstream in and returned to the client in.
-pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
+/// The header the ID is read from, sent upstream in and returned to the client in, unless
+/// `request_id_header` names another.
+#[cfg(test)]
+const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The longest ID kept from a trusted proxy; a longer one is replaced.
 const MAX_KEPT: usize = 200;
@@ -23,10 +25,15 @@ thread_local! {
     static BLOCK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
-/// The request's ID: the one in `headers` when the peer is a trusted proxy (`trusted` is only
-/// asked when there is one) and it is 1 to 200 visible ASCII characters, else a new one.
-pub fn resolve(headers: &HeaderMap, trusted: impl FnOnce() -> bool) -> HeaderValue {
-    if let Some(sent) = headers.get(&HEADER) {
+/// The request's ID: the one in `headers` under `name` when the peer is a trusted proxy
+/// (`trusted` is only asked when there is one) and it is 1 to 200 visible ASCII characters,
+/// else a new one.
+pub fn resolve(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    trusted: impl FnOnce() -> bool,
+) -> HeaderValue {
+    if let Some(sent) = headers.get(name) {
         let b = sent.as_bytes();
         let visible = !b.is_empty() && b.len() <= MAX_KEPT && b.iter().all(u8::is_ascii_graphic);
         if visible && trusted() {
@@ -82,14 +89,14 @@ mod tests {
     fn a_trusted_peers_id_is_kept_and_anyone_elses_replaced() {
         let mut headers = HeaderMap::new();
         headers.insert(HEADER, HeaderValue::from_static("abc-123"));
-        assert_eq!(resolve(&headers, || true), "abc-123");
-        assert_ne!(resolve(&headers, || false), "abc-123");
+        assert_eq!(resolve(&headers, &HEADER, || true), "abc-123");
+        assert_ne!(resolve(&headers, &HEADER, || false), "abc-123");
         headers.insert(HEADER, HeaderValue::from_static("has space"));
-        assert_ne!(resolve(&headers, || true), "has space");
+        assert_ne!(resolve(&headers, &HEADER, || true), "has space");
         headers.insert(HEADER, HeaderValue::from_str(&"a".repeat(201)).unwrap());
-        assert_eq!(resolve(&headers, || true).len(), 32);
+        assert_eq!(resolve(&headers, &HEADER, || true).len(), 32);
         let mut asked = false;
-        let _ = resolve(&HeaderMap::new(), || {
+        let _ = resolve(&HeaderMap::new(), &HEADER, || {
             asked = true;
             true
         });

@@ -95,6 +95,23 @@ async fn a_trusted_proxys_request_id_is_kept() {
     );
 }
 
+#[tokio::test]
+async fn request_id_header_names_another_header() {
+    let upstream = MockUpstream::start();
+    let yaml = forwarding(&upstream, 5, "request_id_header: X-Correlation-Id\n");
+    let proxy = TestProxy::start(&yaml);
+    let reply = Http::new()
+        .get_with(&proxy.url("/api/a"), &[("x-request-id", "left-alone")])
+        .await;
+    let id = reply.header("x-correlation-id");
+    assert!(is_request_id(id), "{id}");
+    assert!(reply.opt_header("x-request-id").is_none());
+    let seen = upstream.last();
+    assert_eq!(seen.header("x-correlation-id"), id);
+    // Any other header of that name is the client's, passed on as any header is.
+    assert_eq!(seen.header("x-request-id"), "left-alone");
+}
+
 /// Poll `f` until it returns `Some`, for up to `timeout`.
 fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;

@@ -64,8 +64,8 @@ pub struct Downstream<'a> {
     pub route: &'a str,
     /// The route sends idempotent requests that reached a failing target to another one.
     pub retry_idempotent: bool,
-    /// The request's ID (`request_id`), sent upstream.
-    pub request_id: &'a HeaderValue,
+    /// The request-ID header and the request's ID (`request_id`), sent upstream.
+    pub request_id: (&'a http::HeaderName, &'a HeaderValue),
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still

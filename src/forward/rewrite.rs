@@ -84,7 +84,7 @@ pub(super) fn rewrite(
     }
     forwarded_for(headers, down);
     // After the strip: the ID goes upstream whatever `strip_untrusted_headers` names.
-    headers.insert(crate::request_id::HEADER, down.request_id.clone());
+    headers.insert(down.request_id.0.clone(), down.request_id.1.clone());
     // From an untrusted peer these were just removed: no need to look.
     if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         let proto = if down.tls { "https" } else { "http" };
@@ -269,7 +269,7 @@ mod tests {
             worker: 0,
             route: "r",
             retry_idempotent: false,
-            request_id: &peer_value,
+            request_id: (&X_REAL_IP, &peer_value),
         };
         forwarded_for(&mut h, down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
