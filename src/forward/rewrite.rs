@@ -256,6 +256,7 @@ mod tests {
         h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
         let peer = "10.0.0.1".parse().unwrap();
         let peer_value = HeaderValue::from_static("10.0.0.1");
+        let id_header = HeaderName::from_static("x-request-id");
         let down = |peer_trusted| Downstream {
             peer,
             peer_value: &peer_value,
@@ -269,7 +270,7 @@ mod tests {
             worker: 0,
             route: "r",
             retry_idempotent: false,
-            request_id: (&X_REAL_IP, &peer_value),
+            request_id: (&id_header, &peer_value),
         };
         forwarded_for(&mut h, down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
