@@ -89,8 +89,15 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     let request_id = request_id::resolve(req.headers(), id_header, || {
         identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies)
     });
-    let entry = access_log::enabled()
-        .then(|| Entry::begin(&req, conn.peer.ip(), conn.tls, request_id.clone(), started));
+    let mut entry = access_log::enabled().then(|| {
+        Entry::begin(
+            &req,
+            (conn.peer.ip(), &conn.peer_value),
+            conn.tls,
+            request_id.clone(),
+            started,
+        )
+    });
     let version = req.version();
     let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
@@ -98,11 +105,11 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
         state.metrics.overloaded.inc();
         let mut response = response::from_error(&ProxyError::Overloaded);
         response.headers_mut().insert(id_header.clone(), request_id);
-        let access = record(state, &trace, response.status(), entry);
+        record(state, &trace, response.status(), &mut entry);
         return Handled {
             response,
             tunnel: None,
-            access,
+            access: entry,
         };
     };
     let pipeline = pipeline(state, &runtime, conn, req, started, &request_id, &mut trace);
@@ -122,11 +129,11 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     }
     // Every answer carries the ID, tollgate's own included.
     res.headers_mut().insert(id_header.clone(), request_id);
-    let access = record(state, &trace, res.status(), entry);
+    record(state, &trace, res.status(), &mut entry);
     Handled {
         response: res,
         tunnel: trace.tunnel.take(),
-        access,
+        access: entry,
     }
 }
 
@@ -417,20 +424,15 @@ fn respond(r: &Respond) -> Response<Body> {
 }
 
 /// Count the request and its limit decisions, and complete its access-log entry.
-fn record(
-    state: &State,
-    trace: &Trace<'_>,
-    status: StatusCode,
-    entry: Option<Entry>,
-) -> Option<Entry> {
+fn record(state: &State, trace: &Trace<'_>, status: StatusCode, entry: &mut Option<Entry>) {
     count(state, trace, status);
-    let mut entry = entry?;
+    let Some(entry) = entry else { return };
     entry.status = status.as_u16();
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
     entry.body_in = trace.sent.clone();
     let Some(route) = trace.route else {
-        return Some(entry);
+        return;
     };
     entry.route.extend_from_slice(route.name.as_bytes());
     if let (Action::Forward(upstream), Some((target, took))) = (&route.action, trace.upstream) {
@@ -440,7 +442,7 @@ fn record(
         entry.upstream_time = Some(took);
     }
     let Some(decision) = &trace.decision else {
-        return Some(entry);
+        return;
     };
     // The digest the closest limit counted this request under (never the raw identity).
     let closest = decision
@@ -460,7 +462,6 @@ fn record(
     if let Some(limit) = limit {
         entry.limit.extend_from_slice(limit.as_bytes());
     }
-    Some(entry)
 }
 
 /// Count the request and its limit decisions: through the route's cached counters, so no

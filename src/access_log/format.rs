@@ -2,7 +2,6 @@
 //! with. Hand-written rather than through `serde_json` or `format!`: a line is a fixed list of
 //! fields, and the generic machinery costs more than the escaping it would save writing.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use super::{Entry, Format};
@@ -84,9 +83,16 @@ fn push_ms(out: &mut Vec<u8>, d: Duration) {
     push_padded(out, us % 1000, 3);
 }
 
-fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
-    use std::io::Write as _;
-    let _ = write!(out, "{ip}");
+/// The client address: the connection's peer as rendered once per connection, or another
+/// address (from a trusted proxy's header) formatted now.
+fn push_client(out: &mut Vec<u8>, e: &Entry) {
+    match e.client_ip {
+        Some(ip) if ip != e.peer => {
+            use std::io::Write as _;
+            let _ = write!(out, "{ip}");
+        }
+        _ => out.extend_from_slice(e.peer_text.as_bytes()),
+    }
 }
 
 /// The trace and parent span IDs of a valid W3C `traceparent` (`VV-TRACE-SPAN-FF`).
@@ -123,18 +129,25 @@ fn version(v: http::Version) -> (&'static str, &'static str) {
     }
 }
 
-/// Append `entry`'s line, `bytes_out` sent, at `unix_us`, ended by a newline.
+/// When a line is written: the wall-clock time, and how long its request took.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct At {
+    pub(super) unix_us: u64,
+    pub(super) took: Duration,
+}
+
+/// Append `entry`'s line, `bytes_out` sent, ended by a newline.
 pub(super) fn line(
     out: &mut Vec<u8>,
     clock: &mut Clock,
     format: Format,
     entry: &Entry,
     bytes_out: u64,
-    unix_us: u64,
+    at: At,
 ) {
     match format {
-        Format::Text => text(out, clock, entry, bytes_out, unix_us),
-        Format::Json => json(out, clock, entry, bytes_out, unix_us),
+        Format::Text => text(out, clock, entry, bytes_out, at),
+        Format::Json => json(out, clock, entry, bytes_out, at),
     }
     out.push(b'\n');
 }
@@ -145,8 +158,8 @@ fn bytes_in(e: &Entry) -> u64 {
 
 // === text ===
 
-fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us: u64) {
-    clock.push(out, unix_us);
+fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At) {
+    clock.push(out, at.unix_us);
     out.extend_from_slice(b"  INFO tollgate::access: method=");
     text_value(out, e.method.as_str().as_bytes());
     out.extend_from_slice(b" path=");
@@ -169,10 +182,11 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us
     push_int(out, bytes_in(e));
     out.extend_from_slice(b" bytes_out=");
     push_int(out, bytes_out);
+    // Route and limit names, and targets, were validated at load: nothing to quote.
     out.extend_from_slice(b" route=");
-    text_value(out, &e.route);
+    plain_or_dash(out, &e.route);
     out.extend_from_slice(b" limit=");
-    text_value(out, &e.limit);
+    plain_or_dash(out, &e.limit);
     out.extend_from_slice(b" outcome=");
     out.extend_from_slice(e.outcome.as_bytes());
     out.extend_from_slice(b" client=");
@@ -181,16 +195,16 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us
         None => out.push(b'-'),
     }
     out.extend_from_slice(b" client_ip=");
-    push_ip(out, e.client_ip.unwrap_or(e.peer));
+    push_client(out, e);
     out.extend_from_slice(b" upstream=");
-    text_value(out, &e.upstream);
+    plain_or_dash(out, &e.upstream);
     out.extend_from_slice(b" upstream_ms=");
     match e.upstream_time {
         Some(d) => push_ms(out, d),
         None => out.push(b'-'),
     }
     out.extend_from_slice(b" ms=");
-    push_ms(out, e.started.elapsed());
+    push_ms(out, at.took);
     out.extend_from_slice(b" request_id=");
     text_value(out, e.request_id.as_bytes());
     if let Some((trace, span)) = e.traceparent.as_ref().and_then(|t| trace_ids(t.as_bytes())) {
@@ -211,6 +225,36 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us
 
 use http::HeaderValue;
 
+/// Bytes a logfmt value may hold bare: visible ASCII but `"`, `\` and `=`.
+const TEXT_PLAIN: [bool; 256] = plain_table(0x21, b"\"\\=");
+
+/// Bytes a JSON string may hold unescaped (bytes past ASCII are checked apart).
+const JSON_PLAIN: [bool; 256] = plain_table(0x20, b"\"\\");
+
+const fn plain_table(from: u8, except: &[u8]) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut c = from as usize;
+    while c < 0x7f {
+        t[c] = true;
+        c += 1;
+    }
+    let mut i = 0;
+    while i < except.len() {
+        t[except[i] as usize] = false;
+        i += 1;
+    }
+    t
+}
+
+/// `v` as it is, or `-` when empty.
+fn plain_or_dash(out: &mut Vec<u8>, v: &[u8]) {
+    if v.is_empty() {
+        out.push(b'-');
+    } else {
+        out.extend_from_slice(v);
+    }
+}
+
 /// A logfmt value: `-` when empty, bare when it has nothing to quote, else in double quotes
 /// with `"`, `\` and control characters escaped and bytes past ASCII as `\xHH`.
 fn text_value(out: &mut Vec<u8>, v: &[u8]) {
@@ -218,10 +262,7 @@ fn text_value(out: &mut Vec<u8>, v: &[u8]) {
         out.push(b'-');
         return;
     }
-    let plain = v
-        .iter()
-        .all(|&c| c.is_ascii_graphic() && c != b'"' && c != b'\\' && c != b'=');
-    if plain {
+    if v.iter().all(|&c| TEXT_PLAIN[usize::from(c)]) {
         out.extend_from_slice(v);
         return;
     }
@@ -254,9 +295,9 @@ fn push_hex64(out: &mut Vec<u8>, n: u64) {
 
 // === JSON ===
 
-fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us: u64) {
+fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At) {
     out.extend_from_slice(b"{\"timestamp\":\"");
-    clock.push(out, unix_us);
+    clock.push(out, at.unix_us);
     out.extend_from_slice(b"\",\"level\":\"INFO\",\"target\":\"tollgate::access\"");
     json_str(out, b"http.request.id", e.request_id.as_bytes());
     if let Some((trace, span)) = e.traceparent.as_ref().and_then(|t| trace_ids(t.as_bytes())) {
@@ -288,12 +329,9 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us
     push_int(out, bytes_out);
     json_key(out, b"client.address");
     out.push(b'"');
-    push_ip(out, e.client_ip.unwrap_or(e.peer));
+    push_client(out, e);
     out.push(b'"');
-    json_key(out, b"network.peer.address");
-    out.push(b'"');
-    push_ip(out, e.peer);
-    out.push(b'"');
+    json_str(out, b"network.peer.address", e.peer_text.as_bytes());
     if let Some(ua) = &e.user_agent {
         json_str(out, b"user_agent.original", ua.as_bytes());
     }
@@ -318,7 +356,7 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, unix_us
         push_ms(out, d);
     }
     json_key(out, b"duration_ms");
-    push_ms(out, e.started.elapsed());
+    push_ms(out, at.took);
     out.push(b'}');
 }
 
@@ -334,6 +372,11 @@ fn json_key(out: &mut Vec<u8>, key: &[u8]) {
 fn json_str(out: &mut Vec<u8>, key: &[u8], v: &[u8]) {
     json_key(out, key);
     out.push(b'"');
+    if v.iter().all(|&c| JSON_PLAIN[usize::from(c)]) {
+        out.extend_from_slice(v);
+        out.push(b'"');
+        return;
+    }
     let utf8 = v.is_ascii() || std::str::from_utf8(v).is_ok();
     for &c in v {
         match c {

@@ -90,6 +90,8 @@ pub struct Entry {
     pub tls: bool,
     /// The connection's peer (the PROXY header's client when there is one).
     pub peer: IpAddr,
+    /// `peer` as text, rendered once per connection.
+    pub peer_text: HeaderValue,
     /// The client address tollgate resolved; `None` before routing (then `peer` is logged).
     pub client_ip: Option<IpAddr>,
     pub status: u16,
@@ -113,7 +115,7 @@ impl Entry {
     /// The entry of `req` as it arrived, `started` then, with its resolved `request_id`.
     pub fn begin<B>(
         req: &Request<B>,
-        peer: IpAddr,
+        peer: (IpAddr, &HeaderValue),
         tls: bool,
         request_id: HeaderValue,
         started: Instant,
@@ -129,7 +131,8 @@ impl Entry {
             user_agent: headers.get(http::header::USER_AGENT).cloned(),
             version: req.version(),
             tls,
-            peer: peer.to_canonical(),
+            peer: peer.0.to_canonical(),
+            peer_text: peer.1.clone(),
             client_ip: None,
             status: 0,
             route: Name::new(),

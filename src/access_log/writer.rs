@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::format::{self, Clock};
+use super::format::{self, At, Clock};
 use super::{Destination, Entry, Format};
 
 /// A thread's buffer is handed over once it holds this much...
@@ -75,6 +75,33 @@ struct Local {
     /// When the oldest line in `buf` was written (µs since the epoch).
     oldest_us: u64,
     clock: Clock,
+    /// The wall-clock time (µs since the epoch) at an instant, read again once a second: a
+    /// line then reads one clock, the monotonic one its duration needs anyway.
+    wall: Option<(std::time::Instant, u64)>,
+}
+
+impl Local {
+    /// When a line of a request `started` is written, now.
+    fn at(&mut self, started: std::time::Instant) -> At {
+        let now = std::time::Instant::now();
+        let (base, base_us) = match self.wall {
+            Some((base, us)) if now.saturating_duration_since(base) < Duration::from_secs(1) => {
+                (base, us)
+            }
+            _ => {
+                let us = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+                self.wall = Some((now, us));
+                (now, us)
+            }
+        };
+        let since = now.saturating_duration_since(base).as_micros() as u64;
+        At {
+            unix_us: base_us + since,
+            took: now.saturating_duration_since(started),
+        }
+    }
 }
 
 impl Local {
@@ -118,15 +145,13 @@ thread_local! {
         lines: 0,
         oldest_us: 0,
         clock: Clock::default(),
+        wall: None,
     });
 }
 
 /// Format `entry`'s line into this thread's buffer, `bytes_out` sent.
 pub(super) fn write(entry: &Entry, bytes_out: u64) {
     let Some(log) = LOG.get() else { return };
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     // A thread being torn down has no buffer left: the line is lost, as at an abort.
     let _ = LOCAL.try_with(|local| {
         let Ok(mut local) = local.try_borrow_mut() else {
@@ -136,6 +161,8 @@ pub(super) fn write(entry: &Entry, bytes_out: u64) {
         if local.buf.capacity() == 0 {
             local.buf.reserve(CAPACITY);
         }
+        let at = local.at(entry.started.into_std());
+        let now_us = at.unix_us;
         if local.lines == 0 {
             local.oldest_us = now_us;
         }
@@ -145,7 +172,7 @@ pub(super) fn write(entry: &Entry, bytes_out: u64) {
             log.format,
             entry,
             bytes_out,
-            now_us,
+            at,
         );
         local.lines += 1;
         if local.buf.len() >= FLUSH_AT || now_us.saturating_sub(local.oldest_us) >= MAX_AGE_US {
