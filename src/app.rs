@@ -110,6 +110,7 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
     // Signal handlers go in before the first "listening" line, so that nobody who saw it can
     // kill the process with a SIGHUP or SIGTERM meant for it.
     let shutdown = shutdown_signal();
+    reopen_access_log_on_sigusr1();
     let options = Options {
         sighup: true,
         ..Options::default()
@@ -264,6 +265,8 @@ impl Stopping {
             for t in threads {
                 let _ = t.join();
             }
+            // The workers handed their last lines over as they ended.
+            crate::access_log::sync(Duration::from_secs(5));
         })
         .await;
         let _ = self.admin_stop.send(true);
@@ -317,6 +320,11 @@ async fn serve_worker(
         tokio::spawn(async move { redis.warm_up_worker(id).await });
     }
     let mut loops = Vec::new();
+    if crate::access_log::enabled() {
+        loops.push(tokio::spawn(crate::access_log::flush_periodically(
+            stop.clone(),
+        )));
+    }
     for wl in listeners {
         let listener = match TcpListener::from_std(wl.socket) {
             Ok(l) => l,
@@ -377,6 +385,23 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
 /// `tollgate_alloc::collect` hands them back at once (the binary's global allocator is
 /// `tollgate_alloc::Allocator`; under another one this only walks an empty heap).
 const COLLECT_AFTER_FORGETTING: usize = 10_000;
+
+/// Reopen the access-log file on SIGUSR1 (logrotate's `postrotate`), from now on.
+fn reopen_access_log_on_sigusr1() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+            return;
+        };
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                tracing::info!("SIGUSR1: reopening the access log");
+                crate::access_log::reopen();
+            }
+        });
+    }
+}
 
 /// Resolves on SIGTERM or SIGINT; a second one of either, during the delay or the drain, ends
 /// the process at once (exit status 128 + the signal's number, as a shell reports a process

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -74,6 +74,8 @@ struct Progress {
     done: AtomicBool,
     notify: tokio::sync::Notify,
     failure: OnceLock<BodyFailure>,
+    /// Bytes read from the client so far.
+    received: AtomicU64,
 }
 
 impl Sent {
@@ -104,6 +106,13 @@ impl Sent {
     /// Why the body failed, if it did.
     pub fn failure(&self) -> Option<BodyFailure> {
         self.0.as_ref().and_then(|p| p.failure.get().copied())
+    }
+
+    /// Bytes of a streamed body read from the client so far (0 without one).
+    pub fn received(&self) -> u64 {
+        self.0
+            .as_ref()
+            .map_or(0, |p| p.received.load(Ordering::Relaxed))
     }
 }
 
@@ -230,7 +239,13 @@ impl Body for Guarded {
                     .poll_frame(cx)
                     .map_err(|_| BodyError(BodyFailure::Malformed));
             }
-            Kind::Streaming(s) => s.poll(cx),
+            Kind::Streaming(s) => {
+                let polled = s.poll(cx);
+                if let (Some(p), Poll::Ready(Some(Ok(_)))) = (&this.sent.0, &polled) {
+                    p.received.store(s.seen, Ordering::Relaxed);
+                }
+                polled
+            }
         };
         match polled {
             Poll::Ready(Some(Err(why))) => this.fail(why),

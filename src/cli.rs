@@ -46,9 +46,18 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
-    /// Write one access-log line per request (target `tollgate::access`).
-    #[arg(long, global = true, env = "TOLLGATE_ACCESS_LOG", default_value_t = true, action = clap::ArgAction::Set)]
-    pub access_log: bool,
+    /// Where the access log goes: stderr (or true), stdout, a file path, or off (or false).
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_ACCESS_LOG",
+        default_value = "stderr",
+        value_parser = crate::access_log::Destination::parse
+    )]
+    pub access_log: crate::access_log::Destination,
+    /// Access-log format: text or json (default: the --log-format).
+    #[arg(long, global = true, env = "TOLLGATE_ACCESS_LOG_FORMAT")]
+    pub access_log_format: Option<LogFormat>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }

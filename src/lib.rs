@@ -14,13 +14,15 @@
 //!
 //! Modules, from the bottom up (each uses only those above it in this list):
 //! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`,
-//!   `workers`, `screen`, `health`, `log_gate`: leaves. Request-path errors; bodies held in
-//!   memory and temporary files (request buffering, response read-ahead); request bodies with
-//!   their limits; the client address and the identity digest a limit counts under; rustls
-//!   configs; the PROXY header; per-thread counters; socket wrappers; the worker set; request
-//!   screening (`host`: Host and `:authority` validated and canonicalised, `path`: the path
-//!   normalised and the spellings backends read differently refused); the container health
-//!   probe; one log line a second for a failure that repeats.
+//!   `workers`, `screen`, `health`, `log_gate`, `request_id`, `access_log`: leaves.
+//!   Request-path errors; bodies held in memory and temporary files (request buffering,
+//!   response read-ahead); request bodies with their limits; the client address and the
+//!   identity digest a limit counts under; rustls configs; the PROXY header; per-thread
+//!   counters; socket wrappers; the worker set; request screening (`host`: Host and
+//!   `:authority` validated and canonicalised, `path`: the path normalised and the spellings
+//!   backends read differently refused); the container health probe; one log line a second for
+//!   a failure that repeats; the `X-Request-Id` kept or made; the access log (lines formatted
+//!   per worker thread, written by a thread of its own).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
@@ -39,6 +41,7 @@
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
 //! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.
+pub mod access_log;
 pub(crate) mod admin;
 pub mod app;
 pub(crate) mod body;
@@ -57,6 +60,7 @@ pub(crate) mod pool;
 pub mod proxy;
 pub(crate) mod proxy_protocol;
 pub mod reload;
+pub(crate) mod request_id;
 pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod runtime;

@@ -242,6 +242,11 @@ impl Metrics {
             self.overloaded.clone(),
         );
         r.register(
+            "access_log_dropped_lines",
+            "Access-log lines dropped because the writer could not keep up",
+            crate::access_log::dropped_lines(),
+        );
+        r.register(
             "config_reloads",
             "Config reloads by result",
             self.reloads.clone(),

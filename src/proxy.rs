@@ -9,6 +9,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::access_log::{self, Entry};
 use crate::body::{BodyFailure, Guarded, HoldError, Sent};
 use crate::buffer::{self, ReadAhead};
 use crate::config::settings::Respond;
@@ -18,6 +19,7 @@ use crate::identity::{self, RequestView};
 use crate::limiter::{self, Outcome};
 use crate::metrics::{UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::Pooled;
+use crate::request_id;
 use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
@@ -50,12 +52,13 @@ impl ClientConn {
     }
 }
 
-/// A request's answer, and the WebSocket tunnel it opened (for the connection to run once the
-/// response is written).
+/// A request's answer, the WebSocket tunnel it opened (for the connection to run once the
+/// response is written), and its access-log entry (written once the response body is done).
 #[derive(Debug)]
 pub struct Handled {
     pub response: Response<Body>,
     pub tunnel: Option<Tunnel>,
+    pub access: Option<Entry>,
 }
 
 /// What the stages learned about a request, for the access log and metrics.
@@ -68,6 +71,11 @@ struct Trace<'a> {
     body_taken: bool,
     /// The WebSocket tunnel the upstream accepted.
     tunnel: Option<Tunnel>,
+    /// The target that answered, and the time to its response head.
+    upstream: Option<(usize, std::time::Duration)>,
+    /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
+    bytes_in: u64,
+    sent: Sent,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -75,25 +83,35 @@ struct Trace<'a> {
 pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) -> Handled {
     let started = Instant::now();
     let runtime = state.current();
-    // The path is kept only for the access log, and only when it is on.
-    let path = if tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
-        req.uri().path().to_owned()
-    } else {
-        String::new()
-    };
-    let (method, version) = (req.method().clone(), req.version());
+    let id_header = &runtime.settings.request_id_header;
+    let request_id = request_id::resolve(req.headers(), id_header, || {
+        identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies)
+    });
+    let mut entry = access_log::enabled().then(|| {
+        Entry::begin(
+            &req,
+            (conn.peer.ip(), &conn.peer_value),
+            conn.tls,
+            request_id.clone(),
+            started,
+        )
+    });
+    let version = req.version();
     let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
     let Some(_admitted) = Admission::enter(&state.inflight, runtime.settings.max_inflight) else {
         state.metrics.overloaded.inc();
-        let response = response::from_error(&ProxyError::Overloaded);
-        record(state, &trace, &method, &path, response.status(), started);
+        let mut response = response::from_error(&ProxyError::Overloaded);
+        response.headers_mut().insert(id_header.clone(), request_id);
+        record(state, &trace, response.status(), started, &mut entry);
         return Handled {
             response,
             tunnel: None,
+            access: entry,
         };
     };
-    let (mut res, close) = match pipeline(state, &runtime, conn, req, started, &mut trace).await {
+    let pipeline = pipeline(state, &runtime, conn, req, started, &request_id, &mut trace);
+    let (mut res, close) = match pipeline.await {
         Ok(res) => (res, false),
         Err(err) => {
             tracing::debug!(error = %err, "request failed");
@@ -107,10 +125,13 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
             http::HeaderValue::from_static("close"),
         );
     }
-    record(state, &trace, &method, &path, res.status(), started);
+    // Every answer carries the ID, tollgate's own included.
+    res.headers_mut().insert(id_header.clone(), request_id);
+    record(state, &trace, res.status(), started, &mut entry);
     Handled {
         response: res,
         tunnel: trace.tunnel.take(),
+        access: entry,
     }
 }
 
@@ -138,6 +159,7 @@ async fn pipeline<'a>(
     conn: &ClientConn,
     mut req: Request<Incoming>,
     started: Instant,
+    request_id: &http::HeaderValue,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
     screen::screen(&mut req, conn.max_uri_bytes)?;
@@ -197,15 +219,18 @@ async fn pipeline<'a>(
     }
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let down = downstream(conn, settings, route, client_ip);
+            let down = downstream(conn, settings, route, client_ip, request_id);
             let (mut parts, body) = req.into_parts();
             let mut body = Guarded::new(body, route.body, started);
             trace.body_taken = true;
             let buffered = route.buffer_request && !body.is_end_stream();
             if buffered {
-                body = hold(body, &mut parts, &rt.store).await?;
+                let len;
+                (body, len) = hold(body, &mut parts, &rt.store).await?;
+                trace.bytes_in = len;
             }
             let sent = body.sent();
+            trace.sent = sent.clone();
             let head = parts.method == http::Method::HEAD;
             // Boxed: each stage down to hyper's client takes the request by value, and moved
             // whole it would be copied twice per async stage (into the stage's future, then
@@ -218,7 +243,8 @@ async fn pipeline<'a>(
             } else {
                 started
             };
-            let forwarded = forward_timed(state, upstream, req, down, &sent, now).await?;
+            let (forwarded, took) = forward_timed(state, upstream, req, down, &sent, now).await?;
+            trace.upstream = Some((forwarded.target, took));
             trace.tunnel = forwarded.tunnel;
             let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
             body_out(forwarded.response, read_ahead, &rt.store).await?
@@ -241,6 +267,7 @@ fn downstream<'a>(
     settings: &'a crate::config::Settings,
     route: &'a Route,
     client_ip: std::net::IpAddr,
+    request_id: &'a http::HeaderValue,
 ) -> Downstream<'a> {
     let peer = conn.peer.ip().to_canonical();
     Downstream {
@@ -256,6 +283,7 @@ fn downstream<'a>(
         worker: conn.worker,
         route: &route.name,
         retry_idempotent: route.retry_idempotent,
+        request_id: (&settings.request_id_header, request_id),
     }
 }
 
@@ -264,7 +292,7 @@ async fn hold(
     body: Guarded,
     parts: &mut http::request::Parts,
     store: &buffer::Store,
-) -> Result<Guarded, ProxyError> {
+) -> Result<(Guarded, u64), ProxyError> {
     let (held, len) = body.hold(store).await.map_err(|e| match e {
         HoldError::Body(why) => body_error(why),
         HoldError::Store(e) => {
@@ -277,7 +305,7 @@ async fn hold(
     // The body is here already: the upstream has nothing to wait for.
     headers.remove(http::header::EXPECT);
     headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
-    Ok(held)
+    Ok((held, len))
 }
 
 /// The upstream response as the client gets it: read ahead (`buffer::read_ahead`), or
@@ -346,7 +374,7 @@ async fn forward_timed(
     down: Downstream<'_>,
     body: &Sent,
     now: Instant,
-) -> Result<forward::Forwarded, ProxyError> {
+) -> Result<(forward::Forwarded, std::time::Duration), ProxyError> {
     // A request whose own body failed is the client's fault, not the upstream's.
     // Boxed: the exchange's state is large, and every future that held it inline (this one,
     // the pipeline's, the request's) would be copied in full each time one is created and
@@ -357,9 +385,11 @@ async fn forward_timed(
     let result = exchange
         .await
         .map_err(|e| body.failure().map_or(e, body_error));
+    let mut took = std::time::Duration::ZERO;
     let kind = match &result {
         Ok(_) => {
-            upstream.seconds.observe(now.elapsed().as_secs_f64());
+            took = now.elapsed();
+            upstream.seconds.observe(took.as_secs_f64());
             None
         }
         Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
@@ -375,7 +405,7 @@ async fn forward_timed(
         };
         state.metrics.upstream_errors.get_or_create(&labels).inc();
     }
-    result
+    result.map(|forwarded| (forwarded, took))
 }
 
 fn respond(r: &Respond) -> Response<Body> {
@@ -391,53 +421,51 @@ fn respond(r: &Respond) -> Response<Body> {
     res
 }
 
-/// Count the request and its limit decisions, and write its access-log line.
+/// Count the request and its limit decisions, and complete its access-log entry.
 fn record(
     state: &State,
     trace: &Trace<'_>,
-    method: &http::Method,
-    path: &str,
     status: StatusCode,
     started: Instant,
+    entry: &mut Option<Entry>,
 ) {
     count(state, trace, status, started);
-    if !tracing::enabled!(target: "tollgate::access", tracing::Level::INFO) {
+    let Some(entry) = entry else { return };
+    entry.status = status.as_u16();
+    entry.client_ip = trace.client_ip;
+    entry.bytes_in = trace.bytes_in;
+    entry.body_in = trace.sent.clone();
+    let Some(route) = trace.route else {
         return;
-    }
-    let route_name = trace.route.map_or("", |r| &*r.name);
-    let mut outcome = "none";
-    let mut limit_name = "";
-    let mut client = String::new();
-    if let (Some(route), Some(decision)) = (trace.route, &trace.decision) {
-        // The digest the closest limit counted this request under (never the raw identity).
-        let closest = decision
-            .rejected_by()
-            .or_else(|| decision.reported().map(|(r, _)| r));
-        if let Some(id) = closest.and_then(|r| r.client) {
-            id.hex()[..16].clone_into(&mut client);
+    };
+    entry.route.extend_from_slice(route.name.as_bytes());
+    if let (Action::Forward(upstream), Some((target, took))) = (&route.action, trace.upstream) {
+        if let Some(t) = upstream.targets.get(target) {
+            entry.upstream.extend_from_slice(t.as_str().as_bytes());
         }
-        (outcome, limit_name) = match decision.rejected_by() {
-            Some(r) if r.outcome == Outcome::FailedClosed => {
-                ("store-unavailable", &*route.limits[r.index].name)
-            }
-            Some(r) if r.fallback => ("limited-without-store", &*route.limits[r.index].name),
-            Some(r) => ("limited", &*route.limits[r.index].name),
-            None if decision.results.iter().any(|r| r.fallback) => ("admitted-without-store", ""),
-            None => ("admitted", ""),
-        };
+        entry.upstream_time = Some(took);
     }
-    tracing::info!(
-        target: "tollgate::access",
-        method = %method,
-        path,
-        route = route_name,
-        status = status.as_u16(),
-        limit = limit_name,
-        outcome,
-        client,
-        client_ip = %trace.client_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
-        ms = started.elapsed().as_secs_f64() * 1e3,
-    );
+    let Some(decision) = &trace.decision else {
+        return;
+    };
+    // The digest the closest limit counted this request under (never the raw identity).
+    let closest = decision
+        .rejected_by()
+        .or_else(|| decision.reported().map(|(r, _)| r));
+    entry.client = closest.and_then(|r| r.client).map(|id| (id.0 >> 64) as u64);
+    let limit;
+    (entry.outcome, limit) = match decision.rejected_by() {
+        Some(r) if r.outcome == Outcome::FailedClosed => {
+            ("store-unavailable", Some(&route.limits[r.index].name))
+        }
+        Some(r) if r.fallback => ("limited-without-store", Some(&route.limits[r.index].name)),
+        Some(r) => ("limited", Some(&route.limits[r.index].name)),
+        None if decision.results.iter().any(|r| r.fallback) => ("admitted-without-store", None),
+        None => ("admitted", None),
+    };
+    if let Some(limit) = limit {
+        entry.limit.extend_from_slice(limit.as_bytes());
+    }
 }
 
 /// Count the request, its duration and its limit decisions: through the route's cached

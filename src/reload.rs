@@ -88,6 +88,10 @@ pub enum ReloadError {
 /// keep the runtime they started with; limits whose name and rate did not change keep their
 /// buckets.
 pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
+    // The lines of the requests served so far are written before anything changes.
+    state
+        .workers
+        .on_every(|_| async { crate::access_log::flush_local() });
     let current = state.runtime.load_full();
     let result = load(path).map_err(ReloadError::from).and_then(|settings| {
         Runtime::build(settings, Some(&current), &state.workers, &state.metrics)

@@ -110,6 +110,10 @@ fixtures! {
   {f}:8:45: routes[0].limits[1].cost: must be at least 1
   {f}:9:56: routes[0].limits[2].cost: cost 3 is larger than burst 2: no request could ever pass
 ",
+    bad_request_id_header: r"
+{f}: 1 problem
+  {f}:3:20: request_id_header: `x request id` is not a valid header name
+",
     bad_rate: r"
 {f}: 1 problem
   {f}:7:31: routes[0].limits[0].rate: rate `10/fortnight`: unknown unit `fortnight` (s, min, h, day, or a duration such as 10s)

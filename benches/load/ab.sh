@@ -15,6 +15,9 @@ ab OLD NEW         two tollgate binaries, A (OLD) and B (NEW), alternating ROUND
                    load than req/s), then B/A between the medians and round by round.
     ROUNDS [2]  DURATION [5]  WARMUP [1]  CONNECTIONS [64]  THREADS [2]
     TOLLGATE_HEADERS [true]  TOLLGATE_BUFFERING [unset]  KEEP_TMP [0]  (as for compare)
+    ACCESS_LOG_A [false]  ACCESS_LOG_B [false]  each binary's --access-log: false, stderr,
+                   stdout or `file` (a file in the run's temp dir). The same binary twice with
+                   ACCESS_LOG_B=file measures what the access log costs.
 TXT
 }
 
@@ -40,6 +43,8 @@ run_ab() {
 ab_run() {
     # shellcheck disable=SC2034 # start_tollgate's binary
     TOLLGATE=${!1}
+    local access=ACCESS_LOG_$1
+    ACCESS_LOG=${!access:-false}
     tollgate_measures "ab-$1-forwarded" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk forwarded "$1"
     tollgate_measures "ab-$1-rejected" "$LOCAL" "${REJ_TOLLGATE[@]}" measure_wrk rejected "$1"
 }

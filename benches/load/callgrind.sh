@@ -24,6 +24,7 @@ callgrind [tollgate|bare] [fwd|rej|redis]   (defaults: tollgate fwd)
                       the totals hold, the function list is coarser without frame pointers
     HEADERS [true]    whether tollgate sends the rate-limit headers
     LIMITS [on]       `off` for a route without limits (the proxy without a check)
+    ACCESS_LOG [false]  tollgate's --access-log; `file`: a file in the run's temp dir
     EXTRA             further limits of the route as YAML lines, e.g. compare's scenario 3d:
                       EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
 TXT
@@ -32,7 +33,7 @@ TXT
 run_callgrind() {
     [ $# -le 2 ] || usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]"
     local what=${1:-tollgate} mode=${2:-fwd} out=$ROOT/target/callgrind bin limiter name port
-    local pid requests build extra=() limit=("${FWD_TOLLGATE[@]}") args
+    local pid requests build extra=() limit=("${FWD_TOLLGATE[@]}") args access
     DURATION=${DURATION:-10}
     CONNECTIONS=${CONNECTIONS:-8}
     build=(cargo build --release --locked --target-dir "$out/build")
@@ -72,7 +73,9 @@ run_callgrind() {
     [ "${LIMITS:-on}" != off ] || sed -i '/^    limits:/,$d' "$TMP/callgrind.yaml"
     name=$what-$mode
     rm -f "$out/$name.out"*
-    args=(run --config "$TMP/callgrind.yaml" --access-log false --log-level warn)
+    access=${ACCESS_LOG:-false}
+    [ "$access" != file ] || access=$TMP/access.log
+    args=(run --config "$TMP/callgrind.yaml" --access-log "$access" --log-level warn)
     [ "$what" = bare ] && args=("127.0.0.1:$port" "127.0.0.1:$BACKEND_PORT")
     spawn callgrind valgrind --tool=callgrind --instr-atstart=no "${extra[@]}" \
         --callgrind-out-file="$out/$name.out" "$bin" "${args[@]}"

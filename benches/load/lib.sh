@@ -289,13 +289,15 @@ start_nginx() {
 }
 
 # start_tollgate NAME LIMITER RATE BURST KEY: the binary TOLLGATE with tollgate_config, in
-# $TMP/NAME, at --log-level warn without access log. Sets TOLLGATE_PID, TOLLGATE_PORT.
+# $TMP/NAME, at --log-level warn. ACCESS_LOG [false] is its --access-log; `file`
+# means $TMP/NAME/access.log. Sets TOLLGATE_PID, TOLLGATE_PORT.
 start_tollgate() {
-    local dir=$TMP/$1
+    local dir=$TMP/$1 access=${ACCESS_LOG:-false}
     mkdir -p "$dir"
+    [ "$access" != file ] || access=$dir/access.log
     TOLLGATE_PORT=$(free_port)
     tollgate_config "$dir/tollgate.yaml" "$TOLLGATE_PORT" "$2" "$3" "$4" "$5"
-    spawn "$1" "$TOLLGATE" --access-log false --log-level warn run --config "$dir/tollgate.yaml"
+    spawn "$1" "$TOLLGATE" --access-log "$access" --log-level warn run --config "$dir/tollgate.yaml"
     TOLLGATE_PID=$SPAWNED
     wait_port "$TOLLGATE_PORT" "$TOLLGATE_PID" "tollgate ($1)"
 }

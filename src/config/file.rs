@@ -35,6 +35,8 @@ pub struct File {
     pub strip_untrusted_headers: Option<Vec<String>>,
     /// Where and how much request and response bodies are buffered.
     pub buffering: Option<Buffering>,
+    /// The request-ID header (default `x-request-id`).
+    pub request_id_header: Option<String>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "listeners",
     "admin",
     "trusted_proxies",
@@ -23,6 +23,7 @@ const KEYS: [&str; 14] = [
     "underscores_in_headers",
     "strip_untrusted_headers",
     "buffering",
+    "request_id_header",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -77,6 +78,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         underscores_in_headers: r.one("underscores_in_headers"),
         strip_untrusted_headers: r.one("strip_untrusted_headers"),
         buffering: r.one("buffering"),
+        request_id_header: r.one("request_id_header"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,

@@ -47,6 +47,8 @@ pub struct Settings {
     pub strip_untrusted_headers: Vec<http::HeaderName>,
     /// Where and how much bodies are buffered.
     pub buffering: BufferSettings,
+    /// The header a request's ID is read from, sent upstream in and returned in.
+    pub request_id_header: http::HeaderName,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML these settings were compiled from (served redacted on the admin `/config`).

@@ -34,6 +34,8 @@ pub use upstream::Upstream;
 pub struct Forwarded {
     pub response: Response<Pooled>,
     pub tunnel: Option<Tunnel>,
+    /// The target that answered (its index in the upstream's `targets`).
+    pub target: usize,
 }
 
 /// What the rewrite needs to know about the downstream connection.
@@ -62,6 +64,8 @@ pub struct Downstream<'a> {
     pub route: &'a str,
     /// The route sends idempotent requests that reached a failing target to another one.
     pub retry_idempotent: bool,
+    /// The request-ID header and the request's ID (`request_id`), sent upstream.
+    pub request_id: (&'a http::HeaderName, &'a HeaderValue),
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -150,6 +154,7 @@ pub async fn send(
                     return Ok(Forwarded {
                         response: res.map(|body| Pooled::new(body, lease, in_flight)),
                         tunnel,
+                        target,
                     });
                 }
             }

@@ -83,6 +83,8 @@ pub(super) fn rewrite(
         headers.insert(X_REAL_IP, v);
     }
     forwarded_for(headers, down);
+    // After the strip: the ID goes upstream whatever `strip_untrusted_headers` names.
+    headers.insert(down.request_id.0.clone(), down.request_id.1.clone());
     // From an untrusted peer these were just removed: no need to look.
     if !(down.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         let proto = if down.tls { "https" } else { "http" };
@@ -254,6 +256,7 @@ mod tests {
         h.insert(X_FORWARDED_FOR, "6.6.6.6".parse().unwrap());
         let peer = "10.0.0.1".parse().unwrap();
         let peer_value = HeaderValue::from_static("10.0.0.1");
+        let id_header = HeaderName::from_static("x-request-id");
         let down = |peer_trusted| Downstream {
             peer,
             peer_value: &peer_value,
@@ -267,6 +270,7 @@ mod tests {
             worker: 0,
             route: "r",
             retry_idempotent: false,
+            request_id: (&id_header, &peer_value),
         };
         forwarded_for(&mut h, down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");

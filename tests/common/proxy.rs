@@ -17,6 +17,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// The log marker `app::run` writes once per bound listener.
 const LISTENING: &str = "listening address=";
 
+/// The same marker with `--log-format json`, the address in the `address` field after it.
+const LISTENING_JSON: &str = r#""message":"listening""#;
+
 /// The log marker `app::run` writes for the admin listener.
 const ADMIN: &str = "admin endpoints address=";
 
@@ -72,6 +75,12 @@ impl BinaryProxy {
 
     /// `start`, with extra environment variables for the binary (such as `TOLLGATE_WORKERS`).
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with(yaml, &[], env)
+    }
+
+    /// `start`, with extra arguments after `run` (such as `--log-format json`) and environment
+    /// variables.
+    pub fn start_with(yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut file = tempfile::Builder::new()
             .prefix("tollgate-test-")
             .suffix(".yaml")
@@ -83,8 +92,12 @@ impl BinaryProxy {
             .args(["run", "--config"])
             .arg(&*config)
             .args(["--log-level", "info"])
+            .args(args)
             .env_remove("TOLLGATE_CONFIG")
             .env_remove("TOLLGATE_LOG")
+            .env_remove("TOLLGATE_LOG_FORMAT")
+            .env_remove("TOLLGATE_ACCESS_LOG")
+            .env_remove("TOLLGATE_ACCESS_LOG_FORMAT")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -110,7 +123,9 @@ impl BinaryProxy {
             config,
         };
         let bound = proxy.log.wait_until(START_TIMEOUT, |lines| {
-            lines.iter().any(|l| l.contains(LISTENING))
+            lines
+                .iter()
+                .any(|l| l.contains(LISTENING) || l.contains(LISTENING_JSON))
         });
         if !bound {
             let _ = proxy.child.kill();
@@ -221,7 +236,18 @@ impl Drop for BinaryProxy {
 }
 
 fn listening_addrs(lines: &[String]) -> Vec<SocketAddr> {
-    logged_addrs(lines, LISTENING)
+    let mut addrs = logged_addrs(lines, LISTENING);
+    addrs.extend(
+        lines
+            .iter()
+            .filter(|l| l.contains(LISTENING_JSON))
+            .filter_map(|l| {
+                let marker = r#""address":""#;
+                let rest = &l[l.find(marker)? + marker.len()..];
+                rest[..rest.find('"')?].parse::<SocketAddr>().ok()
+            }),
+    );
+    addrs
 }
 
 /// Every address logged right after `marker` (such as `listening address=`), in log order.

@@ -106,6 +106,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
     }
     let buffering = buffering(raw.buffering.as_ref(), &mut p);
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
+    let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
     whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
@@ -131,6 +132,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
         strip_untrusted_headers,
         buffering,
+        request_id_header,
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
@@ -241,6 +243,31 @@ fn strip_untrusted(raw: Option<&[String]>, p: &mut Problems) -> Vec<http::Header
         }
     }
     names
+}
+
+/// The `request_id_header` name (`x-request-id` without the key).
+fn request_id_header(raw: Option<&str>, p: &mut Problems) -> http::HeaderName {
+    let default = http::HeaderName::from_static("x-request-id");
+    let Some(raw) = raw else { return default };
+    match http::HeaderName::from_bytes(raw.as_bytes()) {
+        Ok(name) if !NOT_STRIPPABLE.contains(&name.as_str()) => name,
+        Ok(_) => {
+            p.add(
+                "request_id_header".to_owned(),
+                format!(
+                    "`{raw}` cannot be the request-ID header: tollgate needs it or sets it itself"
+                ),
+            );
+            default
+        }
+        Err(_) => {
+            p.add(
+                "request_id_header".to_owned(),
+                format!("`{raw}` is not a valid header name"),
+            );
+            default
+        }
+    }
 }
 
 /// The `buffering` section: sizes, and a temporary directory that exists.
