@@ -10,6 +10,7 @@ mod env;
 pub(crate) mod file;
 pub(crate) mod locate;
 mod raw;
+pub mod schema;
 pub mod settings;
 pub mod values;
 pub(crate) mod yaml;
