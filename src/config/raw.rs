@@ -97,7 +97,7 @@ impl Reader<'_> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn parse<T: DeserializeOwned>(&mut self, path: String, value: &Value) -> Option<T> {
+    fn parse<T: DeserializeOwned>(&mut self, path: &str, value: &Value) -> Option<T> {
         match super::yaml::typed(value) {
             Ok(v) => Some(v),
             Err((inner, message)) => {
@@ -109,7 +109,7 @@ impl Reader<'_> {
 
     fn one<T: DeserializeOwned>(&mut self, key: &str) -> Option<T> {
         let value = self.get(key)?.clone();
-        self.parse(key.to_owned(), &value)
+        self.parse(key, &value)
     }
 
     /// A list, item by item: a broken item is reported and left out. Also returns where each
@@ -127,7 +127,7 @@ impl Reader<'_> {
         };
         let (mut out, mut positions) = (Vec::new(), Vec::new());
         for (i, item) in items.iter().enumerate() {
-            if let Some(v) = self.parse(format!("{key}[{i}]"), item) {
+            if let Some(v) = self.parse(&format!("{key}[{i}]"), item) {
                 out.push(v);
                 positions.push(i);
             }
@@ -149,7 +149,7 @@ impl Reader<'_> {
         };
         let mut out = std::collections::BTreeMap::new();
         for (name, item) in items {
-            match self.parse(format!("{key}.{name}"), &item) {
+            match self.parse(&format!("{key}.{name}"), &item) {
                 Some(v) => {
                     out.insert(name, v);
                 }
@@ -170,8 +170,8 @@ fn problem(path: String, message: String) -> Problem {
 
 /// A serde error at `inner` inside the item at `path`. An unknown field (`limts`) is marked
 /// `PARENT\0FIELD` so that `parse` finds the key's exact path in the document.
-fn problem_at(path: String, inner: &str, message: String) -> Problem {
-    let mut path = join(&path, inner);
+fn problem_at(path: &str, inner: &str, message: String) -> Problem {
+    let mut path = join(path, inner);
     if let Some(field) = backticked_after(&message, "unknown field ") {
         if let Some(parent) = path.strip_suffix(field).and_then(|p| p.strip_suffix('.')) {
             path = format!("{parent}\u{0}{field}");

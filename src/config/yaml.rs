@@ -215,9 +215,7 @@ fn indentation_hint(text: &str, line: usize, message: &str) -> Option<String> {
         .split_once(": ")
         .is_some_and(|(_, v)| !v.trim().is_empty() && !v.trim_start().starts_with('#'));
     if here > above && has_value && !item {
-        hint.push_str(&format!(
-            " (line {above_line} has a value, so nothing can be nested under it)"
-        ));
+        hint = format!("{hint} (line {above_line} has a value, so nothing can be nested under it)");
     }
     Some(hint)
 }
