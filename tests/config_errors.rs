@@ -190,6 +190,14 @@ fixtures! {
 {f}: 1 problem
   {f}:7:43: routes[0].limits[0].burst: invalid type: string "five", expected u32
 "#,
+    wrong_types: r#"
+{f}: 5 problems
+  {f}:3:15: max_inflight: invalid value: integer `-5`, expected u64
+  {f}:7:43: routes[0].limits[0].burst: invalid type: floating point `2.5`, expected u32
+  {f}:9:29: routes[1].respond.body: invalid type: sequence, expected a string
+  {f}:12:16: routes[2].websocket: invalid type: string "yes", expected a boolean
+  {f}:14:33: routes[3].respond.body: has no value (YAML null): write `""` for empty text, or leave the key out
+"#,
     yaml_syntax: r"
 {f}: 1 problem
   {f}:5:35: unclosed quote

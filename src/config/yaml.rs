@@ -57,7 +57,13 @@ pub fn typed<T: DeserializeOwned>(value: &Value) -> Result<T, (String, String)> 
     });
     result.map_err(|e| {
         let inner = if inner == "." { String::new() } else { inner };
-        let message = serde_wording(message(&e));
+        let message = match serde_wording(message(&e)) {
+            m if m == "null is not allowed here" => {
+                "has no value (YAML null): write `\"\"` for empty text, or leave the key out"
+                    .to_owned()
+            }
+            m => m,
+        };
         let found = at_path(value, &inner);
         let message = found
             .and_then(|v| type_message(&message, v))
