@@ -272,6 +272,58 @@ mod tests {
     }
 
     #[test]
+    fn any_string_survives_the_trip_through_text() {
+        #[derive(serde::Deserialize)]
+        struct Item {
+            s: String,
+            m: std::collections::BTreeMap<String, String>,
+        }
+        for s in [
+            "a: b",
+            "#x",
+            "x #y",
+            "'q'",
+            "\"dq\"",
+            "multi\nline\n",
+            "null",
+            "true",
+            "yes",
+            "~",
+            "",
+            " lead",
+            "trail ",
+            "*alias",
+            "&anchor",
+            "!tag",
+            "%x",
+            "@x",
+            "`x",
+            "- x",
+            "? x",
+            "{a}",
+            "[a]",
+            "0x10",
+            "1e3",
+            "0755",
+            ".inf",
+            "\tTab",
+            "é ☃",
+            "\u{1}\u{7f}",
+            "\\",
+            "a\\nb",
+            "${NOT_EXPANDED}",
+            "---",
+            "...",
+            "<<",
+        ] {
+            let value = serde_json::json!({ "s": s, "m": { s: s } });
+            let item: Item = typed(&value).unwrap_or_else(|e| panic!("{s:?}: {e:?}"));
+            assert_eq!(item.s, s);
+            assert_eq!(item.m.get(s).map(String::as_str), Some(s), "{s:?} as a key");
+        }
+    }
+
+    #[test]
     fn duplicate_keys_are_refused_where_they_are() {
         let p = tree("a: 1\nb: 2\na: 3\n").unwrap_err();
         assert_eq!(p.at, Some((3, 1)));
