@@ -147,6 +147,8 @@ fn broken_configs_do_not() {
             "/routes/0/websocket",
         ),
         ("max_inflight: -1\n", "/max_inflight"),
+        ("limiter: { backend: memcached }\n", "/limiter/backend"),
+        ("client_ip_header: x-real-ip\n", "/client_ip_header"),
         (
             "routes:\n  - name: a\n    max_body: 10 lots\n",
             "/routes/0/max_body",
@@ -171,6 +173,8 @@ fn compound_durations_sizes_and_references_are_accepted() {
     max_header_bytes: 64KiB
 max_inflight: ${MAX_INFLIGHT:-10000}
 shutdown_timeout: ${GRACE}
+limiter: { backend: '${BACKEND:-local}', on_failure: closed }
+client_ip_header: forwarded
 upstreams:
   app: { targets: ['127.0.0.1:8080'], timeout: 1h30m, connect_timeout: 2s }
 routes:

@@ -32,6 +32,7 @@ pub struct File {
     /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
     pub max_inflight: Option<usize>,
     /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
+    #[schemars(extend("x-choices" = ["x-forwarded-for", "forwarded"]))]
     pub client_ip_header: Option<String>,
     /// Pass request headers whose names contain `_` upstream (default: drop them, as nginx).
     pub underscores_in_headers: Option<bool>,
@@ -133,8 +134,10 @@ pub struct Admin {
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limiter {
+    #[schemars(extend("x-choices" = ["local", "redis"]))]
     pub backend: Option<String>,
     pub redis: Option<Redis>,
+    #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
     pub local_fallback: Option<LocalFallback>,
     pub local: Option<Local>,
@@ -197,6 +200,7 @@ pub struct Upstream {
     pub tls: Option<UpstreamTls>,
     pub keepalive: Option<Keepalive>,
     /// `round_robin` (default) or `least_request`.
+    #[schemars(extend("x-choices" = ["round_robin", "least_request"]))]
     pub load_balancing: Option<String>,
     /// Extra attempts on other targets for a request that failed before it could be answered.
     pub retries: Option<u32>,
@@ -328,6 +332,7 @@ pub struct Match {
     pub headers: BTreeMap<String, String>,
     /// `sensitive` (default) or `insensitive`: compare the path without ASCII case, for
     /// backends that do (IIS).
+    #[schemars(extend("x-choices" = ["sensitive", "insensitive"]))]
     pub path_case: Option<String>,
 }
 
@@ -359,5 +364,6 @@ pub struct Limit {
     pub shadow: bool,
     #[serde(default)]
     pub exempt: Vec<String>,
+    #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
 }

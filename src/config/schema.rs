@@ -51,6 +51,19 @@ pub fn text() -> String {
 /// A number or boolean schema also takes a string that is one `${VAR}` reference (`pattern`
 /// applies to strings only, `minimum` to numbers only).
 fn allow_references(schema: &mut Schema) {
+    // A key with a fixed set of words (`x-choices`, set in `file`): offered by editors, and
+    // still open to a reference.
+    if let Some(Value::Array(words)) = schema.remove("x-choices") {
+        let mut any = vec![json!({ "enum": words }), json!({ "pattern": r"\$\{" })];
+        if schema
+            .get("type")
+            .is_some_and(|t| t.to_string().contains("null"))
+        {
+            any.push(json!({ "type": "null" }));
+        }
+        schema.insert("anyOf".into(), Value::Array(any));
+        return;
+    }
     // A size may also be written as a plain number of bytes (`max_body: 1048576`).
     if schema.get("pattern").and_then(Value::as_str) == Some(SIZE) {
         if let Some(Value::Array(types)) = schema.get_mut("type") {
