@@ -187,13 +187,10 @@ fn problem_at(path: &str, inner: &str, message: String) -> Problem {
 }
 
 fn join(parent: &str, child: &str) -> String {
-    match (
-        parent.is_empty() || child.is_empty(),
-        child.starts_with('['),
-    ) {
-        (true, _) => format!("{parent}{child}"),
-        (false, true) => format!("{parent}{child}"),
-        (false, false) => format!("{parent}.{child}"),
+    if parent.is_empty() || child.is_empty() || child.starts_with('[') {
+        format!("{parent}{child}")
+    } else {
+        format!("{parent}.{child}")
     }
 }
 
