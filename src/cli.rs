@@ -103,6 +103,8 @@ pub enum Command {
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff) to stdout, as in `tollgate man > tollgate.1`.
     Man,
+    /// Print the config's JSON Schema to stdout, for editors and CI (docs/configuration.md).
+    Schema,
 }
 
 /// Write the completion script of `shell` to `out`. Made in memory first: clap_complete

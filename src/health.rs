@@ -42,12 +42,12 @@ pub fn check(config: &Path, url: Option<&str>) -> Result<(), String> {
 /// healthy.
 fn admin_address(config: &Path) -> Result<SocketAddr, String> {
     let text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()))?;
-    let root: serde_yaml::Value =
-        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let root: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| format!("{}: {}", config.display(), e.without_snippet()))?;
     let address = root
         .get("admin")
         .and_then(|a| a.get("address"))
-        .and_then(serde_yaml::Value::as_str)
+        .and_then(serde_json::Value::as_str)
         .ok_or_else(|| format!("{}: no `admin.address` to ask", config.display()))?;
     let mut addr: SocketAddr = address.parse().map_err(|_| {
         format!(

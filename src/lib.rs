@@ -24,7 +24,8 @@
 //!   a failure that repeats; the `X-Request-Id` kept or made; the access log (lines formatted
 //!   per worker thread, written by a thread of its own).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
-//! - `config`: the YAML file, validated and compiled into plain `Settings`; nothing live.
+//! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
+//!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
 //! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
 //!   stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
@@ -37,7 +38,7 @@
 //! - `server` (accept and balance, connection, the request-line watch that answers `414`,
 //!   watchdog), `admin` (the admin listener), `reload` (build then swap).
 //! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
-//!   binary's. `cli`: the command line (`run`, `check`, `health`).
+//!   binary's. `cli`: the command line (`run`, `check`, `health`, `schema`).
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
 //! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.

@@ -31,6 +31,10 @@ fn main() -> ExitCode {
             printed(tollgate::cli::completions(shell, &mut std::io::stdout()))
         }
         Command::Man => printed(tollgate::cli::man(&mut std::io::stdout())),
+        Command::Schema => printed(std::io::Write::write_all(
+            &mut std::io::stdout(),
+            tollgate::config::schema::text().as_bytes(),
+        )),
         Command::Health { url } => match tollgate::health::check(&cli.config, url.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -184,8 +184,8 @@ fixtures! {
 ",
     route_action: r"
 {f}: 2 problems
-  {f}:7:9: routes[0]: a route has either `upstream` or `respond`, not both
-  {f}:10:9: routes[1]: a route needs `upstream: NAME` or `respond: {...}`
+  {f}:7:5: routes[0]: a route has either `upstream` or `respond`, not both
+  {f}:10:5: routes[1]: a route needs `upstream: NAME` or `respond: {...}`
 ",
     several_problems: r"
 {f}: 6 problems
@@ -212,10 +212,42 @@ fixtures! {
 {f}: 1 problem
   {f}:7:43: routes[0].limits[0].burst: invalid type: string "five", expected u32
 "#,
+    wrong_types: r#"
+{f}: 5 problems
+  {f}:3:15: max_inflight: invalid value: integer `-5`, expected u64
+  {f}:7:43: routes[0].limits[0].burst: invalid type: floating point `2.5`, expected u32
+  {f}:9:29: routes[1].respond.body: invalid type: sequence, expected a string
+  {f}:12:16: routes[2].websocket: invalid type: string "yes", expected a boolean
+  {f}:14:33: routes[3].respond.body: has no value (YAML null): write `""` for empty text, or leave the key out
+"#,
     yaml_syntax: r"
 {f}: 1 problem
-  {f}:6:1: found unexpected end of stream, while scanning a quoted scalar at line 5 column 35
+  {f}:5:35: unclosed quote
 ",
+    duplicate_key: r"
+{f}: 1 problem
+  {f}:8:1: duplicate mapping key `routes` is not allowed here
+",
+    indent_under_value: r"
+{f}: 1 problem
+  {f}:9:13: mapping values are not allowed in this context
+    hint: check the indentation of line 9: its key is 9 spaces in, the lines above it are 8 (line 8), 4 (line 6) or 0 (line 3); it must line up with the one it belongs with (line 8 has a value, so nothing can be nested under it)
+",
+    indent_key: r"
+{f}: 1 problem
+  {f}:6:4: while parsing a block mapping, did not find expected key
+    hint: check the indentation of line 6: its key is 3 spaces in, the lines above it are 4 (line 5), 2 (line 4) or 0 (line 3); it must line up with the one it belongs with
+",
+    indent_list_item: r"
+{f}: 1 problem
+  {f}:6:4: while parsing a block collection, did not find expected '-' indicator
+    hint: check the indentation of line 6: its `-` is 3 spaces in, the lines above it are 4 (line 5), 2 (line 4) or 0 (line 3); it must line up with the one it belongs with
+",
+    unquoted_colon: r#"
+{f}: 1 problem
+  {f}:6:17: mapping values are not allowed in this context
+    hint: a value containing `: ` must be quoted, as in `body: "note: this"`
+"#,
     zero_timeouts: r"
 {f}: 2 problems
   {f}:6:22: upstreams.app.connect_timeout: must be longer than zero

@@ -440,8 +440,9 @@ async fn an_invalid_edit_keeps_the_old_config_serving_and_is_counted() {
             }
         };
         assert_eq!(failed, Some(2));
-        // The counter goes up just before the error is logged.
-        let at = format!("{}:2:1: ", path.display());
+        // The counter goes up just before the error is logged; the position is the bracket
+        // that is never closed.
+        let at = format!("{}:1:12: unclosed bracket", path.display());
         assert!(
             proxy.wait_for_log(&at, Duration::from_secs(1)),
             "the error names {at}: {:#?}",

@@ -111,7 +111,7 @@ pub fn names_special_file(text: &str) -> bool {
     if !escapes {
         return text.contains("tls") && special(text);
     }
-    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+    match serde_saphyr::from_str::<serde_json::Value>(text) {
         Ok(v) => any_string(&v, &special),
         // Not YAML: `parse` rejects it before reading any file.
         Err(_) => false,
@@ -119,13 +119,12 @@ pub fn names_special_file(text: &str) -> bool {
 }
 
 /// Whether `f` holds for any string (key or value) in `v`.
-fn any_string(v: &serde_yaml::Value, f: &dyn Fn(&str) -> bool) -> bool {
-    use serde_yaml::Value;
+fn any_string(v: &serde_json::Value, f: &dyn Fn(&str) -> bool) -> bool {
+    use serde_json::Value;
     match v {
         Value::String(s) => f(s),
-        Value::Sequence(items) => items.iter().any(|i| any_string(i, f)),
-        Value::Mapping(m) => m.iter().any(|(k, v)| any_string(k, f) || any_string(v, f)),
-        Value::Tagged(t) => any_string(&t.value, f),
+        Value::Array(items) => items.iter().any(|i| any_string(i, f)),
+        Value::Object(m) => m.iter().any(|(k, v)| f(k) || any_string(v, f)),
         Value::Null | Value::Bool(_) | Value::Number(_) => false,
     }
 }

@@ -1,7 +1,7 @@
 //! `${VAR}` in config strings: the environment variable's value, so secrets stay out of the
 //! file (and out of a ConfigMap); `${VAR:-default}` when it may be unset; `$${` for a literal.
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::Problem;
 
@@ -25,8 +25,8 @@ fn walk(
             // A value that is one reference and nothing else takes the type its text reads
             // as (`max_inflight: ${MAX}` is a number), as in docker compose.
             Ok(expanded) if is_one_reference(s) => {
-                *v = match serde_yaml::from_str::<Value>(&expanded) {
-                    Ok(typed @ (Value::Number(_) | Value::Bool(_))) => typed,
+                *v = match super::yaml::scalar(&expanded) {
+                    Some(typed @ (Value::Number(_) | Value::Bool(_))) => typed,
                     _ => Value::String(expanded),
                 };
             }
@@ -37,14 +37,13 @@ fn walk(
                 at: None,
             }),
         },
-        Value::Sequence(items) => {
+        Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
                 walk(item, format!("{path}[{i}]"), lookup, p);
             }
         }
-        Value::Mapping(map) => {
-            for (k, item) in map.iter_mut() {
-                let key = k.as_str().unwrap_or("?");
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
                 let path = if path.is_empty() {
                     key.to_owned()
                 } else {
@@ -53,7 +52,6 @@ fn walk(
                 walk(item, path, lookup, p);
             }
         }
-        Value::Tagged(t) => walk(&mut t.value, path, lookup, p),
         _ => {}
     }
 }
@@ -146,7 +144,7 @@ mod tests {
 
     #[test]
     fn problems_name_the_field() {
-        let mut v: Value = serde_yaml::from_str(
+        let mut v = super::super::yaml::tree(
             "limiter:\n  redis:\n    url: redis://:${NOPE}@h\nroutes:\n  - name: ${PASSWORD}\n",
         )
         .unwrap();
@@ -159,7 +157,7 @@ mod tests {
     #[test]
     fn a_lone_reference_takes_the_type_of_its_value() {
         let lookup = |n: &str| (n == "MAX").then(|| "500".to_owned());
-        let mut v: Value = serde_yaml::from_str(
+        let mut v = super::super::yaml::tree(
             "max_inflight: ${MAX}
 name: x${MAX}
 flag: ${F:-true}

@@ -2,9 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-#[derive(Debug, Deserialize)]
+use super::schema::{DURATION, RATE, SIZE};
+
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct File {
     #[serde(default)]
@@ -21,12 +24,15 @@ pub struct File {
     #[serde(default)]
     pub routes: Vec<Route>,
     /// How long in-flight requests may take to finish on SIGTERM.
+    #[schemars(pattern(DURATION))]
     pub shutdown_timeout: Option<String>,
     /// How long the listeners keep accepting after SIGTERM, readiness already failing.
+    #[schemars(pattern(DURATION))]
     pub shutdown_delay: Option<String>,
     /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
     pub max_inflight: Option<usize>,
     /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
+    #[schemars(extend("x-choices" = ["x-forwarded-for", "forwarded"]))]
     pub client_ip_header: Option<String>,
     /// Pass request headers whose names contain `_` upstream (default: drop them, as nginx).
     pub underscores_in_headers: Option<bool>,
@@ -51,7 +57,7 @@ pub struct Positions {
     pub broken_upstreams: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Listener {
     pub address: String,
@@ -63,10 +69,12 @@ pub struct Listener {
     /// GOAWAY), so long-lived clients re-balance.
     pub max_requests_per_connection: Option<u64>,
     /// Largest request head (request line + headers), as `64KiB`: beyond it 431.
+    #[schemars(pattern(SIZE))]
     pub max_header_bytes: Option<String>,
     /// Most header fields in a request: beyond it 431.
     pub max_headers: Option<usize>,
     /// Longest request target: beyond it 414.
+    #[schemars(pattern(SIZE))]
     pub max_uri_bytes: Option<String>,
     pub http2: Option<Http2>,
     /// Expect a PROXY protocol v1/v2 header from a trusted proxy on every connection.
@@ -74,28 +82,35 @@ pub struct Listener {
     pub proxy_protocol: bool,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerTimeouts {
     /// Until a request head is complete (also the first request of a new connection).
+    #[schemars(pattern(DURATION))]
     pub header_read: Option<String>,
     /// A keep-alive connection with no request in flight is closed after this long.
+    #[schemars(pattern(DURATION))]
     pub idle: Option<String>,
+    #[schemars(pattern(DURATION))]
     pub tls_handshake: Option<String>,
     /// A client that accepts no response bytes for this long is disconnected.
+    #[schemars(pattern(DURATION))]
     pub send: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Http2 {
     pub max_concurrent_streams: Option<u32>,
+    #[schemars(pattern(SIZE))]
     pub stream_window: Option<String>,
+    #[schemars(pattern(SIZE))]
     pub connection_window: Option<String>,
+    #[schemars(pattern(SIZE))]
     pub max_header_list: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Tls {
     pub cert: String,
@@ -105,30 +120,32 @@ pub struct Tls {
     pub certificates: Vec<CertPair>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CertPair {
     pub cert: String,
     pub key: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Admin {
     pub address: String,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limiter {
+    #[schemars(extend("x-choices" = ["local", "redis"]))]
     pub backend: Option<String>,
     pub redis: Option<Redis>,
+    #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
     pub local_fallback: Option<LocalFallback>,
     pub local: Option<Local>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Redis {
     pub url: Option<String>,
@@ -147,7 +164,7 @@ pub struct Redis {
     pub key_prefix: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSentinel {
     /// The master's name in the Sentinels' configuration.
@@ -177,7 +194,7 @@ pub struct LocalFallback {
     pub divide_by: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Local {
     pub max_buckets: Option<usize>,
@@ -185,7 +202,7 @@ pub struct Local {
     pub max_buckets_per_peer: Option<usize>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[allow(clippy::struct_field_names)]
 pub struct RateLimitHeaders {
@@ -208,15 +225,18 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     pub targets: Vec<String>,
+    #[schemars(pattern(DURATION))]
     pub connect_timeout: Option<String>,
+    #[schemars(pattern(DURATION))]
     pub timeout: Option<String>,
     pub tls: Option<UpstreamTls>,
     pub keepalive: Option<Keepalive>,
     /// `round_robin` (default) or `least_request`.
+    #[schemars(extend("x-choices" = ["round_robin", "least_request"]))]
     pub load_balancing: Option<String>,
     /// Extra attempts on other targets for a request that failed before it could be answered.
     pub retries: Option<u32>,
@@ -224,14 +244,16 @@ pub struct Upstream {
 }
 
 /// `upstreams.NAME.health`: when a target is taken out of rotation, and how it comes back.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Health {
     /// Consecutive failures that eject a target (0: passive checks off).
     pub max_fails: Option<u32>,
     /// The first ejection's length; each repeat doubles it.
+    #[schemars(pattern(DURATION))]
     pub fail_timeout: Option<String>,
     /// The longest ejection.
+    #[schemars(pattern(DURATION))]
     pub max_ejection: Option<String>,
     /// Upstream statuses counted as failures.
     #[serde(default)]
@@ -240,11 +262,13 @@ pub struct Health {
 }
 
 /// `upstreams.NAME.health.check`: the active health check.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     pub path: String,
+    #[schemars(pattern(DURATION))]
     pub interval: Option<String>,
+    #[schemars(pattern(DURATION))]
     pub timeout: Option<String>,
     /// Consecutive passes that take a target back.
     pub healthy_threshold: Option<u32>,
@@ -253,23 +277,24 @@ pub struct HealthCheck {
 }
 
 /// `upstreams.NAME.keepalive`: the pool of idle connections to each target.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Keepalive {
     /// Idle connections kept per target, the whole proxy together (0: none are reused).
     pub max_idle: Option<usize>,
     /// How long a connection may sit idle before it is closed.
+    #[schemars(pattern(DURATION))]
     pub idle_timeout: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTls {
     /// PEM file of the CA(s) to trust instead of the system's.
     pub ca: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
     pub name: String,
@@ -282,6 +307,7 @@ pub struct Route {
     pub timeouts: Option<RouteTimeouts>,
     /// Largest request body, as `10MiB`: beyond it 413 (before reading when Content-Length
     /// says so).
+    #[schemars(pattern(SIZE))]
     pub max_body: Option<String>,
     /// Proxy WebSocket upgrades on this route (off: `Upgrade` is stripped like any hop header).
     #[serde(default)]
@@ -293,7 +319,7 @@ pub struct Route {
     pub retry_idempotent: bool,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteBuffering {
     pub request: Option<bool>,
@@ -301,31 +327,37 @@ pub struct RouteBuffering {
 }
 
 /// The proxy-wide `buffering` section.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Buffering {
     /// Directory of the temporary files bodies spill to.
     pub temp_dir: Option<String>,
     /// Bytes of one body kept in memory before the rest spills to a file.
+    #[schemars(pattern(SIZE))]
     pub memory_per_body: Option<String>,
     /// Bytes of all buffered bodies in memory together.
+    #[schemars(pattern(SIZE))]
     pub max_memory: Option<String>,
     /// Unread bytes one response may hold in its file.
+    #[schemars(pattern(SIZE))]
     pub max_response_file: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteTimeouts {
     /// Longest wait for the next piece of the request body: beyond it 408.
+    #[schemars(pattern(DURATION))]
     pub body_idle: Option<String>,
     /// Whole request, body included; `0s` turns it off (for long uploads and streams).
+    #[schemars(pattern(DURATION))]
     pub request: Option<String>,
     /// An open WebSocket tunnel with no byte either way for this long is closed.
+    #[schemars(pattern(DURATION))]
     pub websocket_idle: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Match {
     pub host: Option<String>,
@@ -336,10 +368,11 @@ pub struct Match {
     pub headers: BTreeMap<String, String>,
     /// `sensitive` (default) or `insensitive`: compare the path without ASCII case, for
     /// backends that do (IIS).
+    #[schemars(extend("x-choices" = ["sensitive", "insensitive"]))]
     pub path_case: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Respond {
     #[serde(default = "ok")]
@@ -354,10 +387,11 @@ fn ok() -> u16 {
     200
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
+    #[schemars(pattern(RATE))]
     pub rate: String,
     pub burst: Option<u32>,
     pub key: Vec<String>,
@@ -366,5 +400,6 @@ pub struct Limit {
     pub shadow: bool,
     #[serde(default)]
     pub exempt: Vec<String>,
+    #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
 }

@@ -1,20 +1,21 @@
 //! Field path -> line and column, so that validation errors point into the file.
 //!
-//! serde_yaml reports where it failed to *parse*, but the checks that run after parsing (a bad
-//! rate, an unknown upstream) only know the field path. This walks the YAML event stream once,
-//! with marks, and records where each path (`routes[1].limits[0].rate`) starts.
+//! The parser reports where it failed to *parse*, but the checks that run after parsing (a bad
+//! rate, an unknown upstream) only know the field path. This walks the YAML event stream of
+//! serde-saphyr's own parser (`granit_parser`) once, with spans, and records where each path
+//! (`routes[1].limits[0].rate`) starts: the events give every key's position, which serde's
+//! `Spanned` values give only for the fields a type declares.
 
 use std::collections::HashMap;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
-use yaml_rust2::scanner::Marker;
+use serde_saphyr::granit_parser::{Event, Marker, Parser, Span, SpannedEventReceiver};
 
 /// Where each field path of a document starts (1-based line and column).
 #[derive(Debug, Default)]
 pub struct Locations(HashMap<String, (usize, usize)>);
 
 impl Locations {
-    /// Index `text`; a document that does not parse yields no locations (serde_yaml reports
+    /// Index `text`; a document that does not parse yields no locations (`yaml::tree` reports
     /// that error with its own position).
     pub fn index(text: &str) -> Self {
         let mut walker = Walker::default();
@@ -91,8 +92,9 @@ fn join(parent: &str, key: &str) -> String {
     }
 }
 
-impl MarkedEventReceiver for Walker {
-    fn on_event(&mut self, ev: Event, mark: Marker) {
+impl<'input> SpannedEventReceiver<'input> for Walker {
+    fn on_event(&mut self, ev: Event<'input>, span: Span) {
+        let mark = span.start;
         let at = (mark.line(), mark.col() + 1);
         match ev {
             Event::Scalar(ref value, ..) => {

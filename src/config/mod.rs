@@ -1,16 +1,19 @@
 //! The configuration: load a YAML file, validate it completely, and compile it to `Settings`.
 //!
-//! `file` mirrors the YAML, `compile` turns it into plain `settings` (no live objects: those
-//! are `runtime`'s), `locate` maps field paths back to lines so every error points into the
-//! file. Nothing here imports a module above `config`.
+//! `yaml` is the parser (serde-saphyr), `file` mirrors the YAML (and is the source of the JSON
+//! Schema, `schema`), `compile` turns it into plain `settings` (no live objects: those are
+//! `runtime`'s), `locate` maps field paths back to lines so every error points into the file.
+//! Nothing here imports a module above `config`.
 
 pub(crate) mod compile;
 mod env;
 pub(crate) mod file;
 pub(crate) mod locate;
 mod raw;
+pub mod schema;
 pub mod settings;
 pub mod values;
+pub(crate) mod yaml;
 
 use std::fmt;
 use std::path::Path;
@@ -102,18 +105,18 @@ pub fn inputs_digest(text: &str) -> [u8; 32] {
 
 /// The files a config names: listener certificates and keys, upstream CA bundles.
 pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
-    let Ok(root) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+    let Ok(root) = yaml::tree(text) else {
         return Vec::new();
     };
     let mut files = Vec::new();
-    let mut take = |v: Option<&serde_yaml::Value>| {
-        if let Some(p) = v.and_then(serde_yaml::Value::as_str) {
+    let mut take = |v: Option<&serde_json::Value>| {
+        if let Some(p) = v.and_then(serde_json::Value::as_str) {
             files.push(std::path::PathBuf::from(p));
         }
     };
     for listener in root
         .get("listeners")
-        .and_then(|l| l.as_sequence())
+        .and_then(|l| l.as_array())
         .into_iter()
         .flatten()
     {
@@ -124,7 +127,7 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
         take(tls.get("key"));
         for pair in tls
             .get("certificates")
-            .and_then(|c| c.as_sequence())
+            .and_then(|c| c.as_array())
             .into_iter()
             .flatten()
         {
@@ -134,7 +137,7 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
     }
     for (_, upstream) in root
         .get("upstreams")
-        .and_then(|u| u.as_mapping())
+        .and_then(|u| u.as_object())
         .into_iter()
         .flatten()
     {

@@ -2,7 +2,7 @@
 //! route does not hide the problems of the others (and of the rest of the file).
 
 use serde::de::DeserializeOwned;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 
 use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
@@ -27,16 +27,16 @@ const KEYS: [&str; 15] = [
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
-/// (nothing after it can be trusted) and is reported with serde_yaml's own position.
+/// (nothing after it can be trusted) and is reported with the parser's own position.
 pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
-    let mut root: Value = match serde_yaml::from_str(text) {
+    let mut root = match super::yaml::tree(text) {
         Ok(v) => v,
-        Err(e) => return (None, vec![problem_at(String::new(), &e)]),
+        Err(p) => return (None, vec![p]),
     };
     let mut problems = super::env::substitute(&mut root, &|name| std::env::var(name).ok());
     let map = match root {
-        Value::Mapping(m) => m,
-        Value::Null => Mapping::new(),
+        Value::Object(m) => m,
+        Value::Null => Map::new(),
         _ => {
             problems.push(problem(
                 String::new(),
@@ -45,9 +45,8 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
             return (None, problems);
         }
     };
-    for key in map.keys() {
-        let name = key.as_str().unwrap_or("?");
-        if !KEYS.contains(&name) {
+    for name in map.keys() {
+        if !KEYS.contains(&name.as_str()) {
             problems.push(problem(
                 name.to_owned(),
                 format!("unknown key `{name}`, expected one of: {}", KEYS.join(", ")),
@@ -89,7 +88,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
 }
 
 struct Reader<'a> {
-    map: &'a Mapping,
+    map: &'a Map<String, Value>,
     problems: Vec<Problem>,
     /// Names of mapping items that did not parse (already reported).
     broken: Vec<String>,
@@ -100,17 +99,11 @@ impl Reader<'_> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn parse<T: DeserializeOwned>(&mut self, path: String, value: &Value) -> Option<T> {
-        // Through text, not `from_value`: the text deserializer reads `timeout: 30` into a
-        // String as the whole-file parse does (so validation can say what is wrong with it),
-        // and its errors carry the path inside the item.
-        let text = serde_yaml::to_string(value).unwrap_or_default();
-        match serde_yaml::from_str(&text) {
+    fn parse<T: DeserializeOwned>(&mut self, path: &str, value: &Value) -> Option<T> {
+        match super::yaml::typed(value) {
             Ok(v) => Some(v),
-            Err(e) => {
-                let mut p = problem_at(path, &e);
-                p.at = None; // a position in the re-serialized text: located by path instead
-                self.problems.push(p);
+            Err((inner, message)) => {
+                self.problems.push(problem_at(path, &inner, message));
                 None
             }
         }
@@ -118,7 +111,7 @@ impl Reader<'_> {
 
     fn one<T: DeserializeOwned>(&mut self, key: &str) -> Option<T> {
         let value = self.get(key)?.clone();
-        self.parse(key.to_owned(), &value)
+        self.parse(key, &value)
     }
 
     /// A list, item by item: a broken item is reported and left out. Also returns where each
@@ -127,7 +120,7 @@ impl Reader<'_> {
         let Some(value) = self.get(key).cloned() else {
             return (Vec::new(), Vec::new());
         };
-        let Value::Sequence(items) = value else {
+        let Value::Array(items) = value else {
             self.problems.push(problem(
                 key.to_owned(),
                 "must be a list (`- ...` items)".into(),
@@ -136,7 +129,7 @@ impl Reader<'_> {
         };
         let (mut out, mut positions) = (Vec::new(), Vec::new());
         for (i, item) in items.iter().enumerate() {
-            if let Some(v) = self.parse(format!("{key}[{i}]"), item) {
+            if let Some(v) = self.parse(&format!("{key}[{i}]"), item) {
                 out.push(v);
                 positions.push(i);
             }
@@ -149,7 +142,7 @@ impl Reader<'_> {
         let Some(value) = self.get(key).cloned() else {
             return std::collections::BTreeMap::new();
         };
-        let Value::Mapping(items) = value else {
+        let Value::Object(items) = value else {
             self.problems.push(problem(
                 key.to_owned(),
                 "must be a mapping of names (`name: {...}`)".into(),
@@ -157,11 +150,8 @@ impl Reader<'_> {
             return std::collections::BTreeMap::new();
         };
         let mut out = std::collections::BTreeMap::new();
-        for (name, item) in &items {
-            let name = name
-                .as_str()
-                .map_or_else(|| format!("{name:?}"), str::to_owned);
-            match self.parse(format!("{key}.{name}"), item) {
+        for (name, item) in items {
+            match self.parse(&format!("{key}.{name}"), &item) {
                 Some(v) => {
                     out.insert(name, v);
                 }
@@ -180,36 +170,29 @@ fn problem(path: String, message: String) -> Problem {
     }
 }
 
-/// A serde error inside the item at `path`: point at the offending field when serde names it
-/// (`unknown field `limts``, `missing field `rate``), else at the item.
-fn problem_at(path: String, e: &serde_yaml::Error) -> Problem {
-    let message = strip_location(&e.to_string());
-    let mut path = path;
-    // serde_yaml prefixes nested errors with their path inside the value: `limits[0]: ...`.
-    let mut message_body = message.as_str();
-    if let Some((inner, rest)) = message.split_once(": ") {
-        if !inner.contains(' ') && !inner.is_empty() {
-            path = join(&path, inner);
-            message_body = rest;
+/// A serde error at `inner` inside the item at `path`. An unknown field (`limts`) is marked
+/// `PARENT\0FIELD` so that `parse` finds the key's exact path in the document.
+fn problem_at(path: &str, inner: &str, message: String) -> Problem {
+    let mut path = join(path, inner);
+    if let Some(field) = backticked_after(&message, "unknown field ") {
+        if let Some(parent) = path.strip_suffix(field).and_then(|p| p.strip_suffix('.')) {
+            path = format!("{parent}\u{0}{field}");
+        } else {
+            path = format!("{path}\u{0}{field}");
         }
-    }
-    if let Some(field) = backticked_after(message_body, "unknown field ") {
-        // The field may sit deeper than the item (`routes[1].limits[0].brust`): mark it so
-        // `parse` can find its exact path in the document.
-        path = format!("{path}\u{0}{field}");
     }
     Problem {
         path,
-        message: message_body.to_owned(),
-        at: e.location().map(|l| (l.line(), l.column())),
+        message,
+        at: None,
     }
 }
 
 fn join(parent: &str, child: &str) -> String {
-    match (parent.is_empty(), child.starts_with('[')) {
-        (true, _) => child.to_owned(),
-        (false, true) => format!("{parent}{child}"),
-        (false, false) => format!("{parent}.{child}"),
+    if parent.is_empty() || child.is_empty() || child.starts_with('[') {
+        format!("{parent}{child}")
+    } else {
+        format!("{parent}.{child}")
     }
 }
 
@@ -218,32 +201,9 @@ fn backticked_after<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     rest.split_once('`').map(|(f, _)| f)
 }
 
-/// serde_yaml appends " at line L column C" to messages; the location is printed in front.
-fn strip_location(msg: &str) -> String {
-    let Some(i) = msg.find(" at line ") else {
-        return msg.to_owned();
-    };
-    let tail = &msg[i + " at line ".len()..];
-    // Skip "L column C" and keep whatever follows (", while scanning ...").
-    let end = tail
-        .find(|c: char| !(c.is_ascii_digit() || c == ' ' || "column".contains(c)))
-        .unwrap_or(tail.len());
-    format!("{}{}", &msg[..i], &tail[end..])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strips_serde_locations() {
-        assert_eq!(
-            strip_location("bad at line 6 column 1, while scanning"),
-            "bad, while scanning"
-        );
-        assert_eq!(strip_location("bad at line 6 column 12"), "bad");
-        assert_eq!(strip_location("fine"), "fine");
-    }
 
     #[test]
     fn one_broken_route_does_not_hide_another() {
