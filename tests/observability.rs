@@ -219,9 +219,9 @@ fn shipped_expressions() -> Vec<(String, String)> {
     }
     let text = std::fs::read_to_string(root.join("deploy/prometheus/tollgate-rules.yaml"))
         .expect("the rules");
-    let rules: serde_yaml::Value = serde_yaml::from_str(&text).expect("rules YAML");
-    for group in rules["groups"].as_sequence().expect("groups") {
-        for rule in group["rules"].as_sequence().expect("rules") {
+    let rules: serde_json::Value = serde_saphyr::from_str(&text).expect("rules YAML");
+    for group in rules["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
             let name = rule["alert"].as_str().or(rule["record"].as_str());
             let expr = rule["expr"].as_str().expect("a rule's expr");
             out.push((format!("rule {name:?}"), expr.to_owned()));

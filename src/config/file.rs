@@ -177,7 +177,7 @@ pub struct RedisSentinel {
     pub password: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisTls {
     /// PEM file of the certificates to trust instead of the system roots.
@@ -188,7 +188,7 @@ pub struct RedisTls {
     pub key: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LocalFallback {
     pub divide_by: Option<u32>,
