@@ -29,37 +29,71 @@ pub struct Cli {
         default_value = "config/tollgate.yaml"
     )]
     pub config: PathBuf,
-    /// Log level or filter (error, warn, info, debug, trace, or a tracing filter).
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_LOG",
-        default_value = "info",
-        value_parser = log_filter
-    )]
-    pub log_level: String,
-    /// Log format: text or json (one JSON object per line).
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_LOG_FORMAT",
-        default_value = "text"
-    )]
-    pub log_format: LogFormat,
-    /// Where the access log goes: stderr (or true), stdout, a file path, or off (or false).
-    #[arg(
-        long,
-        global = true,
-        env = "TOLLGATE_ACCESS_LOG",
-        default_value = "stderr",
-        value_parser = crate::access_log::Destination::parse
-    )]
-    pub access_log: crate::access_log::Destination,
-    /// Access-log format: text or json (default: the --log-format).
-    #[arg(long, global = true, env = "TOLLGATE_ACCESS_LOG_FORMAT")]
-    pub access_log_format: Option<LogFormat>,
+    /// Options of `run`, also accepted before it (or with no command, `run` being the default).
+    #[command(flatten)]
+    pub run: RunArgs,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// What only `run` reads: logging and the access log. Not global, so `check --help` and
+/// `health --help` list only what those commands use. Unset values fall back to the ones given
+/// before the command, then to the defaults (`RunArgs::resolve`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    /// Log level or filter (error, warn, info, debug, trace, or a tracing filter) [default: info].
+    #[arg(long, env = "TOLLGATE_LOG", value_parser = log_filter)]
+    pub log_level: Option<String>,
+    /// Log format: text or json (one JSON object per line) [default: text].
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Where the access log goes: stderr (or true), stdout, a file path, or off (or false)
+    /// [default: stderr].
+    #[arg(long, env = "TOLLGATE_ACCESS_LOG", value_parser = crate::access_log::Destination::parse)]
+    pub access_log: Option<crate::access_log::Destination>,
+    /// Access-log format: text or json [default: the --log-format].
+    #[arg(long, env = "TOLLGATE_ACCESS_LOG_FORMAT")]
+    pub access_log_format: Option<LogFormat>,
+}
+
+/// `RunArgs` with every value decided.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub access_log: crate::access_log::Destination,
+    pub access_log_format: LogFormat,
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Self::Run(RunArgs::default())
+    }
+}
+
+impl RunArgs {
+    /// These values, else those of `outer` (given before the command), else the defaults.
+    pub fn resolve(self, outer: Self) -> RunOptions {
+        let log_format = self
+            .log_format
+            .or(outer.log_format)
+            .unwrap_or(LogFormat::Text);
+        RunOptions {
+            log_level: self
+                .log_level
+                .or(outer.log_level)
+                .unwrap_or_else(|| "info".to_owned()),
+            log_format,
+            access_log: self
+                .access_log
+                .or(outer.access_log)
+                .unwrap_or(crate::access_log::Destination::Stderr),
+            access_log_format: self
+                .access_log_format
+                .or(outer.access_log_format)
+                .unwrap_or(log_format),
+        }
+    }
 }
 
 /// A log level or tracing filter, checked: a typo is an error, not a filter that silently
@@ -89,7 +123,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the proxy (the default).
-    Run,
+    Run(RunArgs),
     /// Validate the config, print a summary, and exit non-zero on any error.
     Check,
     /// Ask the admin listener of the config's proxy for /healthz: exit 0 when healthy. For

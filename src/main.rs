@@ -1,6 +1,5 @@
 //! The `tollgate` binary: parse the command line, start logging, hand over to the library.
 
-use std::fmt::Write as _;
 use std::io::IsTerminal;
 
 /// mimalloc: the request path allocates many small, short-lived buffers (headers, futures),
@@ -10,12 +9,18 @@ static GLOBAL: tollgate_alloc::Allocator = tollgate_alloc::Allocator;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command, LogFormat};
+use tollgate::cli::{Cli, Command, LogFormat, RunArgs, RunOptions};
 
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
-    init_logging(&cli);
-    match cli.command.take().unwrap_or(Command::Run) {
+    let command = cli.command.take().unwrap_or_default();
+    let opts = match &command {
+        Command::Run(args) => args.clone(),
+        _ => RunArgs::default(),
+    }
+    .resolve(std::mem::take(&mut cli.run));
+    init_logging(&opts);
+    match command {
         Command::Check => match tollgate::config::load(&cli.config) {
             Ok(snapshot) => {
                 print!("{}", tollgate::cli::summary(&snapshot));
@@ -42,17 +47,17 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run => {
-            let format = match cli.access_log_format.unwrap_or(cli.log_format) {
+        Command::Run(_) => {
+            let format = match opts.access_log_format {
                 LogFormat::Text => tollgate::access_log::Format::Text,
                 LogFormat::Json => tollgate::access_log::Format::Json,
             };
-            if let Err(e) = tollgate::access_log::install(&cli.access_log, format) {
-                let at = match &cli.access_log {
+            if let Err(e) = tollgate::access_log::install(&opts.access_log, format) {
+                let at = match &opts.access_log {
                     tollgate::access_log::Destination::File(path) => format!(" {}", path.display()),
                     _ => String::new(),
                 };
-                return failed(&cli, &format!("cannot open the access log{at}: {e}"));
+                return failed(&opts, &format!("cannot open the access log{at}: {e}"));
             }
             // The control runtime (signals, reload, admin, Redis); requests are served by
             // the worker threads `app::run` starts.
@@ -61,11 +66,11 @@ fn main() -> ExitCode {
                 .build()
             {
                 Ok(rt) => rt,
-                Err(e) => return failed(&cli, &format!("cannot start the runtime: {e}")),
+                Err(e) => return failed(&opts, &format!("cannot start the runtime: {e}")),
             };
             match runtime.block_on(tollgate::app::run(&cli.config)) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => failed(&cli, &e.to_string()),
+                Err(e) => failed(&opts, &e.to_string()),
             }
         }
     }
@@ -84,46 +89,29 @@ fn printed(result: std::io::Result<()>) -> ExitCode {
 }
 
 /// A failure of `run`: one line on stderr, a JSON object with `--log-format json`.
-fn failed(cli: &Cli, message: &str) -> ExitCode {
-    match cli.log_format {
+fn failed(opts: &RunOptions, message: &str) -> ExitCode {
+    match opts.log_format {
         LogFormat::Text => eprintln!("tollgate: {message}"),
         LogFormat::Json if tracing::enabled!(tracing::Level::ERROR) => {
             tracing::error!("{message}");
         }
         // Logging is off, yet the reason the process ends is said, as an object too.
         LogFormat::Json => eprintln!(
-            r#"{{"level":"ERROR","target":"tollgate","message":"{}"}}"#,
-            json_escaped(message)
+            "{}",
+            serde_json::json!({"level": "ERROR", "target": "tollgate", "message": message})
         ),
     }
     ExitCode::FAILURE
 }
 
-/// `s` as the inside of a JSON string.
-fn json_escaped(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-fn init_logging(cli: &Cli) {
+fn init_logging(opts: &RunOptions) {
     // Checked when the command line was parsed (`cli::log_filter`).
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+    let filter = tracing_subscriber::EnvFilter::try_new(&opts.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match cli.log_format {
+    match opts.log_format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
         // The event's fields beside timestamp, level, target and message, not under `fields`.
         LogFormat::Json => builder

@@ -213,3 +213,29 @@ fn completions_and_the_man_page_are_generated() {
         "{page}"
     );
 }
+
+#[test]
+fn check_and_health_list_and_accept_only_their_own_flags() {
+    for command in ["check", "health"] {
+        let out = run_cli(&[command, "--help"]);
+        assert!(out.status.success());
+        let help = stdout(&out);
+        assert!(help.contains("--config"), "{command}: {help}");
+        for run_only in ["--log-level", "--log-format", "--access-log"] {
+            assert!(
+                !help.contains(run_only),
+                "{command} lists {run_only}:\n{help}"
+            );
+        }
+    }
+    let out = run_cli(&[
+        "check",
+        "--log-level",
+        "info",
+        "--config",
+        "config/tollgate.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = run_cli(&["run", "--help"]);
+    assert!(stdout(&out).contains("--log-level"), "{}", stdout(&out));
+}
