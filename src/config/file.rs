@@ -160,7 +160,10 @@ pub struct Redis {
     pub tls: Option<RedisTls>,
     /// The connections' `CLIENT SETNAME` (default `tollgate`).
     pub client_name: Option<String>,
+    /// How long one check may wait for Redis before the limit's `on_failure` decides.
+    #[schemars(pattern(DURATION))]
     pub timeout: Option<String>,
+    /// Prefix of every key tollgate writes (default `tollgate:`).
     pub key_prefix: Option<String>,
 }
 
