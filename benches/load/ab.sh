@@ -44,6 +44,7 @@ ab_run() {
     # shellcheck disable=SC2034 # start_tollgate's binary
     TOLLGATE=${!1}
     local access=ACCESS_LOG_$1
+    # shellcheck disable=SC2034 # start_tollgate's --access-log
     ACCESS_LOG=${!access:-false}
     tollgate_measures "ab-$1-forwarded" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk forwarded "$1"
     tollgate_measures "ab-$1-rejected" "$LOCAL" "${REJ_TOLLGATE[@]}" measure_wrk rejected "$1"
