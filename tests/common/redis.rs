@@ -626,6 +626,22 @@ impl SentinelSet {
         });
     }
 
+    /// Ask the Sentinel for a failover, again while it answers that it cannot start one yet
+    /// (`NOGOODSLAVE` until it has seen the replica's link up, on a loaded machine seconds
+    /// after start).
+    pub fn failover(&self) {
+        let mut last = String::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            last = self.sentinel_cli(&["sentinel", "failover", MASTER]);
+            if last.contains("OK") {
+                return;
+            }
+            sleep(Duration::from_millis(100));
+        }
+        panic!("the Sentinel never started a failover: {last}");
+    }
+
     /// Poll `done` every 20 ms for up to 20 s; panics with `what` if it never holds.
     pub fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
         let started = Instant::now();
