@@ -73,10 +73,11 @@ rm -rf "$docker_context"
 # Every shipped config must pass `tollgate check` (the test build's binary is enough for that).
 # The release binary, built exactly as the Dockerfile builds it (fat LTO, minutes on two cores),
 # is built only when asked for: RELEASE=1.
-bin=target/debug/tollgate
+target_dir=${CARGO_TARGET_DIR:-target}
+bin=$target_dir/debug/tollgate
 if [ -n "${RELEASE:-}" ]; then
   cargo build --release --locked
-  bin=target/release/tollgate
+  bin=$target_dir/release/tollgate
 else
   cargo build --locked --bin tollgate
 fi
