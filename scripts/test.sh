@@ -78,7 +78,9 @@ bin=$target_dir/debug/tollgate
 if [ -n "${RELEASE:-}" ]; then
   cargo build --release --locked
   bin=$target_dir/release/tollgate
-else
+elif [ ! -x "$bin" ]; then
+  # The tests built it already; a `cargo build` here would compile every dependency again
+  # for the dev profile (about a minute).
   cargo build --locked --bin tollgate
 fi
 for cfg in config/*.yaml deploy/*.yaml deploy/kubernetes/tollgate.yaml; do

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use common::{config, BinaryProxy, Http};
-use redis_helpers::RedisServer;
+use redis_helpers::{RedisServer, MINIMAL_ACL};
 
 const PASSWORD: &str = "pw-from-the-environment";
 
@@ -62,24 +62,6 @@ fn an_unset_variable_is_a_located_error() {
 }
 
 const ACL_PASSWORD: &str = "acl-pw-from-the-environment";
-
-/// The commands the limiter needs, on its own keys only: the ACL that docs/operations.md
-/// gives.
-const MINIMAL_ACL: &[&str] = &[
-    "resetkeys",
-    "~tollgate:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+time",
-    "+get",
-    "+mget",
-    "+set",
-    "+del",
-    "+ping",
-    "+client|setname",
-];
 
 /// The `limiter.redis` block as user `tollgate` with the password in `password:` (`pw`).
 fn acl_yaml(port: u16, pw: &str) -> String {

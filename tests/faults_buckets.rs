@@ -9,7 +9,7 @@ mod common;
 use std::future::Future;
 use std::time::Duration;
 
-use common::{config, Http, TestProxy};
+use common::{config, sample, Http, TestProxy};
 
 /// No test here may take longer than this, whatever the proxy does.
 const TEST_TIMEOUT: Duration = Duration::from_mins(1);
@@ -50,19 +50,6 @@ async fn newcomer(url: &str, ip: &str) -> Vec<u16> {
         .await
 }
 
-fn metric(scrape: &str, series: &str) -> u64 {
-    scrape
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no {series} in {scrape}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_random_key_flood_from_one_address_locks_nobody_else_out() {
     bounded(async {
@@ -83,8 +70,8 @@ async fn a_random_key_flood_from_one_address_locks_nobody_else_out() {
             .get(&format!("http://{}/metrics", proxy.admin_addr()))
             .await;
         let text = scrape.text();
-        let held = metric(text, "tollgate_local_buckets{limit=\"per-key\"}");
-        let shared = metric(
+        let held = sample::<u64>(text, "tollgate_local_buckets{limit=\"per-key\"}");
+        let shared = sample::<u64>(
             text,
             "tollgate_local_bucket_peer_overflows_total{limit=\"per-key\"}",
         );
@@ -113,7 +100,7 @@ async fn a_flood_from_many_addresses_keeps_memory_bound_and_newcomers_served() {
             .get(&format!("http://{}/metrics", proxy.admin_addr()))
             .await;
         let text = scrape.text();
-        let held = metric(text, "tollgate_local_buckets{limit=\"per-key\"}");
+        let held = sample::<u64>(text, "tollgate_local_buckets{limit=\"per-key\"}");
         assert!(held <= 640, "{held} buckets for a max_buckets of 640");
         // Each address: at most 20 keys with a bucket, the rest in its own bucket of 2.
         assert!(admitted <= 40 * 22, "{admitted}");

@@ -310,10 +310,15 @@ async fn a_client_that_takes_no_bytes_is_cut_off_by_the_send_timeout() {
     // nothing.
     let mut held = non_readers(proxy.addr(), 1, "/huge").await;
     let mut stream = held.pop().unwrap();
-    // Read nothing for 8 s (the socket buffers fill within the first seconds even on a busy
-    // machine, then 1 s of no progress is the timeout), then everything: the proxy closed the
-    // connection before the answer was all written.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Read nothing until the backend has written the whole answer (the proxy read it ahead)
+    // or 8 s have passed, and 3 s more (1 s of no progress is the timeout); then everything:
+    // the proxy closed the connection before the answer was all written. Waiting on the
+    // backend, not a fixed time, keeps this true on a machine busy with the whole suite.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while backend.answered.load(Ordering::SeqCst) < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut got = Vec::new();
     let read = tokio::time::timeout(
         Duration::from_secs(20),

@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::proxy::repo_root;
-use common::{refused_addr, BinaryProxy, Http, MockUpstream};
+use common::{refused_addr, sample, BinaryProxy, Http, MockUpstream};
 use redis_helpers::RedisServer;
 
 /// How long Prometheus gets to have scraped enough for every expression.
@@ -242,23 +242,9 @@ fn has_data(result: &[serde_json::Value]) -> bool {
     })
 }
 
-/// The value of the sample `series` (name and labels exactly as exposed) in a text scrape.
-fn value(scrape: &str, series: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
-}
-
 /// The value of the counter `series` in a text scrape.
 fn count(scrape: &str, series: &str) -> u64 {
-    let v = value(scrape, series);
+    let v = sample::<f64>(scrape, series);
     assert!(v >= 0.0 && v.fract() == 0.0, "{series} = {v}");
     v as u64
 }
@@ -316,7 +302,7 @@ fn check_scrape(scrape: &str, cert: &Path) {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_secs_f64();
-    let expiry = value(
+    let expiry = sample::<f64>(
         scrape,
         &format!(
             "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"127.0.0.1:0\",cert=\"{}\"}}",

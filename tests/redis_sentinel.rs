@@ -10,7 +10,7 @@ mod redis_helpers;
 use std::time::{Duration, Instant};
 
 use common::{config, Http, TestProxy};
-use redis_helpers::{cli_with, limit, make_certs, one, SentinelSet, MASTER, PREFIX};
+use redis_helpers::{cli_with, limit, make_certs, one, SentinelSet, MASTER, MINIMAL_ACL, PREFIX};
 use tollgate::config::settings::{RedisTls, SentinelSpec};
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
 use tollgate::limiter::{Limit, Verdict};
@@ -165,27 +165,10 @@ async fn follows_a_killed_master_to_the_promoted_replica() {
 async fn the_proxy_follows_a_failover_from_its_yaml() {
     let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
     // The ACL of docs/operations.md, on both servers (ACLs are not replicated).
-    let acl = [
-        "ACL",
-        "SETUSER",
-        "tollgate",
-        "on",
-        ">acl-secret",
-        "resetkeys",
-        "~tollgate:*",
-        "resetchannels",
-        "-@all",
-        "+evalsha",
-        "+script|load",
-        "+time",
-        "+get",
-        "+mget",
-        "+set",
-        "+del",
-        "+ping",
-        "+client|setname",
-        "+role",
-    ];
+    let mut acl = vec!["ACL", "SETUSER", "tollgate", "on", ">acl-secret"];
+    acl.extend(MINIMAL_ACL);
+    // Sentinel mode also asks each server its ROLE.
+    acl.push("+role");
     for i in 0..2 {
         assert_eq!(set.server_cli(i, &acl).trim(), "OK");
     }

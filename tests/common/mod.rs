@@ -33,3 +33,17 @@ pub fn upstream_app(target: std::net::SocketAddr, timeout: &str) -> String {
         "upstreams:\n  app:\n    targets: [{target}]\n    connect_timeout: 1s\n    timeout: {timeout}\n"
     )
 }
+
+/// The value of the sample `series` (name and labels exactly as exposed) in a text scrape.
+pub fn sample<T: std::str::FromStr>(scrape: &str, series: &str) -> T {
+    scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
+}

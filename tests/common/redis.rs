@@ -762,3 +762,21 @@ pub fn tls_args(dir: &std::path::Path, tls_port: u16, auth_clients: bool) -> Vec
     .map(str::to_owned)
     .to_vec()
 }
+
+/// The commands the limiter needs, on its own keys only: the ACL that docs/operations.md
+/// gives.
+pub const MINIMAL_ACL: &[&str] = &[
+    "resetkeys",
+    "~tollgate:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+time",
+    "+get",
+    "+mget",
+    "+set",
+    "+del",
+    "+ping",
+    "+client|setname",
+];
