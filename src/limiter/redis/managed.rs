@@ -115,6 +115,15 @@ impl Managed {
     }
 
     /// Replace connection `id` by a new one, unless another caller already did (false).
+    /// The live connection and its id. A failed connect is tried again by the next call,
+    /// whatever the error.
+    async fn ready(&self) -> Result<(MultiplexedConnection, u64), RedisError> {
+        let (conn, id) = self.get().await;
+        conn.map(|c| (c, id)).inspect_err(|_| {
+            let _ = self.reconnect(id);
+        })
+    }
+
     fn reconnect(&self, id: u64) -> bool {
         let next = Arc::new(Slot {
             id: id + 1,
@@ -209,15 +218,8 @@ async fn master(
 impl ConnectionLike for Managed {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         async move {
-            let (conn, id) = self.get().await;
-            let result = match conn {
-                Ok(mut conn) => conn.req_packed_command(cmd).await,
-                Err(e) => {
-                    // A failed connect is tried again by the next call, whatever the error.
-                    let _ = self.reconnect(id);
-                    return Err(e);
-                }
-            };
+            let (mut conn, id) = self.ready().await?;
+            let result = conn.req_packed_command(cmd).await;
             self.settle(id, &result);
             result
         }
@@ -231,15 +233,8 @@ impl ConnectionLike for Managed {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         async move {
-            let (conn, id) = self.get().await;
-            let result = match conn {
-                Ok(mut conn) => conn.req_packed_commands(pipeline, offset, count).await,
-                Err(e) => {
-                    // A failed connect is tried again by the next call, whatever the error.
-                    let _ = self.reconnect(id);
-                    return Err(e);
-                }
-            };
+            let (mut conn, id) = self.ready().await?;
+            let result = conn.req_packed_commands(pipeline, offset, count).await;
             self.settle(id, &result);
             result
         }
