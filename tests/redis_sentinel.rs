@@ -100,16 +100,9 @@ async fn follows_sentinel_failover_with_the_count_carried_over() {
         "{clients}"
     );
 
-    set.failover();
     // No check while both servers may be masters: what the old one took then would be lost
     // when it turns replica (Sentinel's failover is not a handover).
-    set.wait_until(
-        "the Sentinel names the replica and the old master is one",
-        |s| {
-            s.master_port() == s.known_port(new)
-                && s.server_cli(old, &["role"]).starts_with("slave")
-        },
-    );
+    set.fail_over(old, new);
     let started = Instant::now();
     let (first, failed) = decided(&l, &lim).await;
     eprintln!(
@@ -239,14 +232,7 @@ async fn follows_a_failover_over_tls() {
     let l = limiter_with(format!("127.0.0.1:{}", set.sentinel_tls_port), Some(tls));
     let lim = limit("tls-failover", 0.000_1, 5, 1);
     let (old, new) = three_before(&set, &l, &lim).await;
-    set.failover();
-    set.wait_until(
-        "the Sentinel names the replica and the old master is one",
-        |s| {
-            s.master_port() == s.known_port(new)
-                && s.server_cli(old, &["role"]).starts_with("slave")
-        },
-    );
+    set.fail_over(old, new);
     let (first, _) = decided(&l, &lim).await;
     assert!(first.admitted && first.remaining == 1, "{first:?}");
     two_after(&set, &l, &lim, new).await;

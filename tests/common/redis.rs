@@ -642,6 +642,19 @@ impl SentinelSet {
         panic!("the Sentinel never started a failover: {last}");
     }
 
+    /// `failover`, then wait until the Sentinel names server `new` and server `old` has
+    /// turned replica.
+    pub fn fail_over(&self, old: usize, new: usize) {
+        self.failover();
+        self.wait_until(
+            "the Sentinel names the replica and the old master is one",
+            |s| {
+                s.master_port() == s.known_port(new)
+                    && s.server_cli(old, &["role"]).starts_with("slave")
+            },
+        );
+    }
+
     /// Poll `done` every 20 ms for up to 20 s; panics with `what` if it never holds.
     pub fn wait_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
         let started = Instant::now();
