@@ -8,24 +8,15 @@ mod edge;
 use std::time::Duration;
 
 use common::TestProxy;
-use edge::{find, lossy, ok_answer, yaml, Raw, RawBackend, CATCH_ALL, WAIT};
+use edge::{find, lossy, ok_answer, yaml, Raw, RawBackend, BUFFERED_AND_STREAMED, CATCH_ALL, WAIT};
 use tokio::time::Instant;
 
 mod common;
 
-/// `/buffered` buffers request bodies (the default), everything else streams them.
-const ROUTES: &str = "  - name: buffered
-    match: { path_prefix: /buffered }
-    upstream: app
-  - name: streamed
-    upstream: app
-    buffering: { request: false }
-";
-
 #[tokio::test]
 async fn the_backend_receives_the_length_the_proxy_parsed() {
     let backend = RawBackend::start(ok_answer).await;
-    let proxy = TestProxy::start(&yaml(backend.addr, "", ROUTES));
+    let proxy = TestProxy::start(&yaml(backend.addr, "", BUFFERED_AND_STREAMED));
     for (path, lengths) in [
         ("/streamed", "Content-Length: 010\r\n"),
         ("/buffered", "Content-Length: 010\r\n"),

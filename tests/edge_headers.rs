@@ -8,7 +8,7 @@ mod edge;
 use std::fmt::Write as _;
 
 use common::TestProxy;
-use edge::{ok_answer, yaml, Raw, RawBackend, CATCH_ALL};
+use edge::{ok_answer, yaml, Raw, RawBackend, BUFFERED_AND_STREAMED, CATCH_ALL};
 
 mod common;
 
@@ -29,20 +29,10 @@ fn values<'a>(lines: &'a [(String, String)], name: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Routes: `/buffered` (the default), and everything else streamed (`buffering.request:
-/// false`), so both ways a body goes upstream are covered.
-const ROUTES: &str = "  - name: buffered
-    match: { path_prefix: /buffered }
-    upstream: app
-  - name: streamed
-    upstream: app
-    buffering: { request: false }
-";
-
 #[tokio::test]
 async fn connection_cannot_name_away_host_framing_or_forwarding_headers() {
     let backend = RawBackend::start(ok_answer).await;
-    let proxy = TestProxy::start(&yaml(backend.addr, "", ROUTES));
+    let proxy = TestProxy::start(&yaml(backend.addr, "", BUFFERED_AND_STREAMED));
     for path in ["/buffered", "/streamed"] {
         let mut c = Raw::open(proxy.addr()).await;
         c.send(

@@ -199,10 +199,7 @@ async fn metrics(proxy: &TestProxy) -> String {
 
 /// The value of the series `name{labels}` in `text`, if it is there.
 fn value(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let series = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(|v| v.trim().parse().expect("a number"))
+    common::find_sample(text, &format!("{name}{{{labels}}}"))
 }
 
 fn target(upstream: &str, target: SocketAddr) -> String {

@@ -36,14 +36,16 @@ pub fn upstream_app(target: std::net::SocketAddr, timeout: &str) -> String {
 
 /// The value of the sample `series` (name and labels exactly as exposed) in a text scrape.
 pub fn sample<T: std::str::FromStr>(scrape: &str, series: &str) -> T {
-    scrape
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
+    find_sample(scrape, series).unwrap_or_else(|| panic!("no `{series}` in the scrape:\n{scrape}"))
+}
+
+/// `sample`, or `None` when the scrape has no such series (or its value does not parse).
+pub fn find_sample<T: std::str::FromStr>(scrape: &str, series: &str) -> Option<T> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }

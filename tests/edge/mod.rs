@@ -11,6 +11,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{timeout_at, Instant};
 
+/// Request bodies both ways upstream: `/buffered` (the default), everything else streamed
+/// (`buffering.request: false`).
+pub const BUFFERED_AND_STREAMED: &str = "  - name: buffered
+    match: { path_prefix: /buffered }
+    upstream: app
+  - name: streamed
+    upstream: app
+    buffering: { request: false }
+";
+
 #[allow(unused_imports)]
 pub use crate::common::raw::{find, lossy, Raw, Resp, WAIT};
 
@@ -189,17 +199,30 @@ pub fn hpack_literal(index: u8, value: &str) -> Vec<u8> {
 /// `:method GET`, `:scheme http`, `:path /` from the static table.
 pub const HPACK_GET_ROOT: [u8; 3] = [0x82, 0x86, 0x84];
 
-/// The `:status` of the first response HEADERS frame on stream 1 among `frames`: 200, 400,
-/// 404 and 500 are static-table indexes; any other status is `Some(0)`.
-pub fn h2_status(frames: &[u8]) -> Option<u16> {
-    let mut rest = frames;
-    while rest.len() >= 9 {
+/// The frames in `bytes` whose 9-byte header is complete: (type, stream, payload), the payload
+/// `None` when it is cut short (the walk ends there).
+fn frames(bytes: &[u8]) -> impl Iterator<Item = (u8, u32, Option<&[u8]>)> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        if rest.len() < 9 {
+            return None;
+        }
         let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
         let (kind, stream) = (
             rest[3],
             u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]),
         );
-        let payload = rest.get(9..9 + len)?;
+        let payload = rest.get(9..9 + len);
+        rest = rest.get(9 + len..).unwrap_or_default();
+        Some((kind, stream, payload))
+    })
+}
+
+/// The `:status` of the first response HEADERS frame on stream 1 among `frames`: 200, 400,
+/// 404 and 500 are static-table indexes; any other status is `Some(0)`.
+pub fn h2_status(bytes: &[u8]) -> Option<u16> {
+    for (kind, stream, payload) in frames(bytes) {
+        let payload = payload?;
         if kind == 1 && stream == 1 {
             return match payload.first()? {
                 0x88 => Some(200),
@@ -209,27 +232,14 @@ pub fn h2_status(frames: &[u8]) -> Option<u16> {
                 _ => Some(0),
             };
         }
-        rest = &rest[9 + len..];
     }
     None
 }
 
 /// Whether stream 1 was reset (RST_STREAM): h2 refuses some malformed requests so, before
 /// they become requests at all.
-pub fn h2_reset(frames: &[u8]) -> bool {
-    let mut rest = frames;
-    while rest.len() >= 9 {
-        let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
-        let (kind, stream) = (
-            rest[3],
-            u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]),
-        );
-        if kind == 3 && stream == 1 {
-            return true;
-        }
-        rest = rest.get(9 + len..).unwrap_or_default();
-    }
-    false
+pub fn h2_reset(bytes: &[u8]) -> bool {
+    frames(bytes).any(|(kind, stream, _)| kind == 3 && stream == 1)
 }
 
 /// Send one raw HTTP/2 request (an HPACK block) on a new connection; the frames that came back.
