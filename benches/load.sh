@@ -9,7 +9,7 @@
 # own); all share benches/load/lib.sh, and the configs, the wrk script and the report's parser
 # in benches/compare/. Everything runs on 127.0.0.1 only, and a subcommand stops every process
 # it started when it ends, fails or is interrupted. A tool that is missing (nginx, wrk, h2load,
-# redis-server, valgrind) is installed with apt-get. See docs/performance.md for the figures.
+# redis-server, valgrind, haproxy, caddy, perf) is installed with apt-get. See docs/performance.md for the figures.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,6 +19,8 @@ SUBCOMMAND=
 
 # shellcheck source=benches/load/lib.sh
 . "$ROOT/benches/load/lib.sh"
+# shellcheck source=benches/load/peers.sh
+. "$ROOT/benches/load/peers.sh"
 # shellcheck source=benches/load/compare.sh
 . "$ROOT/benches/load/compare.sh"
 # shellcheck source=benches/load/ab.sh

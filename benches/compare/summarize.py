@@ -3,6 +3,8 @@
 
   summarize.py wrk OUT                 -> req/s, p50 ms, p99 ms, requests, non-2xx, errors
   summarize.py h2load OUT LOG          -> the same, p50/p99 computed from h2load's --log-file
+  summarize.py perf PERF WRK_OUT       -> "SYSCALLS/SWITCHES" per request: perf stat -x, counts
+                                          over the wrk run whose output is WRK_OUT
   summarize.py report ROWS RATIOS      -> the Markdown table and the ratio lines
 
 Fields are printed tab-separated, "-" where a figure is missing.
@@ -82,6 +84,23 @@ def h2load(path, log):
     ]
 
 
+def perf(path, wrk_out):
+    """System calls and context switches per request, from `perf stat -x,` over one wrk run."""
+    counts = {}
+    try:
+        for line in open(path, encoding="utf-8", errors="replace"):
+            cols = line.strip().split(",")
+            if len(cols) >= 3 and not line.startswith("#"):
+                counts[cols[2]] = num(cols[0])
+    except OSError:
+        pass
+    total = num(wrk(wrk_out)[3])
+    sysc, ctx = counts.get("raw_syscalls:sys_enter"), counts.get("context-switches")
+    if not total or sysc is None or ctx is None:
+        return "-"
+    return f"{sysc / total:.2f}/{ctx / total:.3f}"
+
+
 def fmt(x):
     if x is None:
         return "-"
@@ -97,17 +116,19 @@ def num(x):
 
 def report(rows_path, ratios_path):
     rows = [l.rstrip("\n").split("\t") for l in open(rows_path, encoding="utf-8") if l.strip()]
-    # scenario, target, rps, p50, p99, requests, non2xx, errors, rss_kb, probe[, cpu]: cpu is
-    # "USER/SYSTEM" microseconds per request (wrk runs only; h2load's include its warm-up).
+    # scenario, target, rps, p50, p99, requests, non2xx, errors, rss_kb, probe[, cpu[, sys]]:
+    # cpu is "USER/SYSTEM" microseconds per request, sys "SYSCALLS/SWITCHES" per request (wrk
+    # runs only; sys counted over the warm-up).
     print(
         "| scenario | target | req/s | p50 (ms) | p99 (ms) | CPU per request (µs, user + system)"
-        " | peak RSS (MB) | non-2xx |"
+        " | syscalls per request | context switches per request | peak RSS (MB) | non-2xx |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     by = {}
     for row in rows:
         scen, target, rps, p50, p99, total, non2xx, errors, rss, probe = row[:10]
         cpu = row[10] if len(row) > 10 else "-"
+        sysc, _, ctx = (row[11] if len(row) > 11 else "-").partition("/")
         user, _, system = cpu.partition("/")
         cpu_total = num(user) + num(system) if num(user) is not None and num(system) is not None else None
         cpu_cell = f"{user} + {system}" if cpu_total is not None else "-"
@@ -122,7 +143,10 @@ def report(rows_path, ratios_path):
         if errors != "0":
             cell += f", {errors} socket errors"
         rps_cell = f"{float(rps):,.0f}" if num(rps) is not None else rps
-        print(f"| {scen} | {label} | {rps_cell} | {p50} | {p99} | {cpu_cell} | {rss_mb} | {cell} |")
+        print(
+            f"| {scen} | {label} | {rps_cell} | {p50} | {p99} | {cpu_cell} | {sysc}"
+            f" | {ctx or '-'} | {rss_mb} | {cell} |"
+        )
     print()
     for line in open(ratios_path, encoding="utf-8"):
         if not line.strip():
@@ -174,6 +198,8 @@ if __name__ == "__main__":
         print("\t".join(wrk(sys.argv[2])))
     elif cmd == "h2load":
         print("\t".join(h2load(sys.argv[2], sys.argv[3])))
+    elif cmd == "perf":
+        print(perf(sys.argv[2], sys.argv[3]))
     elif cmd == "report":
         report(sys.argv[2], sys.argv[3])
     else:

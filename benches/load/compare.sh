@@ -1,10 +1,11 @@
 # shellcheck shell=bash
-# benches/load.sh compare: tollgate against nginx (proxy_pass + limit_req) on this machine.
-# Sourced by benches/load.sh, with benches/load/lib.sh.
+# benches/load.sh compare: tollgate against nginx (proxy_pass + limit_req), HAProxy and Caddy on
+# this machine. Sourced by benches/load.sh, with benches/load/lib.sh and benches/load/peers.sh.
 #
 # Starts on 127.0.0.1 only: a backend (nginx, 1 worker, `return 200 "ok\n"`), nginx as the
-# rate-limiting proxy (2 workers), tollgate with the equivalent YAML, and redis-server for the
-# Redis scenarios. Each proxy is started afresh for each scenario, so its peak RSS (VmHWM) is
+# rate-limiting proxy (2 workers), tollgate with the equivalent YAML, HAProxy and Caddy
+# (peers.sh), and redis-server for the Redis scenarios. With LOGS=file or both, every proxy
+# also runs logging every request to a file. Each proxy is started afresh for each scenario, so its peak RSS (VmHWM) is
 # that scenario's. Runs wrk (HTTP/1.1), h2load (h2c) and h2load --h1 --rps (HTTP/1.1 at a fixed
 # rate, scenarios 6 and 7) for a fixed time after a warm-up, prints one Markdown table with
 # ratios, writes it to a results file, and stops every process it started (also on failure or
@@ -12,8 +13,11 @@
 
 help_compare() {
     cat <<'TXT'
-compare            tollgate against nginx (proxy_pass + limit_req), every scenario: a Markdown
-                   table with ratios, written to RESULTS. Scenarios (SCENARIOS names them):
+compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (stick table
+                   http_req_rate) and Caddy (reverse_proxy; forwarded scenarios only, it has no
+                   rate limit), every scenario: a Markdown table of req/s, p99, CPU, system
+                   calls and context switches per request (perf stat over each wrk warm-up)
+                   with ratios, written to RESULTS. Scenarios (SCENARIOS names them):
                    baseline (the backend alone), forwarded (1), rejected (2), redis (3: one
                    redis-server, beside the local limiter), cluster (3c: a 3-master Redis
                    Cluster), slots (3d: a per-client and a `global` limit, two cluster slots per
@@ -29,6 +33,12 @@ compare            tollgate against nginx (proxy_pass + limit_req), every scenar
                       (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
     SCENARIOS [baseline forwarded rejected redis cluster slots keys h2 fixed]
+    LOGS [off]        off: every proxy's access log off; file: every proxy logs every request
+                      to a file (tollgate --access-log FILE; nginx access_log FILE, and a
+                      second nginx with buffer=64k flush=1s; HAProxy option httplog to its
+                      stdout, a file; Caddy's log directive); both: each scenario both ways,
+                      with each proxy's logged/off ratio
+    PEERS [haproxy caddy]  the peers measured beside nginx and tollgate (empty: none)
     ROUNDS [1]        measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
                       (and tollgate with Redis and in process in 3, 3c, 3d), alternating which
                       goes first; ratios are taken between the medians, each round's listed
@@ -51,13 +61,18 @@ run_compare() {
     # Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
     TOLLGATE_EXTRA=
     ROUNDS=${ROUNDS:-1}
+    LOGS=${LOGS:-off}
+    case $LOGS in off | file | both) ;; *) usage_error "LOGS=off|file|both" ;; esac
+    PEERS=${PEERS-haproxy caddy}
     RESULTS=${RESULTS:-$ROOT/target/compare/results-$(date +%Y%m%d-%H%M%S).md}
     local started_at=$SECONDS load_before busy_before
     load_before=$(cut -d" " -f1-3 /proc/loadavg)
     # What else was using the CPU (top's second frame: the last half second).
     busy_before=$(top -bn2 -d0.5 -w 512 -o %CPU 2>/dev/null | awk '/^ *PID/ {frame++; next} frame == 2 && n < 3 && $9 + 0 > 0 {printf "%s%s %s%%", (n++ ? ", " : ""), $12, $9}')
 
-    need nginx wrk h2load redis-server redis-cli curl python3 ss
+    need nginx wrk h2load redis-server redis-cli curl python3 ss perf
+    # shellcheck disable=SC2086 # a list of commands
+    [ -z "$PEERS" ] || need $PEERS
     start_run
     tollgate_binary
     start_backend
@@ -149,24 +164,85 @@ cluster_limiter() {
 }
 
 # --- the scenarios --------------------------------------------------------------------------
-forwarded_nginx() {
-    start_nginx nginx-forwarded "${FWD_NGINX[@]}"
-    measure_wrk "1 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
-    stop "$NGINX_PID"
-}
-forwarded_tollgate() {
-    tollgate_measures tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}" \
-        measure_wrk "1 forwarded" tollgate
+# Each pass of compare_scenarios runs with the logs off (LOGGED=0) or with every proxy logging
+# every request to a file (LOGGED=1: tollgate's --access-log FILE, nginx's `access_log FILE`
+# and a second nginx with `buffer=64k flush=1s`, HAProxy's and Caddy's file logs).
+# sc NAME: the scenario's name in this pass (", logged" added when every proxy logs).
+sc() { if [ "$LOGGED" = 1 ]; then echo "$1, logged"; else echo "$1"; fi; }
+
+peer_wanted() { [[ " $PEERS " == *" $1 "* ]]; }
+
+# line_up KIND: the functions measuring KIND (forwarded, rejected, keys, fixed, h2), one per
+# target of this pass: nginx and tollgate, nginx's buffered log when logged, HAProxy, and Caddy
+# for the kinds that need no rate limit to be reached.
+line_up() {
+    local fs="$1_nginx $1_tollgate"
+    [ "$LOGGED" = 0 ] || fs+=" $1_nginxbuf"
+    peer_wanted haproxy && fs+=" $1_haproxy"
+    case $1 in forwarded | fixed | h2) peer_wanted caddy && fs+=" $1_caddy" ;; esac
+    echo "$fs"
 }
 
-rejected_nginx() {
-    start_nginx nginx-rejected "${REJ_NGINX[@]}"
-    measure_wrk "2 rejected" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+# versus LABEL SCENARIO KIND: the ratios of tollgate against every other target of KIND's line-up.
+versus() {
+    local label=$1 scen=$2 f target
+    for f in $(line_up "$3"); do
+        case $f in
+            *_tollgate) continue ;;
+            *_nginx) target=nginx ;;
+            *_nginxbuf) target="nginx (buffer=64k)" ;;
+            *_haproxy) target=haproxy ;;
+            *_caddy) target=caddy ;;
+        esac
+        if [ "$3" = fixed ] && [ "$target" = caddy ] && [[ $scen == 7* ]]; then continue; fi
+        ratio "$label, tollgate/$target" "$scen" tollgate "$scen" "$target"
+    done
+}
+
+# nginx_measures NAME TARGET ZONE_KEY ZONE_SIZE RATE BURST MEASURE SCENARIO [ARGS...]: start nginx
+# with that limit (and this pass's log; TARGET "nginx (buffer=64k)" buffers it), run MEASURE on
+# its HTTP/1.1 port with ARGS as TARGET, stop it.
+nginx_measures() {
+    local name=$1 target=$2 measure=$7 scen=$8
+    local NGINX_LOG=off
+    [ "$LOGGED" = 0 ] || NGINX_LOG="file"
+    [ "$target" = nginx ] || NGINX_LOG=buffered
+    start_nginx "$name" "$3" "$4" "$5" "$6"
+    shift 8
+    "$measure" "$scen" "$target" "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/" "$@"
     stop "$NGINX_PID"
 }
+# haproxy_measures NAME TYPE TRACK WINDOW LIMIT EXPIRE MEASURE SCENARIO [ARGS...]: the same for
+# HAProxy, as target "haproxy".
+haproxy_measures() {
+    local name=$1 measure=$7 scen=$8
+    start_haproxy "$name" "$2" "$3" "$4" "$5" "$6"
+    shift 8
+    "$measure" "$scen" haproxy "$HAPROXY_PID" "http://127.0.0.1:$HAPROXY_PORT/" "$@"
+    stop "$HAPROXY_PID"
+}
+# caddy_measures NAME MEASURE SCENARIO: the same for Caddy, as target "caddy".
+caddy_measures() {
+    start_caddy "$1"
+    "$2" "$3" caddy "$CADDY_PID" "http://127.0.0.1:$CADDY_PORT/"
+    stop "$CADDY_PID"
+}
+
+forwarded_nginx() { nginx_measures nginx-fwd nginx "${FWD_NGINX[@]}" measure_wrk "$(sc "1 forwarded")"; }
+forwarded_nginxbuf() { nginx_measures nginx-fwd-buf "nginx (buffer=64k)" "${FWD_NGINX[@]}" measure_wrk "$(sc "1 forwarded")"; }
+forwarded_haproxy() { haproxy_measures haproxy-fwd "${FWD_HAPROXY[@]}" measure_wrk "$(sc "1 forwarded")"; }
+forwarded_caddy() { caddy_measures caddy-fwd measure_wrk "$(sc "1 forwarded")"; }
+forwarded_tollgate() {
+    tollgate_measures tollgate-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_wrk "$(sc "1 forwarded")" tollgate
+}
+
+rejected_nginx() { nginx_measures nginx-rej nginx "${REJ_NGINX[@]}" measure_wrk "$(sc "2 rejected")"; }
+rejected_nginxbuf() { nginx_measures nginx-rej-buf "nginx (buffer=64k)" "${REJ_NGINX[@]}" measure_wrk "$(sc "2 rejected")"; }
+rejected_haproxy() { haproxy_measures haproxy-rej "${REJ_HAPROXY[@]}" measure_wrk "$(sc "2 rejected")"; }
 rejected_tollgate() {
     tollgate_measures tollgate-rejected "$LOCAL" "${REJ_TOLLGATE[@]}" \
-        measure_wrk "2 rejected" tollgate
+        measure_wrk "$(sc "2 rejected")" tollgate
 }
 
 # Scenarios 3, 3c and 3d compare tollgate with Redis against tollgate with the same limits in
@@ -191,65 +267,89 @@ beside_local() {
     ratio "$label" "$2" "$3" "$2" "tollgate (local)"
 }
 
-keys_nginx() {
-    start_nginx nginx-keys "${KEY_NGINX[@]}"
-    measure_wrk "4 $((KEYS / 1000))k keys" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/" \
-        "X-API-Key: probe" "$CONF/keys.lua"
-    stop "$NGINX_PID"
-}
+KEYS_ARGS=("X-API-Key: probe" "$CONF/keys.lua")
+keys_scen() { sc "4 $((KEYS / 1000))k keys"; }
+keys_nginx() { nginx_measures nginx-keys nginx "${KEY_NGINX[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
+keys_nginxbuf() { nginx_measures nginx-keys-buf "nginx (buffer=64k)" "${KEY_NGINX[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
+keys_haproxy() { haproxy_measures haproxy-keys "${KEY_HAPROXY[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
 keys_tollgate() {
     tollgate_measures tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}" \
-        measure_wrk "4 $((KEYS / 1000))k keys" tollgate "X-API-Key: probe" "$CONF/keys.lua"
+        measure_wrk "$(keys_scen)" tollgate "${KEYS_ARGS[@]}"
 }
 
-fixed_nginx() {
-    start_nginx nginx-fixed-forwarded "${FWD_NGINX[@]}"
-    measure_fixed "6 fixed-rate forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
-    stop "$NGINX_PID"
-    start_nginx nginx-fixed-rejected "${REJ_NGINX[@]}"
-    measure_fixed "7 fixed-rate rejected" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_PORT/"
+# h2 runs each target once (h2load over h2c on its h2c port; tollgate and Caddy serve h2c and
+# HTTP/1.1 on one port).
+h2_nginx_as() {
+    local NGINX_LOG=off
+    # shellcheck disable=SC2034 # start_nginx's
+    [ "$LOGGED" = 0 ] || NGINX_LOG=$2
+    start_nginx "nginx-h2-$2" "${FWD_NGINX[@]}"
+    measure_h2 "$(sc "5 h2 forwarded")" "$1" "$NGINX_PID" "http://127.0.0.1:$NGINX_H2_PORT/"
     stop "$NGINX_PID"
 }
+h2_nginx() { h2_nginx_as nginx file; }
+h2_nginxbuf() { h2_nginx_as "nginx (buffer=64k)" buffered; }
+h2_haproxy() {
+    start_haproxy haproxy-h2 "${FWD_HAPROXY[@]}"
+    measure_h2 "$(sc "5 h2 forwarded")" haproxy "$HAPROXY_PID" "http://127.0.0.1:$HAPROXY_H2_PORT/"
+    stop "$HAPROXY_PID"
+}
+h2_caddy() { caddy_measures caddy-h2 measure_h2 "$(sc "5 h2 forwarded")"; }
+h2_tollgate() {
+    tollgate_measures tollgate-h2 "$LOCAL" "${FWD_TOLLGATE[@]}" \
+        measure_h2 "$(sc "5 h2 forwarded")" tollgate
+}
+
+fixed_nginx_as() {
+    nginx_measures nginx-fixed-fwd "$1" "${FWD_NGINX[@]}" measure_fixed "$(sc "6 fixed-rate forwarded")"
+    nginx_measures nginx-fixed-rej "$1" "${REJ_NGINX[@]}" measure_fixed "$(sc "7 fixed-rate rejected")"
+}
+fixed_nginx() { fixed_nginx_as nginx; }
+fixed_nginxbuf() { fixed_nginx_as "nginx (buffer=64k)"; }
+fixed_haproxy() {
+    haproxy_measures haproxy-fixed-fwd "${FWD_HAPROXY[@]}" measure_fixed "$(sc "6 fixed-rate forwarded")"
+    haproxy_measures haproxy-fixed-rej "${REJ_HAPROXY[@]}" measure_fixed "$(sc "7 fixed-rate rejected")"
+}
+fixed_caddy() { caddy_measures caddy-fixed-fwd measure_fixed "$(sc "6 fixed-rate forwarded")"; }
 fixed_tollgate() {
     tollgate_measures tollgate-fixed-forwarded "$LOCAL" "${FWD_TOLLGATE[@]}" \
-        measure_fixed "6 fixed-rate forwarded" tollgate
+        measure_fixed "$(sc "6 fixed-rate forwarded")" tollgate
     tollgate_measures tollgate-fixed-rejected "$LOCAL" "${REJ_TOLLGATE[@]}" \
-        measure_fixed "7 fixed-rate rejected" tollgate
+        measure_fixed "$(sc "7 fixed-rate rejected")" tollgate
 }
 
-compare_scenarios() {
-    local pid keys
-    if compare_want baseline; then
-        measure_wrk "baseline" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_PORT/"
-    fi
-
+# compare_pass: every scenario of SCENARIOS, with this pass's logs (LOGGED, ACCESS_LOG,
+# PEER_LOG).
+compare_pass() {
+    local pid keys r
     if compare_want forwarded; then
-        rounds "forwarded_nginx forwarded_tollgate"
-        ratio "1 forwarded, tollgate/nginx" "1 forwarded" tollgate "1 forwarded" nginx
+        rounds "$(line_up forwarded)"
+        versus "$(sc "1 forwarded")" "$(sc "1 forwarded")" forwarded
     fi
 
     if compare_want rejected; then
-        rounds "rejected_nginx rejected_tollgate"
-        ratio "2 rejected, tollgate/nginx" "2 rejected" tollgate "2 rejected" nginx
+        rounds "$(line_up rejected)"
+        versus "$(sc "2 rejected")" "$(sc "2 rejected")" rejected
     fi
 
     if compare_want redis; then
         start_redis
-        beside_local "3 redis forwarded, tollgate-redis/tollgate-local" \
-            tollgate-redis "3 redis forwarded" "tollgate (redis)" "$(redis_limiter)"
+        beside_local "$(sc "3 redis forwarded"), tollgate-redis/tollgate-local" \
+            tollgate-redis "$(sc "3 redis forwarded")" "tollgate (redis)" "$(redis_limiter)"
         # shellcheck disable=SC2153 # set by start_redis
         redis-cli -p "$REDIS_PORT" flushall >/dev/null
         tollgate_measures tollgate-redis-rejected "$(redis_limiter)" "${REJ_TOLLGATE[@]}" \
-            measure_wrk "3 redis rejected" "tollgate (redis)"
+            measure_wrk "$(sc "3 redis rejected")" "tollgate (redis)"
         note "redis-server peak RSS $(($(rss_kb "$REDIS_PID" VmHWM) / 1024)) MB (not in the table's figure)."
         stop "$REDIS_PID"
-        ratio "3 redis rejected, tollgate-redis/tollgate-local" "3 redis rejected" "tollgate (redis)" "2 rejected" tollgate
+        ratio "$(sc "3 redis rejected"), tollgate-redis/tollgate-local" "$(sc "3 redis rejected")" \
+            "tollgate (redis)" "$(sc "2 rejected")" tollgate
     fi
 
     if compare_want cluster; then
         start_cluster
-        beside_local "3c cluster forwarded, tollgate-cluster/tollgate-local" \
-            tollgate-cluster "3c cluster forwarded" "tollgate (cluster)" "$(cluster_limiter)"
+        beside_local "$(sc "3c cluster forwarded"), tollgate-cluster/tollgate-local" \
+            tollgate-cluster "$(sc "3c cluster forwarded")" "tollgate (cluster)" "$(cluster_limiter)"
         for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
     fi
 
@@ -259,46 +359,72 @@ compare_scenarios() {
     if compare_want slots; then
         TOLLGATE_EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
         start_cluster
-        beside_local "3d two limits (ip + global) forwarded, tollgate-cluster/tollgate-local" \
-            tollgate-slots "3d two limits forwarded" "tollgate (cluster)" "$(cluster_limiter)"
+        beside_local "$(sc "3d two limits (ip + global) forwarded"), tollgate-cluster/tollgate-local" \
+            tollgate-slots "$(sc "3d two limits forwarded")" "tollgate (cluster)" "$(cluster_limiter)"
         for pid in "${CLUSTER_PIDS[@]}"; do stop "$pid"; done
         # shellcheck disable=SC2034 # tollgate_config's
         TOLLGATE_EXTRA=
     fi
 
     if compare_want keys; then
-        keys="4 $((KEYS / 1000))k keys"
-        rounds "keys_nginx keys_tollgate"
-        ratio "$keys, tollgate/nginx" "$keys" tollgate "$keys" nginx
+        keys=$(keys_scen)
+        rounds "$(line_up keys)"
+        versus "$keys" "$keys" keys
     fi
 
     if compare_want h2; then
-        reset_peak_rss "$BACKEND_PID"
-        measure_h2 "5 h2 forwarded" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_H2_PORT/"
-        start_nginx nginx-h2 "${FWD_NGINX[@]}"
-        measure_h2 "5 h2 forwarded" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_H2_PORT/"
-        stop "$NGINX_PID"
-        tollgate_measures tollgate-h2 "$LOCAL" "${FWD_TOLLGATE[@]}" \
-            measure_h2 "5 h2 forwarded" tollgate
-        ratio "5 h2 forwarded, tollgate/nginx" "5 h2 forwarded" tollgate "5 h2 forwarded" nginx
+        for r in $(line_up h2); do "$r"; done
+        versus "$(sc "5 h2 forwarded")" "$(sc "5 h2 forwarded")" h2
     fi
 
     if compare_want fixed; then
-        rounds "fixed_nginx fixed_tollgate"
-        ratio "6 fixed-rate forwarded, tollgate/nginx" "6 fixed-rate forwarded" tollgate "6 fixed-rate forwarded" nginx
-        ratio "7 fixed-rate rejected, tollgate/nginx" "7 fixed-rate rejected" tollgate "7 fixed-rate rejected" nginx
+        rounds "$(line_up fixed)"
+        versus "$(sc "6 fixed-rate forwarded")" "$(sc "6 fixed-rate forwarded")" fixed
+        versus "$(sc "7 fixed-rate rejected")" "$(sc "7 fixed-rate rejected")" fixed
     fi
 
     if compare_want forwarded && compare_want rejected; then
-        ratio "rejected/forwarded, nginx (>1: a 429 is cheaper than a forward)" "2 rejected" nginx "1 forwarded" nginx
-        ratio "rejected/forwarded, tollgate" "2 rejected" tollgate "1 forwarded" tollgate
+        ratio "$(sc "rejected/forwarded"), nginx (>1: a 429 is cheaper than a forward)" \
+            "$(sc "2 rejected")" nginx "$(sc "1 forwarded")" nginx
+        ratio "$(sc "rejected/forwarded"), tollgate" "$(sc "2 rejected")" tollgate "$(sc "1 forwarded")" tollgate
     fi
+}
+
+compare_scenarios() {
+    local pass s
+    if compare_want baseline; then
+        measure_wrk "baseline" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_PORT/"
+    fi
+    if compare_want h2; then
+        reset_peak_rss "$BACKEND_PID"
+        measure_h2 "5 h2 forwarded" "backend alone" "$BACKEND_PID" "http://127.0.0.1:$BACKEND_H2_PORT/"
+    fi
+    for pass in off file; do
+        [ "$LOGS" = both ] || [ "$LOGS" = "$pass" ] || continue
+        # shellcheck disable=SC2034 # start_tollgate's and peers.sh's
+        if [ "$pass" = off ]; then
+            LOGGED=0 ACCESS_LOG=false PEER_LOG=off
+        else
+            LOGGED=1 ACCESS_LOG=file PEER_LOG=file
+        fi
+        compare_pass
+    done
+    # What logging every request costs each proxy: its logged run against its run without.
+    [ "$LOGS" = both ] || return 0
+    for s in "1 forwarded" "2 rejected"; do
+        compare_want "${s#* }" || continue
+        for t in tollgate nginx haproxy caddy; do
+            [ "$t" = tollgate ] || [ "$t" = nginx ] || peer_wanted "$t" || continue
+            [ "$t/$s" != "caddy/2 rejected" ] || continue
+            ratio "$s, $t logging every request/logs off" "$s, logged" "$t" "$s" "$t"
+        done
+    done
 }
 
 # compare_report LOAD_BEFORE BUSY_BEFORE STARTED_AT: the report, with what it was measured on.
 compare_report() {
     local dirty="" what
-    echo "# tollgate vs nginx, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "# tollgate vs nginx${PEERS:+, ${PEERS// /, }}, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
     echo "Machine: $(nproc) cores, $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)," \
         "$(awk '/^MemTotal:/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) RAM;" \
@@ -309,16 +435,23 @@ compare_report() {
     [ -n "${TOLLGATE_BIN:-}" ] && what="tollgate $TOLLGATE_SOURCE (TOLLGATE_BIN)"
     echo "$what, binary built $(built "$TOLLGATE_SOURCE");" \
         "$(nginx -v 2>&1 | sed 's/.*: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}')," \
-        "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')."
+        "$(h2load --version | head -1), $(redis-server --version | awk '{print $1, $2, $3}')" \
+        "${PEERS:+; }$(! peer_wanted haproxy || haproxy -v | head -1 | awk '{print $1, $2, $3}')" \
+        "$(! peer_wanted caddy || echo "Caddy $(caddy version | awk '{print $1}')")."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
         "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
-        "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default}."
+        "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default};" \
+        "access logs: $LOGS (\", logged\": every proxy logs every request to a file)."
     echo
     report
     echo
     echo "p50/p99: wrk --latency for HTTP/1.1; for h2, computed from h2load's per-request log."
     echo "Peak RSS: VmHWM of the proxy (nginx: master + workers, summed). non-2xx: responses that were"
     echo "not 2xx/3xx out of those completed; the probe is one curl request right after the run."
+    echo "System calls and context switches: perf stat (raw_syscalls:sys_enter, context-switches) of the"
+    echo "proxy's processes and threads over the wrk warm-up, divided by its requests (wrk runs only)."
+    echo "HAProxy limits by a sliding window (stick table http_req_rate); Caddy has no rate limit and"
+    echo "runs the forwarded scenarios only. HAProxy logs to its standard output, a file."
     echo "Total time: $((SECONDS - $3)) s."
 }

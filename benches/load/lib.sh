@@ -29,6 +29,7 @@ need() {
             redis-cli | redis-benchmark) pkg=redis-tools ;;
             callgrind_annotate | callgrind_control) pkg=valgrind ;;
             ss) pkg=iproute2 ;;
+            perf) pkg=linux-perf ;;
             *) pkg=$tool ;;
         esac
         [[ " ${pkgs[*]} " == *" $pkg "* ]] || pkgs+=("$pkg")
@@ -272,16 +273,21 @@ start_backend() {
 }
 
 # start_nginx NAME ZONE_KEY ZONE_SIZE RATE BURST: nginx as the rate-limiting proxy (2 workers,
-# benches/compare/nginx-proxy.conf.in) in $TMP/NAME, forwarding to the backend.
-# Sets NGINX_PID, NGINX_PORT, NGINX_H2_PORT.
+# benches/compare/nginx-proxy.conf.in) in $TMP/NAME, forwarding to the backend. NGINX_LOG
+# [off] is its access log: off, `file` ($TMP/NAME/access.log, each line written at once) or
+# `buffered` (the same file, `buffer=64k flush=1s`). Sets NGINX_PID, NGINX_PORT, NGINX_H2_PORT.
 start_nginx() {
-    local dir=$TMP/$1
+    local dir=$TMP/$1 access="access_log off;"
     mkdir -p "$dir"
+    case ${NGINX_LOG:-off} in
+        file) access="access_log $dir/access.log combined;" ;;
+        buffered) access="access_log $dir/access.log combined buffer=64k flush=1s;" ;;
+    esac
     NGINX_PORT=$(free_port)
     NGINX_H2_PORT=$(free_port)
     fill "$CONF/nginx-proxy.conf.in" "$dir/nginx.conf" DIR="$dir" PORT="$NGINX_PORT" \
         H2_PORT="$NGINX_H2_PORT" BACKEND_PORT="$BACKEND_PORT" ZONE_KEY="$2" ZONE_SIZE="$3" \
-        RATE="$4" BURST="$5"
+        RATE="$4" BURST="$5" ACCESS_LOG="$access"
     spawn "$1" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log"
     NGINX_PID=$SPAWNED
     wait_port "$NGINX_PORT" "$NGINX_PID" "nginx ($1)"
@@ -391,7 +397,34 @@ reset_peak_rss() {
 }
 
 # --- measuring ------------------------------------------------------------------------------
-# Rows of the report: scenario, target, the client's figures, peak RSS, probe[, CPU].
+# count_start PID OUT: count the system calls and context switches of PID, its threads and its
+# children (nginx's workers) with `perf stat` into OUT, until count_stop. measure_wrk counts
+# over the warm-up, not the measured run: counting a tracepoint slows every system call, and
+# req/s and p99 must not pay for it. Without perf (or its permission), OUT stays empty and the
+# report shows "-".
+count_start() {
+    local pids
+    COUNTER=""
+    : >"$2"
+    command -v perf >/dev/null || return 0
+    pids=$({ echo "$1"; pgrep -P "$1" || true; } | paste -sd,)
+    perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$pids" -o "$2" 2>/dev/null &
+    COUNTER=$!
+    PIDS+=("$COUNTER")
+    sleep 0.3 # perf attaches before the client starts
+}
+count_stop() {
+    [ -n "$COUNTER" ] || return 0
+    kill -INT "$COUNTER" 2>/dev/null || true
+    wait "$COUNTER" 2>/dev/null || true
+    local keep=() p
+    for p in "${PIDS[@]}"; do [ "$p" = "$COUNTER" ] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+    COUNTER=""
+}
+
+# Rows of the report: scenario, target, the client's figures, peak RSS, probe[, CPU[, system
+# calls and context switches per request]].
 row() {
     local IFS=$'\t'
     echo "$*" >>"$ROWS"
@@ -413,14 +446,17 @@ out_file() {
 # "tollgate (cluster)", a note of the script calls per request Redis ran.
 measure_wrk() {
     local scen=$1 target=$2 pid=$3 url=$4 header=${5:-} lua=${6:-}
-    local out args=() probe_args=() before="" cpu0 cpu1 cpu rss probe fields
+    local out args=() probe_args=() before="" cpu0 cpu1 cpu rss probe fields sys
     out_file "$scen" "$target"
     out=$OUT
     [ -n "$lua" ] && args+=(-s "$lua")
     [ -n "$header" ] && probe_args+=(-H "$header")
     log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (wrk -t$THREADS -c$CONNECTIONS)"
+    count_start "$pid" "$out.perf"
     bounded $((WARMUP + 30)) "$out.warmup" wrk -t"$THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" \
         "${args[@]}" "$url" || die "wrk warm-up failed: $(cat "$out.warmup")"
+    count_stop
+    sys=$(python3 "$CONF/summarize.py" perf "$out.perf" "$out.warmup")
     case $target in "tollgate (redis)" | "tollgate (cluster)") before=$(redis_commands) ;; esac
     cpu0=$(cpu_ticks "$pid")
     bounded $((DURATION + 30)) "$out" wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency \
@@ -430,8 +466,8 @@ measure_wrk() {
     probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "${probe_args[@]}" "$url" || echo failed)
     fields=$(python3 "$CONF/summarize.py" wrk "$out")
     cpu=$(cpu_per_request "$cpu0" "$cpu1" "$(cut -f4 <<<"$fields" | tr -c '0-9\n' 0)")
-    row "$scen" "$target" "$fields" "$rss" "$probe" "$cpu"
-    log "$scen / $target: $(awk -F'\t' '{printf "%.0f req/s, p99 %s ms, %s non-2xx", $1, $3, $5}' <<<"$fields"), CPU ${cpu/\// + } us per request"
+    row "$scen" "$target" "$fields" "$rss" "$probe" "$cpu" "$sys"
+    log "$scen / $target: $(awk -F'\t' '{printf "%.0f req/s, p99 %s ms, %s non-2xx", $1, $3, $5}' <<<"$fields"), CPU ${cpu/\// + } us, syscalls/switches ${sys/\// \/ } per request"
     if [ -n "$before" ]; then
         local after total
         after=$(redis_commands)
