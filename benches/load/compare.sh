@@ -273,7 +273,7 @@ keys_nginx() { nginx_measures nginx-keys nginx "${KEY_NGINX[@]}" measure_wrk "$(
 keys_nginxbuf() { nginx_measures nginx-keys-buf "nginx (buffer=64k)" "${KEY_NGINX[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
 keys_haproxy() { haproxy_measures haproxy-keys "${KEY_HAPROXY[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
 keys_tollgate() {
-    tollgate_measures tollgate-keys "$LOCAL" "${KEY_TOLLGATE[@]}" \
+    tollgate_measures tollgate-keys "$KEY_LOCAL" "${KEY_TOLLGATE[@]}" \
         measure_wrk "$(keys_scen)" tollgate "${KEYS_ARGS[@]}"
 }
 

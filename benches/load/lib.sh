@@ -189,6 +189,10 @@ fill() {
     KEY_TOLLGATE=(1000/s 1000 header:X-API-Key)
     # tollgate's limiter blocks (the YAML under `limiter:`).
     LOCAL='  backend: local'
+    # Scenario 4's 100k keys all come from 127.0.0.1: without the per-address cap on buckets
+    # (nginx has none), not capped at 1000 buckets for the one client.
+    KEY_LOCAL="$LOCAL
+  local: { max_buckets_per_peer: 1000000 }"
 }
 redis_limiter() {
     printf '  backend: redis\n  on_failure: closed\n  redis:\n    url: redis://127.0.0.1:%s' "$REDIS_PORT"

@@ -41,6 +41,8 @@ limiter:
   backend: local
   local:
     max_buckets: 2000000
+    # every key comes from 127.0.0.1: no per-address cap
+    max_buckets_per_peer: 2000000
 routes:
   - name: all
     match: { path_prefix: / }
