@@ -1,9 +1,11 @@
-//! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million.
+//! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million;
+//! a calendar quota's check (its window computed per check, as a request does).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
-use tollgate::limiter::local::{check, Buckets, Item, Peer};
-use tollgate::limiter::Rate;
+use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
+use tollgate::limiter::quota::window;
+use tollgate::limiter::{Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {
     let rate = Rate {
@@ -19,6 +21,7 @@ fn limit_checks(c: &mut Criterion) {
                 peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
+                window: None,
             };
             black_box(check(&[item], &[true], 0.0))
         });
@@ -37,11 +40,49 @@ fn limit_checks(c: &mut Criterion) {
                 peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
+                window: None,
             };
             black_box(check(&[item], &[true], 0.0))
         });
     });
 }
 
-criterion_group!(benches, limit_checks);
+fn quota_checks(c: &mut Criterion) {
+    let quota = QuotaSpec {
+        count: u32::MAX,
+        period: Period::Day,
+        tz: jiff::tz::TimeZone::get("Europe/Paris").expect("a zone"),
+        fallback_count: u32::MAX,
+    };
+    let rate = Rate {
+        per_sec: 1e6,
+        burst: u32::MAX,
+    };
+    let hot = Buckets::new(1_000_000).with_quota(Some(quota.clone()));
+    c.bench_function("local quota check (day, Europe/Paris), one hot key", |b| {
+        b.iter(|| {
+            let item = Item {
+                buckets: &hot,
+                client: ClientId(42),
+                peer: Peer::default(),
+                rate: &rate,
+                cost: 1,
+                window: Some(window(&quota, wall_us(), quota.count)),
+            };
+            black_box(check(&[item], &[true], 0.0))
+        });
+    });
+    c.bench_function("quota window only (day, Europe/Paris)", |b| {
+        b.iter(|| black_box(window(&quota, wall_us(), quota.count)));
+    });
+    let utc = QuotaSpec {
+        tz: jiff::tz::TimeZone::UTC,
+        ..quota.clone()
+    };
+    c.bench_function("quota window only (day, UTC)", |b| {
+        b.iter(|| black_box(window(&utc, wall_us(), utc.count)));
+    });
+}
+
+criterion_group!(benches, limit_checks, quota_checks);
 criterion_main!(benches);

@@ -115,14 +115,19 @@ impl Runtime {
                     let capped = (!l.key.one_per_address()).then_some(per_peer);
                     let local = match old_limits.get(&*l.name) {
                         Some(old)
-                            if old.rate == l.rate && old.local.has_caps(max_buckets, capped) =>
+                            if old.rate == l.rate
+                                && old.local.quota() == l.quota.as_ref()
+                                && old.local.has_caps(max_buckets, capped) =>
                         {
                             old.local.clone()
                         }
-                        _ => Arc::new(match capped {
-                            Some(n) => Buckets::capped_per_peer(max_buckets, n),
-                            None => Buckets::new(max_buckets),
-                        }),
+                        _ => Arc::new(
+                            match capped {
+                                Some(n) => Buckets::capped_per_peer(max_buckets, n),
+                                None => Buckets::new(max_buckets),
+                            }
+                            .with_quota(l.quota.clone()),
+                        ),
                     };
                     Arc::new(Limit::new(l, local))
                 })

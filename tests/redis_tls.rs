@@ -70,6 +70,7 @@ async fn rediss_with_an_acl_user() {
             per_sec: 1.0,
             burst: 1,
         },
+        quota: None,
     };
     let checks = [Check {
         limit: &lim,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::schema::{DURATION, RATE, SIZE};
+use super::schema::{DURATION, QUOTA, RATE, SIZE};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -394,9 +394,16 @@ fn ok() -> u16 {
 #[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
+    /// Token bucket refill rate; give either `rate` or `quota`.
     #[schemars(pattern(RATE))]
-    pub rate: String,
+    pub rate: Option<String>,
     pub burst: Option<u32>,
+    /// Calendar quota, as `1000/day` (`hour`, `day`, `week`, `month`): fixed windows aligned
+    /// to the calendar of `timezone`; give either `rate` or `quota`.
+    #[schemars(pattern(QUOTA))]
+    pub quota: Option<String>,
+    /// IANA time zone of a quota's calendar (default `UTC`).
+    pub timezone: Option<String>,
     pub key: Vec<String>,
     pub cost: Option<u32>,
     #[serde(default)]

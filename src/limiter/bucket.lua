@@ -16,14 +16,25 @@
 --                      at the same moment), sent as groups of identical checks (the same
 --                      buckets with the same values: one hot client, or a limit every client
 --                      shares): ARGV[2] is the number of groups, then per group the number m
---                      of checks in it, its number of buckets n, then its buckets' four values
+--                      of checks in it, its number of buckets n, then its buckets' five values
 --                      each. A group takes n KEYS, in order; its m checks run one after the
 --                      other, as m "check" calls would, and the groups run in order.
--- ARGV[2 + 4*(i-1) ..]  per bucket i, four values:
---             token_us  microseconds per token (1e6 / rate)
---             tau_us    burst * token_us
+-- ARGV[2 + 5*(i-1) ..]  per bucket i, five values:
+--             token_us  microseconds per token (1e6 / rate); for a quota, its count N
+--             tau_us    burst * token_us (unused for a quota)
 --             cost      tokens this request takes
 --             enforced  1, or 0 for a shadow bucket (its rejection blocks nothing)
+--             window    "-" for a token bucket; for a calendar quota "s0 s1 s2 s3", window
+--                       bounds (microseconds since EPOCH) the proxy computed for its own now:
+--                       the windows [s0, s1), [s1, s2) and [s2, s3). The one holding Redis's
+--                       `now` is counted in (so replicas agree at a boundary whatever their
+--                       clocks say, within a window), [s1, s2) if none does.
+--
+-- A quota bucket in its window [s, e) of N, with tok = (e - s) / N, holds the same one number:
+-- `tat` = s + used * tok. used = clamp(floor((tat - s) / tok + 0.5), 0, N) (a `tat` of an
+-- earlier window is at most s: 0); it admits when used + cost <= N, and is then written as
+-- s + (used + cost) * tok, expiring at e; reset and retry are e - now. `limiter::quota::step`
+-- is the same arithmetic.
 --
 -- Returns, for "check", one string: per bucket i, three big-endian doubles (24 bytes),
 --        remaining whole tokens,
@@ -74,10 +85,32 @@ local mode = ARGV[1]
 if mode == 'refund' then
   local refunded = 0
   for i = 1, #KEYS do
-    local a = 2 + 4 * (i - 1)
+    local a = 2 + 5 * (i - 1)
     local tok, tau, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local tat = tonumber(call('GET', KEYS[i]))
-    if tat and tat - now > tau + 1 then
+    local w = ARGV[a + 4]
+    if w ~= '-' then
+      -- A quota: give back `cost` of this window's count.
+      local s0, s1, s2, s3 = string.match(w, '^(-?%d+) (-?%d+) (-?%d+) (-?%d+)$')
+      s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
+      local s, e = s1, s2
+      if now >= s0 and now < s1 then
+        s, e = s0, s1
+      elseif now >= s2 and now < s3 then
+        s, e = s2, s3
+      end
+      local qtok = (e - s) / tok
+      if tat and tat > s then
+        refunded = refunded + 1
+        local back = math.min(floor((tat - s) / qtok + 0.5), tok) - cost
+        if back > 0 then
+          call('SET', KEYS[i], format('%.17g', s + back * qtok), 'PX', max(1, ceil((e - now) / 1000)))
+        else
+          call('DEL', KEYS[i])
+        end
+      end
+      tat = nil
+    elseif tat and tat - now > tau + 1 then
       tat = now + tau
     end
     if tat then
@@ -117,17 +150,56 @@ end
 -- whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`). It
 -- is written twice below, in `check` and in the loop of a group of one bucket: keep them alike.
 local out = {}
+-- When a quota's key is to expire (its window's end), by key; token buckets expire at `tat`.
+local expires = {}
 
 -- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values start at ARGV[a] (four each); append
 -- the check's reply to `out`; charge the buckets when every enforced one admits.
 local function check(k0, a, n)
   local new_tats = {}
+  local ends = {}
   local all_admit = true
   for i = 1, n do
-    local b = a + 4 * (i - 1)
+    local b = a + 5 * (i - 1)
     local tok, tau, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local key = KEYS[k0 + i]
     local tat = tats[key]
+    local w = ARGV[b + 4]
+    if w ~= '-' then
+      -- A calendar quota (see the header); `tok` carries its count.
+      local s0, s1, s2, s3 = string.match(w, '^(-?%d+) (-?%d+) (-?%d+) (-?%d+)$')
+      s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
+      local s, e = s1, s2
+      if now >= s0 and now < s1 then
+        s, e = s0, s1
+      elseif now >= s2 and now < s3 then
+        s, e = s2, s3
+      end
+      local qtok = (e - s) / tok
+      local used = 0
+      if tat then
+        used = floor((tat - s) / qtok + 0.5)
+        if used < 0 then
+          used = 0
+        elseif used > tok then
+          used = tok
+        end
+      end
+      local reset = e - now
+      if reset < 1 then
+        reset = 1
+      end
+      local retry, remaining = 0, tok - used - cost
+      if used + cost <= tok then
+        new_tats[i], ends[i] = s + (used + cost) * qtok, e
+      else
+        retry, remaining = reset, tok - used
+        if ARGV[b + 3] == '1' then
+          all_admit = false
+        end
+      end
+      out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+    else
     if tat and tat - now > tau + 1 then
       -- Redis's clock stepped back (see the header): an empty bucket from now on.
       tat = now + tau
@@ -152,6 +224,7 @@ local function check(k0, a, n)
       remaining = 0
     end
     out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+    end
   end
   if all_admit then
     for i = 1, n do
@@ -159,6 +232,9 @@ local function check(k0, a, n)
       if tat then
         local key = KEYS[k0 + i]
         tats[key], written[key] = tat, tat
+        if ends[i] then
+          expires[key] = ends[i]
+        end
       end
     end
   end
@@ -168,7 +244,7 @@ if mode == 'batch' then
   local k0, a = 0, 3
   for _ = 1, tonumber(ARGV[2]) do
     local m, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if n == 1 then
+    if n == 1 and ARGV[a + 6] == '-' then
       -- A group of m checks of one bucket each (a route with one limit, the common case): the
       -- steps of `check`, with the bucket kept in a local from one check to the next. This loop
       -- is where a hot key's checks go.
@@ -210,12 +286,13 @@ if mode == 'batch' then
       end
     end
     k0 = k0 + n
-    a = a + 2 + 4 * n
+    a = a + 2 + 5 * n
   end
 else
   check(0, 2, #KEYS)
 end
 for key, tat in pairs(written) do
-  call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))
+  local until_us = expires[key] or tat
+  call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((until_us - now) / 1000)))
 end
 return table.concat(out)

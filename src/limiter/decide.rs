@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::redis::RedisLimiter;
-use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
+use super::{
+    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict,
+};
 use crate::identity::RequestView;
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
@@ -72,6 +74,11 @@ fn in_process(
     now: f64,
     fallback: bool,
 ) -> Small<Verdict> {
+    // Quotas count in calendar windows, on the wall clock (read once, and only for them).
+    let wall = checks
+        .iter()
+        .any(|c| c.limit.quota.is_some())
+        .then(local::wall_us);
     let items: Small<local::Item<'_>> = checks
         .iter()
         .map(|c| local::Item {
@@ -84,6 +91,10 @@ fn in_process(
                 &c.limit.rate
             },
             cost: c.limit.cost,
+            window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                let count = if fallback { q.fallback_count } else { q.count };
+                quota::window(q, wall, count)
+            }),
         })
         .collect();
     local::check(&items, enforced, now)

@@ -18,6 +18,7 @@
 
 pub(crate) mod decide;
 pub mod local;
+pub mod quota;
 pub mod redis;
 
 pub use decide::decide;
@@ -28,7 +29,7 @@ use crate::config::settings::LimitSpec;
 use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
-pub use crate::config::settings::{FailurePolicy, Rate};
+pub use crate::config::settings::{FailurePolicy, Period, QuotaSpec, Rate};
 
 /// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
@@ -44,6 +45,8 @@ pub struct Limit {
     pub local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+    /// A calendar quota instead of a token bucket (see `quota`).
+    pub quota: Option<QuotaSpec>,
 }
 
 impl Limit {
@@ -59,6 +62,7 @@ impl Limit {
             on_failure: spec.on_failure,
             local,
             fallback: spec.fallback.clone(),
+            quota: spec.quota.clone(),
         }
     }
 }

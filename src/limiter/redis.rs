@@ -75,6 +75,8 @@ struct Bucket<'a> {
     rate: &'a Rate,
     cost: u32,
     enforced: bool,
+    /// A calendar quota's count and windows, as the script takes them.
+    quota: Option<conn::QuotaArgs>,
 }
 
 /// A worker's own connection, and its batching queue.
@@ -280,6 +282,11 @@ impl RedisLimiter {
     }
 
     fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Small<Bucket<'a>> {
+        // Quotas' windows come from the wall clock (read once, and only for them).
+        let wall = checks
+            .iter()
+            .any(|c| c.limit.quota.is_some())
+            .then(super::local::wall_us);
         checks
             .iter()
             .enumerate()
@@ -296,6 +303,12 @@ impl RedisLimiter {
                     rate: &c.limit.rate,
                     cost: c.limit.cost,
                     enforced: enforced.get(i).copied().unwrap_or(true),
+                    quota: c
+                        .limit
+                        .quota
+                        .as_ref()
+                        .zip(wall)
+                        .map(|(q, wall)| conn::QuotaArgs::of(q, wall)),
                 }
             })
             .collect()

@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, reply_bytes, Reply, BUCKET_REPLY};
+use super::conn::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
 use super::link::Link;
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::Rate;
@@ -52,7 +52,7 @@ struct Job {
     keys: PerBucket<String>,
     /// The slot of every key (on a single server, 0).
     slot: u16,
-    args: PerBucket<(Rate, u32, bool)>,
+    args: PerBucket<(Rate, u32, bool, Option<QuotaArgs>)>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
@@ -86,7 +86,7 @@ impl Batcher {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
-                .map(|b| (b.rate.clone(), b.cost, b.enforced))
+                .map(|b| (b.rate.clone(), b.cost, b.enforced, b.quota))
                 .collect(),
             deadline,
             reply,
@@ -180,12 +180,13 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             std::mem::take(&mut keys[first])
                 .into_iter()
                 .zip(&args[first])
-                .map(|(key, (rate, cost, enforced))| Bucket {
+                .map(|(key, (rate, cost, enforced, quota))| Bucket {
                     key,
                     slot,
                     rate,
                     cost: *cost,
                     enforced: *enforced,
+                    quota: *quota,
                 })
                 .collect()
         })

@@ -144,9 +144,9 @@ impl RedisLimiter {
 
     /// Send a refund from a task of its own, with a deadline of its own.
     fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
-        let owned: Vec<(String, u16, Rate, u32)> = group
+        let owned: Vec<(String, u16, Rate, u32, Option<super::conn::QuotaArgs>)> = group
             .iter()
-            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost))
+            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost, b.quota))
             .collect();
         let (on, counters, timeout) = (self.link(via).now(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
@@ -156,12 +156,13 @@ impl RedisLimiter {
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
                 .iter()
-                .map(|(key, slot, rate, cost)| Bucket {
+                .map(|(key, slot, rate, cost, quota)| Bucket {
                     key: key.clone(),
                     slot: *slot,
                     rate,
                     cost: *cost,
                     enforced: true,
+                    quota: *quota,
                 })
                 .collect();
             let run = on.conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
@@ -217,6 +218,7 @@ mod tests {
             rate: &rate,
             cost: 1,
             enforced: true,
+            quota: None,
         };
         let buckets = [
             bucket("t:per-ip:{aa}"),

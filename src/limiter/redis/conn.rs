@@ -271,16 +271,45 @@ fn certificates(tls: &RedisTls) -> TlsCertificates {
     }
 }
 
-/// Each bucket's key and its four script arguments (see `bucket.lua`).
+/// The script's epoch (`EPOCH` in `bucket.lua`), in microseconds since the UNIX epoch.
+const SCRIPT_EPOCH_US: i64 = 1_700_000_000_000_000;
+
+/// A quota bucket's script arguments: its count, and the bounds of the windows around the
+/// proxy's now (see `bucket.lua`'s `window`), in microseconds since the script's epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct QuotaArgs {
+    pub(super) count: u32,
+    pub(super) bounds: [i64; 4],
+}
+
+impl QuotaArgs {
+    pub(super) fn of(q: &crate::limiter::QuotaSpec, wall_us: f64) -> Self {
+        Self {
+            count: q.count,
+            bounds: crate::limiter::quota::around(q, wall_us).map(|b| b - SCRIPT_EPOCH_US),
+        }
+    }
+}
+
+/// Each bucket's key and its five script arguments (see `bucket.lua`).
 fn push_buckets<'b, 'a: 'b>(
     call: &mut ScriptInvocation<'_>,
     buckets: impl Iterator<Item = &'b Bucket<'a>>,
 ) {
     for b in buckets {
         call.key(b.key.as_str());
+        if let Some(q) = &b.quota {
+            let [s0, s1, s2, s3] = q.bounds;
+            call.arg(q.count)
+                .arg(0)
+                .arg(b.cost)
+                .arg(u8::from(b.enforced));
+            call.arg(format!("{s0} {s1} {s2} {s3}"));
+            continue;
+        }
         exact(call, b.rate.token_us());
         exact(call, b.rate.window_us());
-        call.arg(b.cost).arg(u8::from(b.enforced));
+        call.arg(b.cost).arg(u8::from(b.enforced)).arg("-");
     }
 }
 

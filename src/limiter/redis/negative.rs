@@ -22,6 +22,10 @@
 //! ahead, and the cache clamps again (a reply from a server running an older script, or a
 //! step during the call), so a proxy never keeps a client locked out past `tau` on its own.
 //!
+//! A calendar quota that rejected stays rejected until its window ends (usage only grows within
+//! a window): the cache keeps the end, placed on the local clock as `sent + reset` (a lower
+//! bound again, since Redis read its clock after the request was sent), and the count left.
+//!
 //! Verdicts of the *other* buckets of a short-circuited request come from the same lower bound
 //! (or a full bucket if nothing is known), so their `remaining` may be optimistic; the decision
 //! and the numbers of the rejecting bucket are exact.
@@ -48,6 +52,8 @@ struct Known {
     per_sec_bits: u64,
     burst: u32,
     cost: u32,
+    /// A quota bucket: rejected until `tat` (its window's end), with this much left.
+    quota_left: Option<u64>,
 }
 
 impl Known {
@@ -99,19 +105,37 @@ impl NegativeCache {
         if map.entries.is_empty() {
             return None;
         }
-        let known = |b: &Bucket<'_>| map.entries.get(&b.key).filter(|k| k.fits(b)).map(|k| k.tat);
-        let blocked = buckets.iter().any(|b| {
-            b.enforced
-                && known(b).is_some_and(|tat| !step(Some(tat), now_us, b.rate, b.cost).0.admitted)
-        });
+        let known = |b: &Bucket<'_>| map.entries.get(&b.key).filter(|k| k.fits(b)).copied();
+        let verdict = |b: &Bucket<'_>| match (known(b), b.quota) {
+            (
+                Some(Known {
+                    tat,
+                    quota_left: Some(left),
+                    ..
+                }),
+                _,
+            ) if tat > now_us => Verdict {
+                admitted: false,
+                remaining: left,
+                reset_us: tat - now_us,
+                retry_after_us: tat - now_us,
+            },
+            // A quota not known to reject: admitted as far as the cache knows.
+            (_, Some(q)) => Verdict {
+                admitted: true,
+                remaining: u64::from(q.count),
+                reset_us: 1.0,
+                retry_after_us: 0.0,
+            },
+            (k, None) => step(k.map(|k| k.tat), now_us, b.rate, b.cost).0,
+        };
+        let blocked = buckets
+            .iter()
+            .any(|b| b.enforced && known(b).is_some() && !verdict(b).admitted);
         if !blocked {
             return None;
         }
-        let verdicts = buckets
-            .iter()
-            .map(|b| step(known(b), now_us, b.rate, b.cost).0)
-            .collect();
-        Some(verdicts)
+        Some(buckets.iter().map(verdict).collect())
     }
 
     /// Learn the buckets of a request Redis rejected. `sent_us` is when it was sent (local
@@ -119,6 +143,22 @@ impl NegativeCache {
     pub(super) fn remember(&self, buckets: &[Bucket<'_>], verdicts: &[Verdict], sent_us: f64) {
         let mut map = self.map.lock();
         for (b, v) in buckets.iter().zip(verdicts) {
+            if b.quota.is_some() {
+                // Only a quota's rejection is worth knowing: it holds to the window's end.
+                if v.admitted {
+                    map.entries.remove(&b.key);
+                } else if map.entries.len() < self.cap || map.entries.contains_key(&b.key) {
+                    let known = Known {
+                        tat: sent_us + v.reset_us.min(b.rate.window_us()),
+                        per_sec_bits: b.rate.per_sec.to_bits(),
+                        burst: b.rate.burst,
+                        cost: b.cost,
+                        quota_left: Some(v.remaining),
+                    };
+                    map.entries.insert(b.key.clone(), known);
+                }
+                continue;
+            }
             // Nothing was written: an admitting bucket still holds the `tat` its verdict was
             // computed from, one `cost` before the `reset` it reports.
             let charged = if v.admitted {
@@ -145,6 +185,7 @@ impl NegativeCache {
                 per_sec_bits: b.rate.per_sec.to_bits(),
                 burst: b.rate.burst,
                 cost: b.cost,
+                quota_left: None,
             };
             map.entries.insert(b.key.clone(), known);
         }
@@ -195,6 +236,7 @@ mod tests {
             rate,
             cost: 1,
             enforced,
+            quota: None,
         }
     }
 

@@ -1,0 +1,96 @@
+//! A limit's `quota` and `timezone`: the count, the calendar period and the zone.
+
+use std::time::Duration;
+
+use super::Problems;
+use crate::config::file;
+use crate::config::settings::{Period, QuotaSpec};
+use crate::config::values::RateValue;
+
+/// The quota of `l`: `None` without `quota:`, `Some(None)` when it is wrong (the problem is
+/// added), else the quota (its fallback count divided by `divide_by`).
+pub(super) fn quota(
+    l: &file::Limit,
+    path: &str,
+    divide_by: u32,
+    p: &mut Problems,
+) -> Option<Option<QuotaSpec>> {
+    let Some(raw) = &l.quota else {
+        if l.timezone.is_some() {
+            p.add(
+                format!("{path}.timezone"),
+                "is for calendar quotas: set `quota` as well, or remove it",
+            );
+        }
+        return None;
+    };
+    let parsed = p.take(format!("{path}.quota"), parse(raw));
+    let tz = match l.timezone.as_deref() {
+        None => Some(jiff::tz::TimeZone::UTC),
+        Some(name) => p.take(
+            format!("{path}.timezone"),
+            jiff::tz::TimeZone::get(name).map_err(|_| {
+                format!("`{name}` is not an IANA time zone name (as `UTC` or `Europe/Paris`)")
+            }),
+        ),
+    };
+    let (Some((count, period)), Some(tz)) = (parsed, tz) else {
+        return Some(None);
+    };
+    Some(Some(QuotaSpec {
+        count,
+        period,
+        tz,
+        fallback_count: (count / divide_by.max(1)).max(1),
+    }))
+}
+
+/// `N/hour`, `N/day`, `N/week` or `N/month`, N a whole number of at least 1.
+fn parse(s: &str) -> Result<(u32, Period), String> {
+    let wrong = || {
+        format!("quota `{s}` must look like `100/hour`, `1000/day`, `5000/week` or `20000/month`")
+    };
+    let (count, per) = s.trim().split_once('/').ok_or_else(wrong)?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            format!(
+                "quota `{s}`: `{}` is not a whole number of at least 1",
+                count.trim()
+            )
+        })?;
+    let period = match per.trim() {
+        "hour" => Period::Hour,
+        "day" => Period::Day,
+        "week" => Period::Week,
+        "month" => Period::Month,
+        _ => return Err(wrong()),
+    };
+    Ok((count, period))
+}
+
+/// The quota as a rate over its period's nominal length: what headers and reloads compare.
+pub(super) fn as_rate(q: &QuotaSpec) -> RateValue {
+    RateValue {
+        count: f64::from(q.count),
+        per: Duration::from_secs(u64::from(q.period.nominal_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_parse() {
+        assert_eq!(parse("1000/day"), Ok((1000, Period::Day)));
+        assert_eq!(parse(" 5 / month "), Ok((5, Period::Month)));
+        assert!(parse("0/day").is_err());
+        assert!(parse("1.5/day").is_err());
+        assert!(parse("10/fortnight").is_err());
+        assert!(parse("10").is_err());
+    }
+}
