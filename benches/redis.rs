@@ -70,6 +70,8 @@ fn limit(name: &str) -> Limit {
             burst: 1_000_000,
         },
         quota: None,
+        ban: None,
+        bans: None,
     }
 }
 

@@ -129,7 +129,8 @@ impl Runtime {
                             .with_quota(l.quota.clone()),
                         ),
                     };
-                    Arc::new(Limit::new(l, local))
+                    let previous = old_limits.get(&*l.name).map(|o| &***o);
+                    Arc::new(Limit::new(l, local).with_bans(l, previous, max_buckets))
                 })
                 .collect();
             let action = match &spec.action {

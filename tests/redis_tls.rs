@@ -71,6 +71,8 @@ async fn rediss_with_an_acl_user() {
             burst: 1,
         },
         quota: None,
+        ban: None,
+        bans: None,
     };
     let checks = [Check {
         limit: &lim,

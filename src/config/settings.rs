@@ -142,6 +142,18 @@ pub struct LimitSpec {
     /// `quota:`: counted per calendar window instead of by token bucket (then `rate` is the
     /// quota spread over the period's nominal length, for headers and reload comparison).
     pub quota: Option<QuotaSpec>,
+    /// `ban:`: an identity this limit keeps rejecting is refused outright for a while.
+    pub ban: Option<BanSpec>,
+}
+
+/// An escalating ban: `after` rejections by the limit within `within` ban the identity for
+/// `first`, doubling with each ban while its level is remembered, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BanSpec {
+    pub after: u32,
+    pub within: std::time::Duration,
+    pub first: std::time::Duration,
+    pub max: std::time::Duration,
 }
 
 /// A calendar quota: `count` per calendar `period` in `tz`.

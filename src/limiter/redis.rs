@@ -50,6 +50,7 @@ use self::link::{Current, Link};
 use self::negative::NegativeCache;
 pub use self::stats::RedisStats;
 use self::stats::{bump, Counters};
+use super::ban::BanEvent;
 use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
@@ -77,6 +78,8 @@ struct Bucket<'a> {
     enforced: bool,
     /// A calendar quota's count and windows, as the script takes them.
     quota: Option<conn::QuotaArgs>,
+    /// The limit's ban, if it has one.
+    ban: Option<super::ban::BanArgs>,
 }
 
 /// A worker's own connection, and its batching queue.
@@ -218,10 +221,21 @@ impl RedisLimiter {
         checks: &[Check<'_>],
         enforced: &[bool],
     ) -> Result<Small<Verdict>, Unavailable> {
+        Ok(self.check_bans(worker, checks, enforced).await?.0)
+    }
+
+    /// `check_on`, with what each limit's ban did (fleet-wide: the bans live in Redis, beside
+    /// the buckets, and are read in the same call).
+    pub async fn check_bans(
+        &self,
+        worker: Option<usize>,
+        checks: &[Check<'_>],
+        enforced: &[bool],
+    ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
         bump(&self.counters.checks);
         let via = self.worker(worker);
         if checks.is_empty() {
-            return Ok(Small::new());
+            return Ok((Small::new(), Small::new()));
         }
         let buckets = self.buckets(checks, enforced);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
@@ -261,9 +275,10 @@ impl RedisLimiter {
                     self.breakers[i].success();
                 }
                 if !reply.all_admitted {
-                    self.negative.remember(&buckets, &reply.verdicts, sent_us);
+                    self.negative
+                        .remember(&buckets, &reply.verdicts, &reply.bans, sent_us);
                 }
-                Ok(reply.verdicts)
+                Ok((reply.verdicts, reply.bans))
             }
             Err(failure) => {
                 let now_us = self.clock.now_us() as u64;
@@ -309,6 +324,7 @@ impl RedisLimiter {
                         .as_ref()
                         .zip(wall)
                         .map(|(q, wall)| conn::QuotaArgs::of(q, wall)),
+                    ban: c.limit.ban,
                 }
             })
             .collect()

@@ -398,6 +398,8 @@ pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limit
             burst: 1,
         },
         quota: None,
+        ban: None,
+        bans: None,
     }
 }
 

@@ -1,10 +1,11 @@
-//! A limit's `quota` and `timezone`: the count, the calendar period and the zone.
+//! A limit's `quota` and `timezone` (the count, the calendar period and the zone), and its
+//! `ban`.
 
 use std::time::Duration;
 
 use super::Problems;
 use crate::config::file;
-use crate::config::settings::{Period, QuotaSpec};
+use crate::config::settings::{BanSpec, Period, QuotaSpec};
 use crate::config::values::RateValue;
 
 /// The quota of `l`: `None` without `quota:`, `Some(None)` when it is wrong (the problem is
@@ -43,6 +44,38 @@ pub(super) fn quota(
         tz,
         fallback_count: (count / divide_by.max(1)).max(1),
     }))
+}
+
+/// A limit's `ban` block, or `None` with the problems added.
+pub(super) fn ban(b: &file::Ban, shadow: bool, path: &str, p: &mut Problems) -> Option<BanSpec> {
+    let path = format!("{path}.ban");
+    if shadow {
+        p.add(&path, "a shadow limit refuses nobody: it cannot ban");
+        return None;
+    }
+    if b.after == 0 {
+        p.add(format!("{path}.after"), "must be at least 1");
+    }
+    let mut d = |key: &str, s: &str| {
+        let d = p.take(format!("{path}.{key}"), crate::config::values::duration(s))?;
+        if d.is_zero() {
+            p.add(format!("{path}.{key}"), "must be longer than zero");
+            return None;
+        }
+        Some(d)
+    };
+    let (within, first, max) = (d("within", &b.within), d("for", &b.first), d("max", &b.max));
+    let (within, first, max) = (within?, first?, max?);
+    if max < first {
+        p.add(format!("{path}.max"), "must be at least `for`");
+        return None;
+    }
+    (b.after > 0).then_some(BanSpec {
+        after: b.after,
+        within,
+        first,
+        max,
+    })
 }
 
 /// `N/hour`, `N/day`, `N/week` or `N/month`, N a whole number of at least 1.

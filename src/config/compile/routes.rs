@@ -374,5 +374,9 @@ fn limit(
         on_failure,
         fallback,
         quota,
+        ban: l
+            .ban
+            .as_ref()
+            .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
     })
 }

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use super::conn::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
 use super::link::Link;
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
+use crate::limiter::ban::BanArgs;
 use crate::limiter::Rate;
 
 /// At most this many checks share one call.
@@ -52,7 +53,7 @@ struct Job {
     keys: PerBucket<String>,
     /// The slot of every key (on a single server, 0).
     slot: u16,
-    args: PerBucket<(Rate, u32, bool, Option<QuotaArgs>)>,
+    args: PerBucket<(Rate, u32, bool, Option<QuotaArgs>, Option<BanArgs>)>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
@@ -86,7 +87,7 @@ impl Batcher {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
-                .map(|b| (b.rate.clone(), b.cost, b.enforced, b.quota))
+                .map(|b| (b.rate.clone(), b.cost, b.enforced, b.quota, b.ban))
                 .collect(),
             deadline,
             reply,
@@ -180,13 +181,14 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             std::mem::take(&mut keys[first])
                 .into_iter()
                 .zip(&args[first])
-                .map(|(key, (rate, cost, enforced, quota))| Bucket {
+                .map(|(key, (rate, cost, enforced, quota, ban))| Bucket {
                     key,
                     slot,
                     rate,
                     cost: *cost,
                     enforced: *enforced,
                     quota: *quota,
+                    ban: *ban,
                 })
                 .collect()
         })

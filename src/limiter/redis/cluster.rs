@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
 use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
+use crate::limiter::ban::BanEvent;
 use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 use crate::log_gate::LogGate;
@@ -103,9 +104,12 @@ impl RedisLimiter {
             return Err(failure);
         }
         let mut verdicts: Vec<Option<Verdict>> = vec![None; buckets.len()];
+        let mut bans: Small<BanEvent> =
+            std::iter::repeat_n(BanEvent::None, buckets.len()).collect();
         for (members, reply) in groups.iter().zip(replies.into_iter().flatten()) {
-            for (&i, v) in members.iter().zip(reply.verdicts) {
+            for ((&i, v), ban) in members.iter().zip(reply.verdicts).zip(reply.bans) {
                 verdicts[i] = Some(v);
+                bans[i] = ban;
             }
         }
         let verdicts = verdicts.into_iter().collect::<Option<Small<_>>>();
@@ -113,6 +117,7 @@ impl RedisLimiter {
             all_admitted,
             verdicts: verdicts
                 .ok_or_else(|| Failure::new(Unavailable::Error, "a slot group went unanswered"))?,
+            bans,
         })
     }
 
@@ -163,6 +168,7 @@ impl RedisLimiter {
                     cost: *cost,
                     enforced: true,
                     quota: *quota,
+                    ban: None,
                 })
                 .collect();
             let run = on.conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
@@ -219,6 +225,7 @@ mod tests {
             cost: 1,
             enforced: true,
             quota: None,
+            ban: None,
         };
         let buckets = [
             bucket("t:per-ip:{aa}"),
