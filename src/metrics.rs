@@ -195,6 +195,7 @@ impl Metrics {
         };
         m.registry.register_collector(Box::new(process::Process));
         m.register();
+        m.register_bans();
         // Both series exist from the start, at 0, and generation 1 is the config started with.
         for result in [ReloadResult::ok, ReloadResult::failed] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -214,21 +215,6 @@ impl Metrics {
             "request_duration_seconds",
             "Time from a request's arrival to its response head, by route",
             self.durations.clone(),
-        );
-        r.register(
-            "bans",
-            "Bans begun (an identity's last strike), by route and limit",
-            self.bans.clone(),
-        );
-        r.register(
-            "banned_requests",
-            "Requests refused by a ban, by route and limit",
-            self.banned_requests.clone(),
-        );
-        r.register(
-            "ban_lifts",
-            "Bans seen lifted (the identity's first request after its ban), by route and limit",
-            self.ban_lifts.clone(),
         );
         r.register(
             "limit_decisions",
@@ -311,6 +297,25 @@ impl Metrics {
     }
 
     /// The Redis client's series.
+    fn register_bans(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
+            "bans",
+            "Bans begun (an identity's last strike), by route and limit",
+            self.bans.clone(),
+        );
+        r.register(
+            "banned_requests",
+            "Requests refused by a ban, by route and limit",
+            self.banned_requests.clone(),
+        );
+        r.register(
+            "ban_lifts",
+            "Bans seen lifted (the identity's first request after its ban), by route and limit",
+            self.ban_lifts.clone(),
+        );
+    }
+
     fn register_redis(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
         r.register(

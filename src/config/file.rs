@@ -408,8 +408,10 @@ fn ok() -> u16 {
     200
 }
 
+/// A token bucket (`rate`) or a calendar quota (`quota`): exactly one of the two.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }]))]
 pub struct Limit {
     pub name: String,
     /// Token bucket refill rate; give either `rate` or `quota`.

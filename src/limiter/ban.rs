@@ -223,7 +223,7 @@ mod tests {
         BanSpec {
             after: 3,
             within: Duration::from_secs(10),
-            first: Duration::from_secs(60),
+            first: Duration::from_mins(1),
             max: Duration::from_secs(200),
         }
     }

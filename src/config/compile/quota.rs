@@ -6,16 +6,64 @@ use std::time::Duration;
 use super::Problems;
 use crate::config::file;
 use crate::config::settings::{BanSpec, Period, QuotaSpec};
-use crate::config::values::RateValue;
+use crate::config::values::{self, RateValue};
 
-/// The quota of `l`: `None` without `quota:`, `Some(None)` when it is wrong (the problem is
-/// added), else the quota (its fallback count divided by `divide_by`).
-pub(super) fn quota(
+/// What kind of limit `l` is: its rate and burst (for a quota, its count over the period's
+/// nominal length) and its quota, each `None` where it is wrong (the problems are added).
+pub(super) fn shape(
     l: &file::Limit,
     path: &str,
     divide_by: u32,
     p: &mut Problems,
-) -> Option<Option<QuotaSpec>> {
+) -> (Option<RateValue>, Option<u32>, Option<QuotaSpec>) {
+    let quota = quota(l, path, divide_by, p);
+    let rate = match (&l.rate, &quota) {
+        (Some(r), Ok(None)) => p.take(format!("{path}.rate"), values::rate(r)),
+        (None, Ok(Some(q))) => Some(as_rate(q)),
+        (Some(_), Ok(Some(_)) | Err(())) => {
+            p.add(
+                path,
+                "has both `rate` and `quota`: a limit is a token bucket or a calendar quota",
+            );
+            None
+        }
+        (None, Err(())) => None,
+        (None, Ok(None)) => {
+            p.add(
+                path,
+                "needs `rate` (a token bucket, as `10/s`) or `quota` (a calendar quota, as `1000/day`)",
+            );
+            None
+        }
+    };
+    let quota = quota.ok().flatten();
+    let burst = match (l.burst, rate, &quota) {
+        (Some(_), _, Some(_)) => {
+            p.add(
+                format!("{path}.burst"),
+                "is for token buckets: a quota's burst is its count",
+            );
+            None
+        }
+        (Some(0), _, None) => {
+            p.add(format!("{path}.burst"), "must be at least 1");
+            None
+        }
+        (Some(b), _, None) => Some(b),
+        (None, Some(r), _) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        (None, None, _) => None,
+    };
+    (rate, burst, quota)
+}
+
+/// The quota of `l`: `Ok(None)` without `quota:`, `Err` when it is wrong (the problem is
+/// added), else the quota (its fallback count divided by `divide_by`).
+fn quota(
+    l: &file::Limit,
+    path: &str,
+    divide_by: u32,
+    p: &mut Problems,
+) -> Result<Option<QuotaSpec>, ()> {
     let Some(raw) = &l.quota else {
         if l.timezone.is_some() {
             p.add(
@@ -23,7 +71,7 @@ pub(super) fn quota(
                 "is for calendar quotas: set `quota` as well, or remove it",
             );
         }
-        return None;
+        return Ok(None);
     };
     let parsed = p.take(format!("{path}.quota"), parse(raw));
     let tz = match l.timezone.as_deref() {
@@ -36,9 +84,9 @@ pub(super) fn quota(
         ),
     };
     let (Some((count, period)), Some(tz)) = (parsed, tz) else {
-        return Some(None);
+        return Err(());
     };
-    Some(Some(QuotaSpec {
+    Ok(Some(QuotaSpec {
         count,
         period,
         tz,
@@ -106,7 +154,7 @@ fn parse(s: &str) -> Result<(u32, Period), String> {
 }
 
 /// The quota as a rate over its period's nominal length: what headers and reloads compare.
-pub(super) fn as_rate(q: &QuotaSpec) -> RateValue {
+fn as_rate(q: &QuotaSpec) -> RateValue {
     RateValue {
         count: f64::from(q.count),
         per: Duration::from_secs(u64::from(q.period.nominal_secs())),

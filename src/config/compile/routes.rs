@@ -284,43 +284,7 @@ fn limit(
             ),
         );
     }
-    let quota = super::quota::quota(l, path, ctx.limiter.divide_by, p);
-    let rate = match (&l.rate, &quota) {
-        (Some(r), None) => p.take(format!("{path}.rate"), values::rate(r)),
-        (None, Some(Some(q))) => Some(super::quota::as_rate(q)),
-        (Some(_), Some(_)) => {
-            p.add(
-                path,
-                "has both `rate` and `quota`: a limit is a token bucket or a calendar quota",
-            );
-            None
-        }
-        (None, Some(None)) => None,
-        (None, None) => {
-            p.add(
-                path,
-                "needs `rate` (a token bucket, as `10/s`) or `quota` (a calendar quota, as `1000/day`)",
-            );
-            None
-        }
-    };
-    let quota = quota.flatten();
-    let burst = match (l.burst, rate, &quota) {
-        (Some(_), _, Some(_)) => {
-            p.add(
-                format!("{path}.burst"),
-                "is for token buckets: a quota's burst is its count",
-            );
-            None
-        }
-        (Some(0), _, None) => {
-            p.add(format!("{path}.burst"), "must be at least 1");
-            None
-        }
-        (Some(b), _, None) => Some(b),
-        (None, Some(r), _) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
-        (None, None, _) => None,
-    };
+    let (rate, burst, quota) = super::quota::shape(l, path, ctx.limiter.divide_by, p);
     let cost = l.cost.unwrap_or(1);
     if cost == 0 {
         p.add(format!("{path}.cost"), "must be at least 1");

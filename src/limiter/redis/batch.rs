@@ -47,13 +47,16 @@ const GATHER_TURNS: usize = 4;
 /// A check's buckets, in a request's own allocation: a route has one or two limits.
 type PerBucket<T> = SmallVec<[T; 2]>;
 
+/// One bucket's rate, cost, enforcement, quota and ban, as the script takes them.
+type Args = (Rate, u32, bool, Option<QuotaArgs>, Option<BanArgs>);
+
 /// One request's check, waiting for its batch.
 struct Job {
     /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
     keys: PerBucket<String>,
     /// The slot of every key (on a single server, 0).
     slot: u16,
-    args: PerBucket<(Rate, u32, bool, Option<QuotaArgs>, Option<BanArgs>)>,
+    args: PerBucket<Args>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
