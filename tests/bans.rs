@@ -203,7 +203,22 @@ async fn a_ban_is_fleet_wide_outlives_the_refill_and_lifts_on_time() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    // Three more strikes, on the other replica: the level is Redis's, the ban doubles.
+    let statuses: Vec<u16> = http.statuses(4, &b.url("/"), &key).await;
+    let r = http.get_with(&a.url("/"), &key).await;
+    assert_eq!(
+        statuses,
+        [429, 429, 429, 429],
+        "the bucket refilled between the strikes (a slow machine)"
+    );
+    assert_eq!(problem(&r)["ban"], true);
+    assert!(retry(&r) >= 3, "a doubled ban (4 s): {}", r.text());
     let text = scrape(&a).await;
+    assert_eq!(
+        common::sample::<u64>(&text, "tollgate_bans_total{route=\"r\",limit=\"login\"}"),
+        1
+    );
+    let text = scrape(&b).await;
     assert_eq!(
         common::sample::<u64>(&text, "tollgate_bans_total{route=\"r\",limit=\"login\"}"),
         1
