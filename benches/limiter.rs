@@ -1,11 +1,13 @@
 //! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million;
-//! a calendar quota's check (its window computed per check, as a request does).
+//! a calendar quota's check (its window computed per check, as a request does); a ban's
+//! look-up and strike.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
 use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
 use tollgate::limiter::quota::window;
-use tollgate::limiter::{Period, QuotaSpec, Rate};
+use tollgate::limiter::ban::Bans;
+use tollgate::limiter::{BanSpec, Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {
     let rate = Rate {
@@ -84,5 +86,33 @@ fn quota_checks(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, limit_checks, quota_checks);
+fn ban_checks(c: &mut Criterion) {
+    let spec = BanSpec {
+        after: 10,
+        within: std::time::Duration::from_mins(1),
+        first: std::time::Duration::from_mins(5),
+        max: std::time::Duration::from_hours(1),
+    };
+    let bans = Bans::new(&spec, 1_000_000);
+    // What a request on a limit with a ban adds: the look-up before the check.
+    c.bench_function("ban look-up, identity not banned", |b| {
+        b.iter(|| black_box(bans.banned(ClientId(42), 0.0)));
+    });
+    let mut now = 0.0;
+    for _ in 0..10 {
+        bans.strike(ClientId(7), now);
+    }
+    c.bench_function("ban look-up, identity banned", |b| {
+        b.iter(|| black_box(bans.banned(ClientId(7), 1.0)));
+    });
+    // And a rejection by it: one strike.
+    c.bench_function("ban strike", |b| {
+        b.iter(|| {
+            now += 1.0;
+            black_box(bans.strike(ClientId(9), now))
+        });
+    });
+}
+
+criterion_group!(benches, limit_checks, quota_checks, ban_checks);
 criterion_main!(benches);
