@@ -1,9 +1,13 @@
-//! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million.
+//! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million;
+//! a calendar quota's check (its window computed per check, as a request does); a ban's
+//! look-up and strike.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
-use tollgate::limiter::local::{check, Buckets, Item, Peer};
-use tollgate::limiter::Rate;
+use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
+use tollgate::limiter::quota::window;
+use tollgate::limiter::ban::Bans;
+use tollgate::limiter::{BanSpec, Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {
     let rate = Rate {
@@ -19,6 +23,7 @@ fn limit_checks(c: &mut Criterion) {
                 peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
+                window: None,
             };
             black_box(check(&[item], &[true], 0.0))
         });
@@ -37,11 +42,77 @@ fn limit_checks(c: &mut Criterion) {
                 peer: Peer::default(),
                 rate: &rate,
                 cost: 1,
+                window: None,
             };
             black_box(check(&[item], &[true], 0.0))
         });
     });
 }
 
-criterion_group!(benches, limit_checks);
+fn quota_checks(c: &mut Criterion) {
+    let quota = QuotaSpec {
+        count: u32::MAX,
+        period: Period::Day,
+        tz: jiff::tz::TimeZone::get("Europe/Paris").expect("a zone"),
+        fallback_count: u32::MAX,
+    };
+    let rate = Rate {
+        per_sec: 1e6,
+        burst: u32::MAX,
+    };
+    let hot = Buckets::new(1_000_000).with_quota(Some(quota.clone()));
+    c.bench_function("local quota check (day, Europe/Paris), one hot key", |b| {
+        b.iter(|| {
+            let item = Item {
+                buckets: &hot,
+                client: ClientId(42),
+                peer: Peer::default(),
+                rate: &rate,
+                cost: 1,
+                window: Some(window(&quota, wall_us(), quota.count)),
+            };
+            black_box(check(&[item], &[true], 0.0))
+        });
+    });
+    c.bench_function("quota window only (day, Europe/Paris)", |b| {
+        b.iter(|| black_box(window(&quota, wall_us(), quota.count)));
+    });
+    let utc = QuotaSpec {
+        tz: jiff::tz::TimeZone::UTC,
+        ..quota.clone()
+    };
+    c.bench_function("quota window only (day, UTC)", |b| {
+        b.iter(|| black_box(window(&utc, wall_us(), utc.count)));
+    });
+}
+
+fn ban_checks(c: &mut Criterion) {
+    let spec = BanSpec {
+        after: 10,
+        within: std::time::Duration::from_mins(1),
+        first: std::time::Duration::from_mins(5),
+        max: std::time::Duration::from_hours(1),
+    };
+    let bans = Bans::new(&spec, 1_000_000);
+    // What a request on a limit with a ban adds: the look-up before the check.
+    c.bench_function("ban look-up, identity not banned", |b| {
+        b.iter(|| black_box(bans.banned(ClientId(42), 0.0)));
+    });
+    let mut now = 0.0;
+    for _ in 0..10 {
+        bans.strike(ClientId(7), now);
+    }
+    c.bench_function("ban look-up, identity banned", |b| {
+        b.iter(|| black_box(bans.banned(ClientId(7), 1.0)));
+    });
+    // And a rejection by it: one strike.
+    c.bench_function("ban strike", |b| {
+        b.iter(|| {
+            now += 1.0;
+            black_box(bans.strike(ClientId(9), now))
+        });
+    });
+}
+
+criterion_group!(benches, limit_checks, quota_checks, ban_checks);
 criterion_main!(benches);

@@ -69,6 +69,9 @@ fn limit(name: &str) -> Limit {
             per_sec: 1e6,
             burst: 1_000_000,
         },
+        quota: None,
+        ban: None,
+        bans: None,
     }
 }
 

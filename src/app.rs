@@ -364,6 +364,9 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         let mut forgotten = 0;
         for limit in runtime.limits() {
             forgotten += limit.local.sweep(now);
+            if let Some(bans) = &limit.bans {
+                forgotten += bans.sweep(now);
+            }
         }
         for upstream in &runtime.upstreams {
             upstream.expire_idle();

@@ -179,12 +179,30 @@ pub fn summary(s: &Settings) -> String {
             if !l.exempt.is_empty() {
                 let _ = write!(flags, ", {} exemptions", l.exempt.len());
             }
+            if let Some(b) = &l.ban {
+                let _ = write!(
+                    flags,
+                    ", ban after {} within {:?} for {:?} up to {:?}",
+                    b.after, b.within, b.first, b.max
+                );
+            }
+            let shape = match &l.quota {
+                Some(q) => format!(
+                    "quota {}/{} ({})",
+                    q.count,
+                    format!("{:?}", q.period).to_lowercase(),
+                    q.tz.iana_name().unwrap_or("UTC")
+                ),
+                None => format!(
+                    "{}, burst {}",
+                    describe_rate(l.rate.per_sec),
+                    l.rate.burst
+                ),
+            };
             let _ = writeln!(
                 out,
-                "  limit {}: {}, burst {}, key {}{flags}, on_failure {}",
+                "  limit {}: {shape}, key {}{flags}, on_failure {}",
                 l.name,
-                describe_rate(l.rate.per_sec),
-                l.rate.burst,
                 describe_key(l),
                 format!("{:?}", l.on_failure).to_lowercase()
             );

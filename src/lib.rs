@@ -26,8 +26,8 @@
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
-//! - `limiter`: token-bucket arithmetic, the per-request `Decision`, the in-process and Redis
-//!   stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
+//! - `limiter`: token-bucket arithmetic, calendar quotas (`quota`) and escalating bans
+//!   (`ban`), the per-request `Decision`, the in-process and Redis stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
 //!   WebSocket tunnels. `metrics`: the Prometheus registry, served in the format the
 //!   scraper asks for. `response`: 429 and the error responses.

@@ -67,6 +67,13 @@ pub struct LimitLabels {
     pub limit: String,
 }
 
+/// A limit of a route (the labels of the ban counters).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLimitLabels {
+    pub route: String,
+    pub limit: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CertLabels {
     /// The listener's configured address.
@@ -100,6 +107,10 @@ pub struct Metrics {
     // Written by every request: per thread (see `sharded`).
     pub requests: Family<RequestLabels, sharded::Counter>,
     pub decisions: Family<DecisionLabels, sharded::Counter>,
+    /// Bans begun, requests refused by a ban, bans lifted (seen lifted by a request).
+    pub bans: Family<RouteLimitLabels, Counter>,
+    pub banned_requests: Family<RouteLimitLabels, Counter>,
+    pub ban_lifts: Family<RouteLimitLabels, Counter>,
     durations: Family<RouteLabels, sharded::Histogram>,
     pub backend_seconds: sharded::Histogram,
     /// Checks that went to Redis: sent until answered or failed (see `RedisLimiter`).
@@ -151,6 +162,9 @@ impl Metrics {
             registry: Registry::default(),
             requests: Family::default(),
             decisions: Family::default(),
+            bans: Family::default(),
+            banned_requests: Family::default(),
+            ban_lifts: Family::default(),
             durations: Family::new_with_constructor(latency_histogram),
             backend_seconds: latency_histogram(),
             redis_check_seconds: latency_histogram(),
@@ -181,6 +195,7 @@ impl Metrics {
         };
         m.registry.register_collector(Box::new(process::Process));
         m.register();
+        m.register_bans();
         // Both series exist from the start, at 0, and generation 1 is the config started with.
         for result in [ReloadResult::ok, ReloadResult::failed] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });
@@ -282,6 +297,25 @@ impl Metrics {
     }
 
     /// The Redis client's series.
+    fn register_bans(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
+            "bans",
+            "Bans begun (an identity's last strike), by route and limit",
+            self.bans.clone(),
+        );
+        r.register(
+            "banned_requests",
+            "Requests refused by a ban, by route and limit",
+            self.banned_requests.clone(),
+        );
+        r.register(
+            "ban_lifts",
+            "Bans seen lifted (the identity's first request after its ban), by route and limit",
+            self.ban_lifts.clone(),
+        );
+    }
+
     fn register_redis(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
         r.register(

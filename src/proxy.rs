@@ -488,6 +488,19 @@ fn count(state: &State, trace: &Trace<'_>, status: StatusCode, started: Instant)
     }
     counters.decided(decision);
     for r in &decision.results {
+        let family = match r.ban {
+            limiter::ban::BanEvent::None => continue,
+            limiter::ban::BanEvent::Refused => &m.banned_requests,
+            limiter::ban::BanEvent::Started(_) => &m.bans,
+            limiter::ban::BanEvent::Lifted => &m.ban_lifts,
+        };
+        let labels = crate::metrics::RouteLimitLabels {
+            route: route.name.to_string(),
+            limit: route.limits[r.index].name.to_string(),
+        };
+        family.get_or_create(&labels).inc();
+    }
+    for r in &decision.results {
         if r.outcome == Outcome::ShadowLimited {
             tracing::info!(
                 route = &*route.name,

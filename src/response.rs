@@ -65,8 +65,9 @@ struct Last429 {
     /// The limit it was written for. A `Weak` keeps the allocation, so no other limit can
     /// take its address while it is remembered, but not the limit's buckets.
     limit: Weak<Limit>,
-    /// What its numbers were: retry after, tokens left, seconds until full.
-    numbers: (u64, u64, u64),
+    /// What its numbers were: retry after, tokens left, seconds until full, and whether it
+    /// is a ban's.
+    numbers: (u64, u64, u64, bool),
     policy: HeaderPolicy,
     headers: HeaderMap,
     body: Bytes,
@@ -92,6 +93,10 @@ pub fn too_many_requests(
                 secs_up(v.retry_after_us).max(1),
                 v.remaining,
                 secs_up(v.reset_us),
+                !matches!(
+                    r.ban,
+                    crate::limiter::ban::BanEvent::None | crate::limiter::ban::BanEvent::Lifted
+                ),
             );
             let same = |last: &Last429| {
                 std::ptr::eq(last.limit.as_ptr(), Arc::as_ptr(limit))
@@ -104,7 +109,8 @@ pub fn too_many_requests(
                     .map(|last| (last.headers.clone(), last.body.clone()))
             });
             again.unwrap_or_else(|| {
-                let (headers, body) = head_429(&limit.name, numbers.0, route, decision, policy);
+                let (headers, body) =
+                    head_429(&limit.name, (numbers.0, numbers.3), route, decision, policy);
                 LAST_429.set(Some(Last429 {
                     limit: Arc::downgrade(limit),
                     numbers,
@@ -115,7 +121,7 @@ pub fn too_many_requests(
                 (headers, body)
             })
         }
-        None => head_429("", 1, route, decision, policy),
+        None => head_429("", (1, false), route, decision, policy),
     };
     let mut res = Response::new(Either::Right(Full::new(body)));
     *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -126,7 +132,7 @@ pub fn too_many_requests(
 /// The headers and body of a 429 naming limit `name`, retry after `retry` seconds.
 fn head_429(
     name: &str,
-    retry: u64,
+    (retry, ban): (u64, bool),
     route: (&[Arc<Limit>], &[Rendered]),
     decision: &Decision,
     policy: HeaderPolicy,
@@ -135,15 +141,27 @@ fn head_429(
     let retry_text = numbers.format(retry);
     let mut body = String::with_capacity(160 + 2 * name.len());
     body.push_str(
-        "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit '",
+        "{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"",
     );
+    body.push_str(if ban {
+        "Banned by rate limit '"
+    } else {
+        "Rate limit '"
+    });
     body.push_str(name);
-    body.push_str("' exceeded; retry in ");
+    body.push_str(if ban {
+        "' after repeated rejections; retry in "
+    } else {
+        "' exceeded; retry in "
+    });
     body.push_str(retry_text);
     body.push_str(" s.\",\"limit\":\"");
     body.push_str(name);
     body.push_str("\",\"retry_after\":");
     body.push_str(retry_text);
+    if ban {
+        body.push_str(",\"ban\":true");
+    }
     body.push_str("}\n");
     // Content-Type, Retry-After and the five rate-limit headers, with room to spare for the
     // `Connection: close` a request with an unread body gets.

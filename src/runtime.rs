@@ -115,16 +115,22 @@ impl Runtime {
                     let capped = (!l.key.one_per_address()).then_some(per_peer);
                     let local = match old_limits.get(&*l.name) {
                         Some(old)
-                            if old.rate == l.rate && old.local.has_caps(max_buckets, capped) =>
+                            if old.rate == l.rate
+                                && old.local.quota() == l.quota.as_ref()
+                                && old.local.has_caps(max_buckets, capped) =>
                         {
                             old.local.clone()
                         }
-                        _ => Arc::new(match capped {
-                            Some(n) => Buckets::capped_per_peer(max_buckets, n),
-                            None => Buckets::new(max_buckets),
-                        }),
+                        _ => Arc::new(
+                            match capped {
+                                Some(n) => Buckets::capped_per_peer(max_buckets, n),
+                                None => Buckets::new(max_buckets),
+                            }
+                            .with_quota(l.quota.clone()),
+                        ),
                     };
-                    Arc::new(Limit::new(l, local))
+                    let previous = old_limits.get(&*l.name).map(|o| &***o);
+                    Arc::new(Limit::new(l, local).with_bans(l, previous, max_buckets))
                 })
                 .collect();
             let action = match &spec.action {

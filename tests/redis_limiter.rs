@@ -33,6 +33,7 @@ fn local_one(lim: &Limit, client: u128, clock: &Clock) -> Verdict {
         peer: local::Peer::default(),
         rate: &lim.rate,
         cost: lim.cost,
+        window: None,
     };
     local::check(&[item], &[true], clock.now_us())[0]
 }

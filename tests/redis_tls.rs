@@ -70,6 +70,9 @@ async fn rediss_with_an_acl_user() {
             per_sec: 1.0,
             burst: 1,
         },
+        quota: None,
+        ban: None,
+        bans: None,
     };
     let checks = [Check {
         limit: &lim,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::schema::{DURATION, RATE, SIZE};
+use super::schema::{DURATION, QUOTA, RATE, SIZE};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -279,6 +279,24 @@ pub struct HealthCheck {
     pub unhealthy_threshold: Option<u32>,
 }
 
+/// `routes[].limits[].ban`: an escalating ban.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ban {
+    /// Rejections by the limit that ban the identity.
+    pub after: u32,
+    /// The window those rejections must fall in (from the first of them).
+    #[schemars(pattern(DURATION))]
+    pub within: String,
+    /// The first ban's length; each ban while the previous one is remembered doubles it.
+    #[schemars(pattern(DURATION))]
+    #[serde(rename = "for")]
+    pub first: String,
+    /// The longest ban.
+    #[schemars(pattern(DURATION))]
+    pub max: String,
+}
+
 /// `upstreams.NAME.keepalive`: the pool of idle connections to each target.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -390,13 +408,24 @@ fn ok() -> u16 {
     200
 }
 
+/// A token bucket (`rate`) or a calendar quota (`quota`): exactly one of the two.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }]))]
 pub struct Limit {
     pub name: String,
+    /// Token bucket refill rate; give either `rate` or `quota`.
     #[schemars(pattern(RATE))]
-    pub rate: String,
+    pub rate: Option<String>,
     pub burst: Option<u32>,
+    /// Calendar quota, as `1000/day` (`hour`, `day`, `week`, `month`): fixed windows aligned
+    /// to the calendar of `timezone`; give either `rate` or `quota`.
+    #[schemars(pattern(QUOTA))]
+    pub quota: Option<String>,
+    /// IANA time zone of a quota's calendar (default `UTC`).
+    pub timezone: Option<String>,
+    /// Refuse an identity outright once this limit has rejected it `after` times `within`.
+    pub ban: Option<Ban>,
     pub key: Vec<String>,
     pub cost: Option<u32>,
     #[serde(default)]

@@ -139,6 +139,56 @@ pub struct LimitSpec {
     pub on_failure: FailurePolicy,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+    /// `quota:`: counted per calendar window instead of by token bucket (then `rate` is the
+    /// quota spread over the period's nominal length, for headers and reload comparison).
+    pub quota: Option<QuotaSpec>,
+    /// `ban:`: an identity this limit keeps rejecting is refused outright for a while.
+    pub ban: Option<BanSpec>,
+}
+
+/// An escalating ban: `after` rejections by the limit within `within` ban the identity for
+/// `first`, doubling with each ban while its level is remembered, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BanSpec {
+    pub after: u32,
+    pub within: std::time::Duration,
+    pub first: std::time::Duration,
+    pub max: std::time::Duration,
+}
+
+/// A calendar quota: `count` per calendar `period` in `tz`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuotaSpec {
+    pub count: u32,
+    pub period: Period,
+    /// The IANA zone whose calendar the windows follow.
+    pub tz: jiff::tz::TimeZone,
+    /// The stricter per-replica count the `local` failure policy enforces without Redis.
+    pub fallback_count: u32,
+}
+
+/// The calendar period of a quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    Hour,
+    Day,
+    /// Monday to Monday.
+    Week,
+    /// A calendar month.
+    Month,
+}
+
+impl Period {
+    /// The period's nominal length in seconds: the `w` of `RateLimit-Policy` (a month is 30
+    /// days there; the window itself is the calendar month).
+    pub fn nominal_secs(self) -> u32 {
+        match self {
+            Period::Hour => 3600,
+            Period::Day => 86_400,
+            Period::Week => 604_800,
+            Period::Month => 2_592_000,
+        }
+    }
 }
 
 /// The numbers of one limit.

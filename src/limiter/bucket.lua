@@ -16,20 +16,43 @@
 --                      at the same moment), sent as groups of identical checks (the same
 --                      buckets with the same values: one hot client, or a limit every client
 --                      shares): ARGV[2] is the number of groups, then per group the number m
---                      of checks in it, its number of buckets n, then its buckets' four values
+--                      of checks in it, its number of buckets n, then its buckets' five values
 --                      each. A group takes n KEYS, in order; its m checks run one after the
 --                      other, as m "check" calls would, and the groups run in order.
--- ARGV[2 + 4*(i-1) ..]  per bucket i, four values:
---             token_us  microseconds per token (1e6 / rate)
---             tau_us    burst * token_us
+-- ARGV[2 + 5*(i-1) ..]  per bucket i, five values:
+--             token_us  microseconds per token (1e6 / rate); for a quota, its count N
+--             tau_us    burst * token_us (unused for a quota)
 --             cost      tokens this request takes
 --             enforced  1, or 0 for a shadow bucket (its rejection blocks nothing)
+--             window    "-" for a token bucket with no ban; else space-separated parts:
+--                       "q s0 s1 s2 s3" for a calendar quota, the window bounds (microseconds
+--                       since EPOCH) the proxy computed for its own now: the windows
+--                       [s0, s1), [s1, s2) and [s2, s3). The one holding Redis's `now` is
+--                       counted in (so replicas agree at a boundary whatever their clocks say,
+--                       within a window), [s1, s2) if none does. Then "b after within for max"
+--                       (microseconds) for a limit with a ban (see "Bans" below).
 --
--- Returns, for "check", one string: per bucket i, three big-endian doubles (24 bytes),
+-- A quota bucket in its window [s, e) of N, with tok = (e - s) / N, holds the same one number:
+-- `tat` = s + used * tok. used = clamp(floor((tat - s) / tok + 0.5), 0, N) (a `tat` of an
+-- earlier window is at most s: 0); it admits when used + cost <= N, and is then written as
+-- s + (used + cost) * tok, expiring at e; reset and retry are e - now. `limiter::quota::step`
+-- is the same arithmetic.
+--
+-- Bans. A bucket with a ban has a hash `<key>:ban` (the same hash tag, so the same slot):
+-- u (banned until), l (bans so far), lu (l is forgotten then), s (strikes), su (the strikes'
+-- window ends). `limiter::ban` is the same arithmetic: while u > now the bucket refuses
+-- without a step (reply code 1; no strike anywhere in the check); once this limit rejects
+-- `after` times within `within` (from the first strike), the identity is banned for
+-- min(for * 2^l, max) if lu > now (else for), l += 1, lu = u + max (code 3, the retry being
+-- the ban). The first check after a ban ends says so (code 2). The hash expires when u, lu and
+-- su are all past.
+--
+-- Returns, for "check", one string: per bucket i, four big-endian doubles (32 bytes),
 --        remaining whole tokens,
 --        reset_us (microseconds until the bucket is full, rounded up),
 --        retry_after_us (microseconds until `cost` tokens exist, rounded up; 0 if and only if
---        the bucket admits: a rejection is always at least 1).
+--        the bucket admits: a rejection is always at least 1),
+--        the ban code (0 none, 1 refused by a ban, 2 a ban seen lifted, 3 a ban begun).
 --        One packed string rather than an array of integers: the client parses a batch's
 --        reply of hundreds of numbers as one bulk string, which costs it a small fraction of
 --        parsing as many RESP integers, and Redis writes it with one memcpy.
@@ -74,10 +97,32 @@ local mode = ARGV[1]
 if mode == 'refund' then
   local refunded = 0
   for i = 1, #KEYS do
-    local a = 2 + 4 * (i - 1)
+    local a = 2 + 5 * (i - 1)
     local tok, tau, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local tat = tonumber(call('GET', KEYS[i]))
-    if tat and tat - now > tau + 1 then
+    local w = ARGV[a + 4]
+    if string.sub(w, 1, 1) == 'q' then
+      -- A quota: give back `cost` of this window's count.
+      local s0, s1, s2, s3 = string.match(w, '^q (-?%d+) (-?%d+) (-?%d+) (-?%d+)')
+      s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
+      local s, e = s1, s2
+      if now >= s0 and now < s1 then
+        s, e = s0, s1
+      elseif now >= s2 and now < s3 then
+        s, e = s2, s3
+      end
+      local qtok = (e - s) / tok
+      if tat and tat > s then
+        refunded = refunded + 1
+        local back = math.min(floor((tat - s) / qtok + 0.5), tok) - cost
+        if back > 0 then
+          call('SET', KEYS[i], format('%.17g', s + back * qtok), 'PX', max(1, ceil((e - now) / 1000)))
+        else
+          call('DEL', KEYS[i])
+        end
+      end
+      tat = nil
+    elseif tat and tat - now > tau + 1 then
       tat = now + tau
     end
     if tat then
@@ -117,41 +162,151 @@ end
 -- whole tokens left, tolerant of the float error of an exact multiple (as `whole_tokens`). It
 -- is written twice below, in `check` and in the loop of a group of one bucket: keep them alike.
 local out = {}
+-- When a quota's key is to expire (its window's end), by key; token buckets expire at `tat`.
+local expires = {}
+-- Ban states read (one HMGET of `<key>:ban` per bucket with a ban, at its first check in the
+-- call), and those to write back.
+local bans = {}
+local ban_dirty = {}
 
 -- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values start at ARGV[a] (four each); append
 -- the check's reply to `out`; charge the buckets when every enforced one admits.
 local function check(k0, a, n)
   local new_tats = {}
+  local ends = {}
   local all_admit = true
+  -- Rejections by limits with a ban, counted as strikes once the loop knows no ban refused
+  -- the request (a refused request is no strike anywhere).
+  local strikes = {}
+  local refused = false
   for i = 1, n do
-    local b = a + 4 * (i - 1)
+    local b = a + 5 * (i - 1)
     local tok, tau, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local key = KEYS[k0 + i]
     local tat = tats[key]
-    if tat and tat - now > tau + 1 then
-      -- Redis's clock stepped back (see the header): an empty bucket from now on.
-      tat = now + tau
-      tats[key], written[key] = tat, tat
-    end
-    local base = now
-    if tat and tat > now then
-      base = tat
-    end
-    local new_tat = base + cost * tok
-    local reset, retry = new_tat - now, 0
-    if new_tat - now <= tau + 1e-6 then
-      new_tats[i] = new_tat
-    else
-      reset, retry = base - now, new_tat - now - tau
-      if ARGV[b + 3] == '1' then
-        all_admit = false
+    local w = ARGV[b + 4]
+    local enforced = ARGV[b + 3] == '1'
+    local remaining, reset, retry, code = 0, 0, 0, 0
+    local ban, after, within, first, bmax
+    if w ~= '-' then
+      after, within, first, bmax = string.match(w, 'b (%d+) (%d+) (%d+) (%d+)$')
+      if after then
+        ban = bans[key]
+        if not ban then
+          local v = call('HMGET', key .. ':ban', 'u', 'l', 'lu', 's', 'su')
+          ban = {
+            u = tonumber(v[1]) or 0, l = tonumber(v[2]) or 0, lu = tonumber(v[3]) or 0,
+            s = tonumber(v[4]) or 0, su = tonumber(v[5]) or 0,
+          }
+          bans[key] = ban
+        end
       end
     end
-    local remaining = floor((tau - reset) / tok + 1e-9)
-    if remaining < 0 then
-      remaining = 0
+    if ban and ban.u > now then
+      -- Banned: refused without a step.
+      refused, code = true, 1
+      reset, retry = ban.u - now, ban.u - now
+      if enforced then
+        all_admit = false
+      end
+    else
+      if ban and ban.u > 0 then
+        -- The ban is over: this request is the first since.
+        ban.u, code = 0, 2
+        ban_dirty[key] = true
+      end
+      local s0, s1, s2, s3
+      if w ~= '-' then
+        s0, s1, s2, s3 = string.match(w, '^q (-?%d+) (-?%d+) (-?%d+) (-?%d+)')
+      end
+      if s0 then
+        -- A calendar quota (see the header); `tok` carries its count.
+        s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
+        local s, e = s1, s2
+        if now >= s0 and now < s1 then
+          s, e = s0, s1
+        elseif now >= s2 and now < s3 then
+          s, e = s2, s3
+        end
+        local qtok = (e - s) / tok
+        local used = 0
+        if tat then
+          used = floor((tat - s) / qtok + 0.5)
+          if used < 0 then
+            used = 0
+          elseif used > tok then
+            used = tok
+          end
+        end
+        reset = e - now
+        if reset < 1 then
+          reset = 1
+        end
+        remaining = tok - used - cost
+        if used + cost <= tok then
+          new_tats[i], ends[i] = s + (used + cost) * qtok, e
+        else
+          retry, remaining = reset, tok - used
+        end
+      else
+        if tat and tat - now > tau + 1 then
+          -- Redis's clock stepped back (see the header): an empty bucket from now on.
+          tat = now + tau
+          tats[key], written[key] = tat, tat
+        end
+        local base = now
+        if tat and tat > now then
+          base = tat
+        end
+        local new_tat = base + cost * tok
+        reset = new_tat - now
+        if new_tat - now <= tau + 1e-6 then
+          new_tats[i] = new_tat
+        else
+          reset, retry = base - now, new_tat - now - tau
+        end
+        remaining = floor((tau - reset) / tok + 1e-9)
+        if remaining < 0 then
+          remaining = 0
+        end
+      end
+      if retry > 0 then
+        if enforced then
+          all_admit = false
+        end
+        if ban then
+          strikes[#strikes + 1] = {
+            key = key, ban = ban, o = #out + 1, remaining = remaining, reset = reset,
+            after = tonumber(after), within = tonumber(within), first = tonumber(first),
+            bmax = tonumber(bmax),
+          }
+        end
+      end
     end
-    out[#out + 1] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+    out[#out + 1] = pack('>dddd', remaining, ceil(reset), ceil(retry), code)
+  end
+  if not refused then
+    for _, st in ipairs(strikes) do
+      -- One strike (`limiter::ban`): the window opens at the first; the last one bans.
+      local ban = st.ban
+      if ban.su <= now then
+        ban.s, ban.su = 0, now + st.within
+      end
+      ban.s = ban.s + 1
+      if ban.s >= st.after then
+        local level = 0
+        if ban.lu > now then
+          level = ban.l
+        end
+        local length = st.first * 2 ^ level
+        if length > st.bmax then
+          length = st.bmax
+        end
+        ban.u, ban.l, ban.lu, ban.s, ban.su = now + length, level + 1, now + length + st.bmax, 0, 0
+        out[st.o] = pack('>dddd', st.remaining, ceil(max(st.reset, length)), ceil(length), 3)
+      end
+      ban_dirty[st.key] = true
+    end
   end
   if all_admit then
     for i = 1, n do
@@ -159,6 +314,9 @@ local function check(k0, a, n)
       if tat then
         local key = KEYS[k0 + i]
         tats[key], written[key] = tat, tat
+        if ends[i] then
+          expires[key] = ends[i]
+        end
       end
     end
   end
@@ -168,7 +326,7 @@ if mode == 'batch' then
   local k0, a = 0, 3
   for _ = 1, tonumber(ARGV[2]) do
     local m, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if n == 1 then
+    if n == 1 and ARGV[a + 6] == '-' then
       -- A group of m checks of one bucket each (a route with one limit, the common case): the
       -- steps of `check`, with the bucket kept in a local from one check to the next. This loop
       -- is where a hot key's checks go.
@@ -198,7 +356,7 @@ if mode == 'batch' then
           remaining = 0
         end
         o = o + 1
-        out[o] = pack('>ddd', remaining, ceil(reset), ceil(retry))
+        out[o] = pack('>dddd', remaining, ceil(reset), ceil(retry), 0)
       end
       if charged then
         tats[key], written[key] = tat, tat
@@ -210,12 +368,25 @@ if mode == 'batch' then
       end
     end
     k0 = k0 + n
-    a = a + 2 + 4 * n
+    a = a + 2 + 5 * n
   end
 else
   check(0, 2, #KEYS)
 end
 for key, tat in pairs(written) do
-  call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))
+  local until_us = expires[key] or tat
+  call('SET', key, format('%.17g', tat), 'PX', max(1, ceil((until_us - now) / 1000)))
+end
+for key in pairs(ban_dirty) do
+  local ban = bans[key]
+  -- Kept while the ban, its level or its strikes' window lasts.
+  local keep = max(ban.u, ban.lu, ban.su) - now
+  if keep > 0 then
+    call('HSET', key .. ':ban', 'u', format('%.17g', ban.u), 'l', ban.l,
+      'lu', format('%.17g', ban.lu), 's', ban.s, 'su', format('%.17g', ban.su))
+    call('PEXPIRE', key .. ':ban', max(1, ceil(keep / 1000)))
+  else
+    call('DEL', key .. ':ban')
+  end
 end
 return table.concat(out)

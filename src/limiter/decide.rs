@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::redis::RedisLimiter;
-use super::{local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
+use super::{
+    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict,
+};
 use crate::identity::RequestView;
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
@@ -33,6 +35,7 @@ pub async fn decide(
             fallback: false,
             shadow: limit.shadow,
             client,
+            ban: super::ban::BanEvent::None,
         });
         if let Some(client) = client {
             checks.push(Check { limit, client });
@@ -45,23 +48,79 @@ pub async fn decide(
     // Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
     let peer = local::Peer::of(view.client_ip);
     match redis {
-        None => record(
-            &mut results,
-            &checks,
-            &in_process(&checks, &enforced, peer, now, false),
-            false,
-        ),
+        None => {
+            // A banned identity is refused before any bucket is asked (Redis's bans come back
+            // with its verdicts instead).
+            if local_bans(&mut results, &checks, now) {
+                return Decision { results };
+            }
+            let verdicts = in_process(&checks, &enforced, peer, now, false);
+            record(&mut results, &checks, &verdicts, false);
+            strikes(&mut results, &checks, now);
+        }
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
         Some(r) => {
-            let check = crate::boxed(|| r.check_on(worker, &checks, &enforced));
+            let check = crate::boxed(|| r.check_bans(worker, &checks, &enforced));
             match check.await {
-                Ok(verdicts) => record(&mut results, &checks, &verdicts, false),
+                Ok((verdicts, bans)) => {
+                    record(&mut results, &checks, &verdicts, false);
+                    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+                    for ((r, c), event) in checked.zip(&checks).zip(bans) {
+                        r.ban = event;
+                        super::ban::log(c, event);
+                    }
+                }
                 Err(_) => without_backend(&mut results, &checks, peer, now),
             }
         }
     }
     Decision { results }
+}
+
+/// Refuse the request if an in-process ban holds one of its identities: that limit's result
+/// says so, and nothing is checked. Returns whether it did; notes the bans seen lifted.
+fn local_bans(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) -> bool {
+    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+    for (r, c) in checked.zip(checks) {
+        let Some(bans) = &c.limit.bans else {
+            continue;
+        };
+        let (left, event) = bans.banned(c.client, now);
+        r.ban = event;
+        super::ban::log(c, event);
+        if let Some(left) = left {
+            r.outcome = Outcome::Limited;
+            r.verdict = Some(Verdict {
+                admitted: false,
+                remaining: 0,
+                reset_us: left,
+                retry_after_us: left,
+            });
+            return true;
+        }
+    }
+    false
+}
+
+/// Count a strike for each limit with a ban that rejected the request; the one that bans
+/// answers with the ban's length as its retry time.
+fn strikes(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
+    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+    for (r, c) in checked.zip(checks) {
+        let (Some(bans), Outcome::Limited) = (&c.limit.bans, r.outcome) else {
+            continue;
+        };
+        let event = bans.strike(c.client, now);
+        if let super::ban::BanEvent::Started(length) = event {
+            r.ban = event;
+            if let Some(v) = &mut r.verdict {
+                v.retry_after_us = length as f64;
+                v.reset_us = v.reset_us.max(length as f64);
+            }
+            super::ban::log(c, event);
+        }
+    }
 }
 
 /// The in-process check, at each limit's own rate or at its stricter fallback rate.
@@ -72,6 +131,11 @@ fn in_process(
     now: f64,
     fallback: bool,
 ) -> Small<Verdict> {
+    // Quotas count in calendar windows, on the wall clock (read once, and only for them).
+    let wall = checks
+        .iter()
+        .any(|c| c.limit.quota.is_some())
+        .then(local::wall_us);
     let items: Small<local::Item<'_>> = checks
         .iter()
         .map(|c| local::Item {
@@ -84,6 +148,10 @@ fn in_process(
                 &c.limit.rate
             },
             cost: c.limit.cost,
+            window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                let count = if fallback { q.fallback_count } else { q.count };
+                quota::window(q, wall, count)
+            }),
         })
         .collect();
     local::check(&items, enforced, now)

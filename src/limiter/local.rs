@@ -37,7 +37,8 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use self::peers::Peer;
 use self::peers::{PeerShard, Peers};
-use super::{step, Rate, Small, Verdict};
+use super::quota::{self, Window};
+use super::{step, QuotaSpec, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
 const SHARDS: usize = 64;
@@ -65,6 +66,30 @@ impl Clock {
     pub fn at_us(&self, at: Instant) -> f64 {
         at.saturating_duration_since(self.origin).as_secs_f64() * 1e6
     }
+}
+
+/// Wall-clock microseconds since the UNIX epoch at `at`: the system clock as read once per
+/// process, moved on by tokio's clock since (so a test that pauses time moves it, and every
+/// clock of the process agrees). Calendar quotas take their windows from it.
+pub fn wall_at(at: Instant) -> f64 {
+    static ANCHOR: std::sync::LazyLock<(std::time::Instant, f64)> =
+        std::sync::LazyLock::new(|| {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6);
+            (std::time::Instant::now(), wall)
+        });
+    let (origin, wall) = *ANCHOR;
+    let at = at.into_std();
+    match at.checked_duration_since(origin) {
+        Some(d) => wall + d.as_secs_f64() * 1e6,
+        None => wall - origin.duration_since(at).as_secs_f64() * 1e6,
+    }
+}
+
+/// `wall_at` now.
+pub fn wall_us() -> f64 {
+    wall_at(Instant::now())
 }
 
 impl Default for Clock {
@@ -113,6 +138,9 @@ pub struct Buckets {
     per_peer_cap: u32,
     overflowed: AtomicU64,
     peer_overflowed: AtomicU64,
+    /// A quota limit's buckets hold wall-clock `tat`s, forgotten once their window is over
+    /// (not once they are below now: that would hand back what the window used).
+    quota: Option<QuotaSpec>,
 }
 
 /// One bucket to check: whose buckets, which client (and from which peer), at what rate and
@@ -124,6 +152,8 @@ pub struct Item<'a> {
     pub peer: Peer,
     pub rate: &'a Rate,
     pub cost: u32,
+    /// A quota's window: counted by `quota::step` instead of the token bucket's.
+    pub window: Option<Window>,
 }
 
 /// Where one item of a check is counted, locked.
@@ -161,7 +191,20 @@ impl Buckets {
                 .map_or(u32::MAX, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
             overflowed: AtomicU64::new(0),
             peer_overflowed: AtomicU64::new(0),
+            quota: None,
         }
+    }
+
+    /// These buckets count quota `q` (their `tat`s are wall-clock times: see `sweep`).
+    #[must_use]
+    pub fn with_quota(mut self, q: Option<QuotaSpec>) -> Self {
+        self.quota = q;
+        self
+    }
+
+    /// The quota these buckets count, if any (a reload keeps them only for the same one).
+    pub fn quota(&self) -> Option<&QuotaSpec> {
+        self.quota.as_ref()
     }
 
     /// Whether these buckets were built with these caps (a reload keeps them only then).
@@ -176,7 +219,8 @@ impl Buckets {
     }
 
     /// Lock the slot `client` (from `peer`) is counted in, following the exhaustion policy
-    /// (see the module doc) when it has no bucket yet.
+    /// (see the module doc) when it has no bucket yet. Buckets with a `tat` of at most `now`
+    /// are free to reclaim (for a quota, `now` is its window's start).
     fn lock(&self, client: ClientId, peer: Peer, now: f64) -> Slot<'_> {
         let mut shard = self.shard(client).lock();
         if shard.contains_key(&client) {
@@ -235,6 +279,16 @@ impl Buckets {
     /// Forget every bucket that is full at `now` (and every peer left with nothing). Returns
     /// how many buckets were dropped.
     pub fn sweep(&self, now: f64) -> usize {
+        // A quota's buckets are wall-clock `tat`s, free to forget below the window's start.
+        let now = self
+            .quota
+            .as_ref()
+            .map_or(now, |q| quota::window(q, wall_us(), q.count).start);
+        self.sweep_below(now)
+    }
+
+    /// Forget every bucket whose `tat` is at most `floor` (for a quota: its window's start).
+    pub fn sweep_below(&self, now: f64) -> usize {
         let mut dropped = 0;
         for shard in &self.shards {
             let mut shard = shard.lock();
@@ -285,7 +339,10 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
     // while another peer shard of the same limit is locked.
     let mut slots: Small<Slot<'_>> = items
         .iter()
-        .map(|i| i.buckets.lock(i.client, i.peer, now))
+        .map(|i| {
+            let floor = i.window.map_or(now, |w| w.start);
+            i.buckets.lock(i.client, i.peer, floor)
+        })
         .collect();
     let mut verdicts: Small<Verdict> = Small::new();
     let mut tats: Small<f64> = Small::new();
@@ -295,7 +352,10 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
             Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
             Slot::Overflow(o) => **o,
         };
-        let (v, t) = step(tat, now, item.rate, item.cost);
+        let (v, t) = match &item.window {
+            Some(w) => quota::step(tat, w, item.cost),
+            None => step(tat, now, item.rate, item.cost),
+        };
         verdicts.push(v);
         tats.push(t);
     }
@@ -345,6 +405,7 @@ mod tests {
                 peer: Peer::default(),
                 rate: r,
                 cost: 1,
+                window: None,
             }],
             &[true],
             now,
@@ -372,6 +433,7 @@ mod tests {
                 peer: Peer::default(),
                 rate: &ra,
                 cost: 1,
+                window: None,
             },
             Item {
                 buckets: &b,
@@ -379,6 +441,7 @@ mod tests {
                 peer: Peer::default(),
                 rate: &rb,
                 cost: 1,
+                window: None,
             },
         ];
         let v = check(&items, &[true, true], 0.0);
@@ -402,6 +465,7 @@ mod tests {
                 peer: Peer::default(),
                 rate: &ra,
                 cost: 1,
+                window: None,
             },
             Item {
                 buckets: &b,
@@ -409,6 +473,7 @@ mod tests {
                 peer: Peer::default(),
                 rate: &rb,
                 cost: 1,
+                window: None,
             },
         ];
         check(&items, &[true, false], 0.0);
@@ -461,6 +526,7 @@ mod tests {
                 peer: Peer::of(peer.parse().unwrap()),
                 rate: r,
                 cost: 1,
+                window: None,
             }],
             &[true],
             now,

@@ -16,8 +16,10 @@
 //! its state is one number, so Redis stores one string per bucket and can expire the key at
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
+pub mod ban;
 pub(crate) mod decide;
 pub mod local;
+pub mod quota;
 pub mod redis;
 
 pub use decide::decide;
@@ -28,7 +30,7 @@ use crate::config::settings::LimitSpec;
 use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
-pub use crate::config::settings::{FailurePolicy, Rate};
+pub use crate::config::settings::{BanSpec, FailurePolicy, Period, QuotaSpec, Rate};
 
 /// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
@@ -44,6 +46,12 @@ pub struct Limit {
     pub local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+    /// A calendar quota instead of a token bucket (see `quota`).
+    pub quota: Option<QuotaSpec>,
+    /// `ban:` in microseconds, as both stores take it.
+    pub ban: Option<ban::BanArgs>,
+    /// The in-process bans (the store for `backend: local`; Redis keeps its own).
+    pub bans: Option<Arc<ban::Bans>>,
 }
 
 impl Limit {
@@ -59,7 +67,24 @@ impl Limit {
             on_failure: spec.on_failure,
             local,
             fallback: spec.fallback.clone(),
+            quota: spec.quota.clone(),
+            ban: spec.ban.as_ref().map(ban::BanArgs::of),
+            bans: None,
         }
+    }
+
+    /// With its in-process bans: `previous`'s when they have the same numbers (a reload keeps
+    /// who is banned), else new ones for at most `max_identities`.
+    #[must_use]
+    pub fn with_bans(mut self, spec: &LimitSpec, previous: Option<&Limit>, max: usize) -> Self {
+        self.bans = spec.ban.as_ref().map(|b| {
+            let args = ban::BanArgs::of(b);
+            previous
+                .and_then(|p| p.bans.clone())
+                .filter(|p| p.args() == args)
+                .unwrap_or_else(|| Arc::new(ban::Bans::new(b, max)))
+        });
+        self
     }
 }
 
@@ -169,6 +194,8 @@ pub struct LimitResult {
     pub shadow: bool,
     /// The identity the request was counted under (`None` when exempt).
     pub client: Option<ClientId>,
+    /// What this limit's ban did to the request.
+    pub ban: ban::BanEvent,
 }
 
 /// The whole answer for one request, carrying the numbers headers, logs and metrics use.

@@ -50,6 +50,7 @@ use self::link::{Current, Link};
 use self::negative::NegativeCache;
 pub use self::stats::RedisStats;
 use self::stats::{bump, Counters};
+use super::ban::BanEvent;
 use super::local::Clock;
 use super::{Check, Limit, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
@@ -75,6 +76,10 @@ struct Bucket<'a> {
     rate: &'a Rate,
     cost: u32,
     enforced: bool,
+    /// A calendar quota's count and windows, as the script takes them.
+    quota: Option<conn::QuotaArgs>,
+    /// The limit's ban, if it has one.
+    ban: Option<super::ban::BanArgs>,
 }
 
 /// A worker's own connection, and its batching queue.
@@ -216,10 +221,21 @@ impl RedisLimiter {
         checks: &[Check<'_>],
         enforced: &[bool],
     ) -> Result<Small<Verdict>, Unavailable> {
+        Ok(self.check_bans(worker, checks, enforced).await?.0)
+    }
+
+    /// `check_on`, with what each limit's ban did (fleet-wide: the bans live in Redis, beside
+    /// the buckets, and are read in the same call).
+    pub async fn check_bans(
+        &self,
+        worker: Option<usize>,
+        checks: &[Check<'_>],
+        enforced: &[bool],
+    ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
         bump(&self.counters.checks);
         let via = self.worker(worker);
         if checks.is_empty() {
-            return Ok(Small::new());
+            return Ok((Small::new(), Small::new()));
         }
         let buckets = self.buckets(checks, enforced);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
@@ -259,9 +275,10 @@ impl RedisLimiter {
                     self.breakers[i].success();
                 }
                 if !reply.all_admitted {
-                    self.negative.remember(&buckets, &reply.verdicts, sent_us);
+                    self.negative
+                        .remember(&buckets, &reply.verdicts, &reply.bans, sent_us);
                 }
-                Ok(reply.verdicts)
+                Ok((reply.verdicts, reply.bans))
             }
             Err(failure) => {
                 let now_us = self.clock.now_us() as u64;
@@ -280,6 +297,11 @@ impl RedisLimiter {
     }
 
     fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Small<Bucket<'a>> {
+        // Quotas' windows come from the wall clock (read once, and only for them).
+        let wall = checks
+            .iter()
+            .any(|c| c.limit.quota.is_some())
+            .then(super::local::wall_us);
         checks
             .iter()
             .enumerate()
@@ -296,6 +318,13 @@ impl RedisLimiter {
                     rate: &c.limit.rate,
                     cost: c.limit.cost,
                     enforced: enforced.get(i).copied().unwrap_or(true),
+                    quota: c
+                        .limit
+                        .quota
+                        .as_ref()
+                        .zip(wall)
+                        .map(|(q, wall)| conn::QuotaArgs::of(q, wall)),
+                    ban: c.limit.ban,
                 }
             })
             .collect()

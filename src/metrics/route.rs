@@ -194,6 +194,7 @@ mod tests {
             fallback,
             shadow,
             client: None,
+            ban: crate::limiter::ban::BanEvent::None,
         }
     }
 

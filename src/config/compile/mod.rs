@@ -8,6 +8,7 @@
 mod health;
 mod limiter;
 mod listeners;
+mod quota;
 mod routes;
 mod upstreams;
 

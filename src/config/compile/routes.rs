@@ -284,16 +284,7 @@ fn limit(
             ),
         );
     }
-    let rate = p.take(format!("{path}.rate"), values::rate(&l.rate));
-    let burst = match (l.burst, rate) {
-        (Some(0), _) => {
-            p.add(format!("{path}.burst"), "must be at least 1");
-            None
-        }
-        (Some(b), _) => Some(b),
-        (None, Some(r)) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
-        (None, None) => None,
-    };
+    let (rate, burst, quota) = super::quota::shape(l, path, ctx.limiter.divide_by, p);
     let cost = l.cost.unwrap_or(1);
     if cost == 0 {
         p.add(format!("{path}.cost"), "must be at least 1");
@@ -346,5 +337,10 @@ fn limit(
         exempt,
         on_failure,
         fallback,
+        quota,
+        ban: l
+            .ban
+            .as_ref()
+            .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
     })
 }

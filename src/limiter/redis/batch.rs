@@ -29,9 +29,10 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, reply_bytes, Reply, BUCKET_REPLY};
+use super::conn::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
 use super::link::Link;
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
+use crate::limiter::ban::BanArgs;
 use crate::limiter::Rate;
 
 /// At most this many checks share one call.
@@ -46,13 +47,16 @@ const GATHER_TURNS: usize = 4;
 /// A check's buckets, in a request's own allocation: a route has one or two limits.
 type PerBucket<T> = SmallVec<[T; 2]>;
 
+/// One bucket's rate, cost, enforcement, quota and ban, as the script takes them.
+type Args = (Rate, u32, bool, Option<QuotaArgs>, Option<BanArgs>);
+
 /// One request's check, waiting for its batch.
 struct Job {
     /// The buckets' keys (moved into the call), and each bucket's rate, cost and enforcement.
     keys: PerBucket<String>,
     /// The slot of every key (on a single server, 0).
     slot: u16,
-    args: PerBucket<(Rate, u32, bool)>,
+    args: PerBucket<Args>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
     reply: oneshot::Sender<Result<Reply, Failure>>,
@@ -86,7 +90,7 @@ impl Batcher {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
-                .map(|b| (b.rate.clone(), b.cost, b.enforced))
+                .map(|b| (b.rate.clone(), b.cost, b.enforced, b.quota, b.ban))
                 .collect(),
             deadline,
             reply,
@@ -180,12 +184,14 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             std::mem::take(&mut keys[first])
                 .into_iter()
                 .zip(&args[first])
-                .map(|(key, (rate, cost, enforced))| Bucket {
+                .map(|(key, (rate, cost, enforced, quota, ban))| Bucket {
                     key,
                     slot,
                     rate,
                     cost: *cost,
                     enforced: *enforced,
+                    quota: *quota,
+                    ban: *ban,
                 })
                 .collect()
         })

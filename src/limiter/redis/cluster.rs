@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
 use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
+use crate::limiter::ban::BanEvent;
 use crate::limiter::local::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 use crate::log_gate::LogGate;
@@ -103,9 +104,12 @@ impl RedisLimiter {
             return Err(failure);
         }
         let mut verdicts: Vec<Option<Verdict>> = vec![None; buckets.len()];
+        let mut bans: Small<BanEvent> =
+            std::iter::repeat_n(BanEvent::None, buckets.len()).collect();
         for (members, reply) in groups.iter().zip(replies.into_iter().flatten()) {
-            for (&i, v) in members.iter().zip(reply.verdicts) {
+            for ((&i, v), ban) in members.iter().zip(reply.verdicts).zip(reply.bans) {
                 verdicts[i] = Some(v);
+                bans[i] = ban;
             }
         }
         let verdicts = verdicts.into_iter().collect::<Option<Small<_>>>();
@@ -113,6 +117,7 @@ impl RedisLimiter {
             all_admitted,
             verdicts: verdicts
                 .ok_or_else(|| Failure::new(Unavailable::Error, "a slot group went unanswered"))?,
+            bans,
         })
     }
 
@@ -144,9 +149,9 @@ impl RedisLimiter {
 
     /// Send a refund from a task of its own, with a deadline of its own.
     fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
-        let owned: Vec<(String, u16, Rate, u32)> = group
+        let owned: Vec<(String, u16, Rate, u32, Option<super::conn::QuotaArgs>)> = group
             .iter()
-            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost))
+            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost, b.quota))
             .collect();
         let (on, counters, timeout) = (self.link(via).now(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
@@ -156,12 +161,14 @@ impl RedisLimiter {
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
                 .iter()
-                .map(|(key, slot, rate, cost)| Bucket {
+                .map(|(key, slot, rate, cost, quota)| Bucket {
                     key: key.clone(),
                     slot: *slot,
                     rate,
                     cost: *cost,
                     enforced: true,
+                    quota: *quota,
+                    ban: None,
                 })
                 .collect();
             let run = on.conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
@@ -217,6 +224,8 @@ mod tests {
             rate: &rate,
             cost: 1,
             enforced: true,
+            quota: None,
+            ban: None,
         };
         let buckets = [
             bucket("t:per-ip:{aa}"),

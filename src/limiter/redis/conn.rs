@@ -14,7 +14,9 @@ use ::redis::{
 use super::managed::{Managed, Target};
 use super::{Bucket, RedisConfig};
 use crate::config::settings::{RedisTls, SentinelSpec};
+use crate::limiter::ban::BanEvent;
 use crate::limiter::{Small, Verdict};
+use std::fmt::Write as _;
 
 /// The atomic N-bucket check; its header documents KEYS, ARGV and the reply.
 pub(super) const BUCKET_LUA: &str = include_str!("../bucket.lua");
@@ -271,16 +273,61 @@ fn certificates(tls: &RedisTls) -> TlsCertificates {
     }
 }
 
-/// Each bucket's key and its four script arguments (see `bucket.lua`).
+/// The script's epoch (`EPOCH` in `bucket.lua`), in microseconds since the UNIX epoch.
+const SCRIPT_EPOCH_US: i64 = 1_700_000_000_000_000;
+
+/// A quota bucket's script arguments: its count, and the bounds of the windows around the
+/// proxy's now (see `bucket.lua`'s `window`), in microseconds since the script's epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct QuotaArgs {
+    pub(super) count: u32,
+    pub(super) bounds: [i64; 4],
+}
+
+impl QuotaArgs {
+    pub(super) fn of(q: &crate::limiter::QuotaSpec, wall_us: f64) -> Self {
+        Self {
+            count: q.count,
+            bounds: crate::limiter::quota::around(q, wall_us).map(|b| b - SCRIPT_EPOCH_US),
+        }
+    }
+}
+
+/// Each bucket's key and its five script arguments (see `bucket.lua`).
 fn push_buckets<'b, 'a: 'b>(
     call: &mut ScriptInvocation<'_>,
     buckets: impl Iterator<Item = &'b Bucket<'a>>,
 ) {
     for b in buckets {
         call.key(b.key.as_str());
-        exact(call, b.rate.token_us());
-        exact(call, b.rate.window_us());
+        match &b.quota {
+            Some(q) => {
+                call.arg(q.count).arg(0);
+            }
+            None => {
+                exact(call, b.rate.token_us());
+                exact(call, b.rate.window_us());
+            }
+        }
         call.arg(b.cost).arg(u8::from(b.enforced));
+        if b.quota.is_none() && b.ban.is_none() {
+            call.arg("-");
+            continue;
+        }
+        let mut w = String::with_capacity(96);
+        if let Some(q) = &b.quota {
+            let [s0, s1, s2, s3] = q.bounds;
+            let _ = write!(w, "q {s0} {s1} {s2} {s3}");
+        }
+        if let Some(ban) = &b.ban {
+            let sep = if w.is_empty() { "" } else { " " };
+            let _ = write!(
+                w,
+                "{sep}b {} {} {} {}",
+                ban.after, ban.within_us, ban.first_us, ban.max_us
+            );
+        }
+        call.arg(w);
     }
 }
 
@@ -305,6 +352,8 @@ fn exact(call: &mut ScriptInvocation<'_>, x: f64) {
 pub(super) struct Reply {
     pub(super) all_admitted: bool,
     pub(super) verdicts: Small<Verdict>,
+    /// What each bucket's ban did (`BanEvent::None` for a bucket without one).
+    pub(super) bans: Small<BanEvent>,
 }
 
 /// Parse the script's reply for buckets whose enforcement `enforced` yields, in order;
@@ -324,8 +373,8 @@ pub(super) fn reply_bytes(value: &Value) -> Option<&[u8]> {
     }
 }
 
-/// Bytes of one bucket's reply: three big-endian doubles.
-pub(super) const BUCKET_REPLY: usize = 24;
+/// Bytes of one bucket's reply: four big-endian doubles.
+pub(super) const BUCKET_REPLY: usize = 32;
 
 /// Parse one check's reply (`n` buckets of `BUCKET_REPLY` bytes) for the `n` buckets whose
 /// enforcement `enforced` yields. A bucket admits when its retry time is 0; the check, when
@@ -338,6 +387,7 @@ pub(super) fn parse_items(
         return None;
     }
     let mut all_admitted = true;
+    let mut bans = Small::new();
     let verdicts = bytes
         .chunks_exact(BUCKET_REPLY)
         .zip(enforced)
@@ -351,6 +401,13 @@ pub(super) fn parse_items(
             if !(remaining >= 0.0 && reset_us.is_finite() && retry_after_us >= 0.0) {
                 return None;
             }
+            bans.push(match value(3) {
+                1.0 => BanEvent::Refused,
+                2.0 => BanEvent::Lifted,
+                // The retry of the check that began a ban is the ban's length.
+                3.0 => BanEvent::Started(retry_after_us as u64),
+                _ => BanEvent::None,
+            });
             let admitted = retry_after_us == 0.0;
             all_admitted &= admitted || !enforced;
             Some(Verdict {
@@ -365,6 +422,7 @@ pub(super) fn parse_items(
     Some(Reply {
         all_admitted,
         verdicts,
+        bans,
     })
 }
 
@@ -378,7 +436,7 @@ mod tests {
 
     #[test]
     fn parses_the_scripts_reply() {
-        let reply = packed(&[4.0, 333_334.0, 0.0, 0.0, 1_000_000.0, 250_001.0]);
+        let reply = packed(&[4.0, 333_334.0, 0.0, 0.0, 0.0, 1_000_000.0, 250_001.0, 0.0]);
         let r = parse_reply(&reply, [true, true].into_iter()).unwrap();
         assert!(!r.all_admitted);
         assert!(r.verdicts[0].admitted && r.verdicts[0].remaining == 4);
@@ -394,7 +452,9 @@ mod tests {
         assert!(parse_reply(&reply, [true; 3].into_iter()).is_none());
         assert!(parse_reply(&Value::Okay, [].into_iter()).is_none());
         assert!(parse_reply(&Value::Array(vec![Value::Int(4)]), [true].into_iter()).is_none());
-        assert!(parse_reply(&packed(&[-1.0, 0.0, 0.0]), [true].into_iter()).is_none());
-        assert!(parse_reply(&packed(&[f64::NAN, 0.0, 0.0]), [true].into_iter()).is_none());
+        assert!(parse_reply(&packed(&[-1.0, 0.0, 0.0, 0.0]), [true].into_iter()).is_none());
+        assert!(parse_reply(&packed(&[f64::NAN, 0.0, 0.0, 0.0]), [true].into_iter()).is_none());
+        let banned = parse_reply(&packed(&[0.0, 9e6, 9e6, 3.0]), [true].into_iter()).unwrap();
+        assert_eq!(banned.bans[0], BanEvent::Started(9_000_000));
     }
 }

@@ -22,6 +22,14 @@
 //! ahead, and the cache clamps again (a reply from a server running an older script, or a
 //! step during the call), so a proxy never keeps a client locked out past `tau` on its own.
 //!
+//! A calendar quota that rejected stays rejected until its window ends (usage only grows within
+//! a window): the cache keeps the end, placed on the local clock as `sent + reset` (a lower
+//! bound again, since Redis read its clock after the request was sent), and the count left.
+//!
+//! A banned identity is held alike until its ban ends (`sent + retry`, the ban's remaining
+//! time as Redis answered it): a flood from a banned client costs Redis nothing either. Before
+//! the ban, the rejections of a limit with a ban are not cached: each is a strike Redis counts.
+//!
 //! Verdicts of the *other* buckets of a short-circuited request come from the same lower bound
 //! (or a full bucket if nothing is known), so their `remaining` may be optimistic; the decision
 //! and the numbers of the rejecting bucket are exact.
@@ -32,6 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::Bucket;
+use crate::limiter::ban::BanEvent;
 use crate::limiter::{step, Small, Verdict};
 
 /// How often a full map may be swept (µs): a sweep walks the whole map under the lock.
@@ -48,6 +57,10 @@ struct Known {
     per_sec_bits: u64,
     burst: u32,
     cost: u32,
+    /// A quota bucket: rejected until `tat` (its window's end), with this much left.
+    quota_left: Option<u64>,
+    /// Banned until `tat`.
+    banned: bool,
 }
 
 impl Known {
@@ -86,7 +99,11 @@ impl NegativeCache {
 
     /// The verdicts for `buckets` at `now_us` when an enforced one of them is known to reject;
     /// `None` when Redis has to be asked.
-    pub(super) fn answer(&self, buckets: &[Bucket<'_>], now_us: f64) -> Option<Small<Verdict>> {
+    pub(super) fn answer(
+        &self,
+        buckets: &[Bucket<'_>],
+        now_us: f64,
+    ) -> Option<(Small<Verdict>, Small<BanEvent>)> {
         if self.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -99,26 +116,89 @@ impl NegativeCache {
         if map.entries.is_empty() {
             return None;
         }
-        let known = |b: &Bucket<'_>| map.entries.get(&b.key).filter(|k| k.fits(b)).map(|k| k.tat);
-        let blocked = buckets.iter().any(|b| {
-            b.enforced
-                && known(b).is_some_and(|tat| !step(Some(tat), now_us, b.rate, b.cost).0.admitted)
-        });
+        let known = |b: &Bucket<'_>| map.entries.get(&b.key).filter(|k| k.fits(b)).copied();
+        let verdict = |b: &Bucket<'_>| match (known(b), b.quota) {
+            // Banned, or a quota spent: refused until `tat`.
+            (Some(k), _) if (k.banned || k.quota_left.is_some()) && k.tat > now_us => Verdict {
+                admitted: false,
+                remaining: k.quota_left.unwrap_or(0),
+                reset_us: k.tat - now_us,
+                retry_after_us: k.tat - now_us,
+            },
+            // A quota not known to reject: admitted as far as the cache knows.
+            (_, Some(q)) => Verdict {
+                admitted: true,
+                remaining: u64::from(q.count),
+                reset_us: 1.0,
+                retry_after_us: 0.0,
+            },
+            (Some(k), None) if !k.banned => step(Some(k.tat), now_us, b.rate, b.cost).0,
+            (_, None) => step(None, now_us, b.rate, b.cost).0,
+        };
+        let blocked = buckets
+            .iter()
+            .any(|b| b.enforced && known(b).is_some() && !verdict(b).admitted);
         if !blocked {
             return None;
         }
-        let verdicts = buckets
+        let bans = buckets
             .iter()
-            .map(|b| step(known(b), now_us, b.rate, b.cost).0)
+            .map(|b| match known(b) {
+                Some(k) if k.banned && k.tat > now_us => BanEvent::Refused,
+                _ => BanEvent::None,
+            })
             .collect();
-        Some(verdicts)
+        Some((buckets.iter().map(verdict).collect(), bans))
     }
 
     /// Learn the buckets of a request Redis rejected. `sent_us` is when it was sent (local
     /// clock); `verdicts` are what Redis answered, one per bucket.
-    pub(super) fn remember(&self, buckets: &[Bucket<'_>], verdicts: &[Verdict], sent_us: f64) {
+    pub(super) fn remember(
+        &self,
+        buckets: &[Bucket<'_>],
+        verdicts: &[Verdict],
+        bans: &[BanEvent],
+        sent_us: f64,
+    ) {
         let mut map = self.map.lock();
-        for (b, v) in buckets.iter().zip(verdicts) {
+        for (i, (b, v)) in buckets.iter().zip(verdicts).enumerate() {
+            if matches!(bans.get(i), Some(BanEvent::Refused | BanEvent::Started(_))) {
+                // Banned: refused until the ban ends, whatever the bucket holds.
+                if map.entries.len() < self.cap || map.entries.contains_key(&b.key) {
+                    let known = Known {
+                        tat: sent_us + v.retry_after_us,
+                        per_sec_bits: b.rate.per_sec.to_bits(),
+                        burst: b.rate.burst,
+                        cost: b.cost,
+                        quota_left: None,
+                        banned: true,
+                    };
+                    map.entries.insert(b.key.clone(), known);
+                }
+                continue;
+            }
+            if b.ban.is_some() {
+                // A rejection by a limit with a ban is a strike: Redis must count each one.
+                map.entries.remove(&b.key);
+                continue;
+            }
+            if b.quota.is_some() {
+                // Only a quota's rejection is worth knowing: it holds to the window's end.
+                if v.admitted {
+                    map.entries.remove(&b.key);
+                } else if map.entries.len() < self.cap || map.entries.contains_key(&b.key) {
+                    let known = Known {
+                        tat: sent_us + v.reset_us.min(b.rate.window_us()),
+                        per_sec_bits: b.rate.per_sec.to_bits(),
+                        burst: b.rate.burst,
+                        cost: b.cost,
+                        quota_left: Some(v.remaining),
+                        banned: false,
+                    };
+                    map.entries.insert(b.key.clone(), known);
+                }
+                continue;
+            }
             // Nothing was written: an admitting bucket still holds the `tat` its verdict was
             // computed from, one `cost` before the `reset` it reports.
             let charged = if v.admitted {
@@ -145,6 +225,8 @@ impl NegativeCache {
                 per_sec_bits: b.rate.per_sec.to_bits(),
                 burst: b.rate.burst,
                 cost: b.cost,
+                quota_left: None,
+                banned: false,
             };
             map.entries.insert(b.key.clone(), known);
         }
@@ -195,6 +277,8 @@ mod tests {
             rate,
             cost: 1,
             enforced,
+            quota: None,
+            ban: None,
         }
     }
 
@@ -206,8 +290,8 @@ mod tests {
         assert!(cache.answer(&b, 0.0).is_none());
         // Redis said: empty, full again in 2 s, a token in 1 s.
         let v = step(Some(2e6), 0.0, &rate, 1).0;
-        cache.remember(&b, &[v], 0.0);
-        let again = cache.answer(&b, 0.4e6).expect("still rejected");
+        cache.remember(&b, &[v], &[], 0.0);
+        let again = cache.answer(&b, 0.4e6).expect("still rejected").0;
         assert_eq!(again[0], step(Some(2e6), 0.4e6, &rate, 1).0);
         assert!((again[0].retry_after_us - 0.6e6).abs() < 1e-3);
         assert!(
@@ -221,7 +305,7 @@ mod tests {
         let cache = NegativeCache::new(100);
         let rate = rate_of(1.0, 1);
         let v = step(Some(1e6), 0.0, &rate, 1).0;
-        cache.remember(&[bucket("k", &rate, true)], &[v], 0.0);
+        cache.remember(&[bucket("k", &rate, true)], &[v], &[], 0.0);
         assert!(cache.answer(&[bucket("k", &rate, false)], 0.0).is_none());
         let other = rate_of(2.0, 1);
         assert!(cache.answer(&[bucket("k", &other, true)], 0.0).is_none());
@@ -232,7 +316,7 @@ mod tests {
         let cache = NegativeCache::new(100);
         let rate = rate_of(1.0, 2);
         let b = [bucket("k", &rate, true)];
-        cache.remember(&b, &[step(Some(2e6), 0.0, &rate, 1).0], 0.0);
+        cache.remember(&b, &[step(Some(2e6), 0.0, &rate, 1).0], &[], 0.0);
         assert_eq!(cache.held.load(Ordering::Relaxed), 1);
         assert!(cache.answer(&b, 0.5e6).is_some());
         // Full again at 2 s: the next lookup drops it, and later ones skip the lock.
@@ -252,8 +336,8 @@ mod tests {
             reset_us: 3_603e6,
             retry_after_us: 3_601e6,
         };
-        cache.remember(&b, &[told], 0.0);
-        let replayed = cache.answer(&b, 0.0).expect("a known rejection");
+        cache.remember(&b, &[told], &[], 0.0);
+        let replayed = cache.answer(&b, 0.0).expect("a known rejection").0;
         assert!(
             replayed[0].retry_after_us <= 1e6 + 1e-3,
             "{:?}",
@@ -272,11 +356,11 @@ mod tests {
         let rate = rate_of(1.0, 1);
         let v = step(Some(1e6), 0.0, &rate, 1).0;
         for i in 0..100 {
-            cache.remember(&[bucket(&i.to_string(), &rate, true)], &[v], 0.0);
+            cache.remember(&[bucket(&i.to_string(), &rate, true)], &[v], &[], 0.0);
         }
         assert_eq!(cache.len(), 10);
         // Once those are full again a sweep makes room.
-        cache.remember(&[bucket("late", &rate, true)], &[v], 5e6);
+        cache.remember(&[bucket("late", &rate, true)], &[v], &[], 5e6);
         assert_eq!(cache.len(), 1);
     }
 }

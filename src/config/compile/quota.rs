@@ -1,0 +1,177 @@
+//! A limit's `quota` and `timezone` (the count, the calendar period and the zone), and its
+//! `ban`.
+
+use std::time::Duration;
+
+use super::Problems;
+use crate::config::file;
+use crate::config::settings::{BanSpec, Period, QuotaSpec};
+use crate::config::values::{self, RateValue};
+
+/// What kind of limit `l` is: its rate and burst (for a quota, its count over the period's
+/// nominal length) and its quota, each `None` where it is wrong (the problems are added).
+pub(super) fn shape(
+    l: &file::Limit,
+    path: &str,
+    divide_by: u32,
+    p: &mut Problems,
+) -> (Option<RateValue>, Option<u32>, Option<QuotaSpec>) {
+    let quota = quota(l, path, divide_by, p);
+    let rate = match (&l.rate, &quota) {
+        (Some(r), Ok(None)) => p.take(format!("{path}.rate"), values::rate(r)),
+        (None, Ok(Some(q))) => Some(as_rate(q)),
+        (Some(_), Ok(Some(_)) | Err(())) => {
+            p.add(
+                path,
+                "has both `rate` and `quota`: a limit is a token bucket or a calendar quota",
+            );
+            None
+        }
+        (None, Err(())) => None,
+        (None, Ok(None)) => {
+            p.add(
+                path,
+                "needs `rate` (a token bucket, as `10/s`) or `quota` (a calendar quota, as `1000/day`)",
+            );
+            None
+        }
+    };
+    let quota = quota.ok().flatten();
+    let burst = match (l.burst, rate, &quota) {
+        (Some(_), _, Some(_)) => {
+            p.add(
+                format!("{path}.burst"),
+                "is for token buckets: a quota's burst is its count",
+            );
+            None
+        }
+        (Some(0), _, None) => {
+            p.add(format!("{path}.burst"), "must be at least 1");
+            None
+        }
+        (Some(b), _, None) => Some(b),
+        (None, Some(r), _) => Some(r.count.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        (None, None, _) => None,
+    };
+    (rate, burst, quota)
+}
+
+/// The quota of `l`: `Ok(None)` without `quota:`, `Err` when it is wrong (the problem is
+/// added), else the quota (its fallback count divided by `divide_by`).
+fn quota(
+    l: &file::Limit,
+    path: &str,
+    divide_by: u32,
+    p: &mut Problems,
+) -> Result<Option<QuotaSpec>, ()> {
+    let Some(raw) = &l.quota else {
+        if l.timezone.is_some() {
+            p.add(
+                format!("{path}.timezone"),
+                "is for calendar quotas: set `quota` as well, or remove it",
+            );
+        }
+        return Ok(None);
+    };
+    let parsed = p.take(format!("{path}.quota"), parse(raw));
+    let tz = match l.timezone.as_deref() {
+        None => Some(jiff::tz::TimeZone::UTC),
+        Some(name) => p.take(
+            format!("{path}.timezone"),
+            jiff::tz::TimeZone::get(name).map_err(|_| {
+                format!("`{name}` is not an IANA time zone name (as `UTC` or `Europe/Paris`)")
+            }),
+        ),
+    };
+    let (Some((count, period)), Some(tz)) = (parsed, tz) else {
+        return Err(());
+    };
+    Ok(Some(QuotaSpec {
+        count,
+        period,
+        tz,
+        fallback_count: (count / divide_by.max(1)).max(1),
+    }))
+}
+
+/// A limit's `ban` block, or `None` with the problems added.
+pub(super) fn ban(b: &file::Ban, shadow: bool, path: &str, p: &mut Problems) -> Option<BanSpec> {
+    let path = format!("{path}.ban");
+    if shadow {
+        p.add(&path, "a shadow limit refuses nobody: it cannot ban");
+        return None;
+    }
+    if b.after == 0 {
+        p.add(format!("{path}.after"), "must be at least 1");
+    }
+    let mut d = |key: &str, s: &str| {
+        let d = p.take(format!("{path}.{key}"), crate::config::values::duration(s))?;
+        if d.is_zero() {
+            p.add(format!("{path}.{key}"), "must be longer than zero");
+            return None;
+        }
+        Some(d)
+    };
+    let (within, first, max) = (d("within", &b.within), d("for", &b.first), d("max", &b.max));
+    let (within, first, max) = (within?, first?, max?);
+    if max < first {
+        p.add(format!("{path}.max"), "must be at least `for`");
+        return None;
+    }
+    (b.after > 0).then_some(BanSpec {
+        after: b.after,
+        within,
+        first,
+        max,
+    })
+}
+
+/// `N/hour`, `N/day`, `N/week` or `N/month`, N a whole number of at least 1.
+fn parse(s: &str) -> Result<(u32, Period), String> {
+    let wrong = || {
+        format!("quota `{s}` must look like `100/hour`, `1000/day`, `5000/week` or `20000/month`")
+    };
+    let (count, per) = s.trim().split_once('/').ok_or_else(wrong)?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            format!(
+                "quota `{s}`: `{}` is not a whole number of at least 1",
+                count.trim()
+            )
+        })?;
+    let period = match per.trim() {
+        "hour" => Period::Hour,
+        "day" => Period::Day,
+        "week" => Period::Week,
+        "month" => Period::Month,
+        _ => return Err(wrong()),
+    };
+    Ok((count, period))
+}
+
+/// The quota as a rate over its period's nominal length: what headers and reloads compare.
+fn as_rate(q: &QuotaSpec) -> RateValue {
+    RateValue {
+        count: f64::from(q.count),
+        per: Duration::from_secs(u64::from(q.period.nominal_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_parse() {
+        assert_eq!(parse("1000/day"), Ok((1000, Period::Day)));
+        assert_eq!(parse(" 5 / month "), Ok((5, Period::Month)));
+        assert!(parse("0/day").is_err());
+        assert!(parse("1.5/day").is_err());
+        assert!(parse("10/fortnight").is_err());
+        assert!(parse("10").is_err());
+    }
+}
