@@ -124,7 +124,8 @@ impl Runtime {
                             None => Buckets::new(max_buckets),
                         }),
                     };
-                    Arc::new(Limit::new(l, local))
+                    let previous = old_limits.get(&*l.name).map(|o| &***o);
+                    Arc::new(Limit::new(l, local).with_slots(previous))
                 })
                 .collect();
             let action = match &spec.action {

@@ -394,8 +394,15 @@ fn ok() -> u16 {
 #[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
+    /// A token bucket: `N/s`, `N/min`, ... (a limit has `rate` or `concurrency`).
     #[schemars(pattern(RATE))]
-    pub rate: String,
+    pub rate: Option<String>,
+    /// At most this many requests of one identity in flight at once.
+    #[schemars(range(min = 1))]
+    pub concurrency: Option<u32>,
+    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
+    #[schemars(pattern(DURATION))]
+    pub lease: Option<String>,
     pub burst: Option<u32>,
     pub key: Vec<String>,
     pub cost: Option<u32>,

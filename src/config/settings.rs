@@ -139,6 +139,19 @@ pub struct LimitSpec {
     pub on_failure: FailurePolicy,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+    /// `concurrency: N`: a cap on requests in flight instead of a token bucket (then `rate` is
+    /// `N/s`, only for headers).
+    pub concurrency: Option<ConcurrencySpec>,
+}
+
+/// A concurrency limit: at most `max` requests of one identity in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencySpec {
+    pub max: u32,
+    /// The per-replica cap the `local` failure policy enforces without Redis.
+    pub fallback: u32,
+    /// How long a Redis lease lives unless renewed.
+    pub lease: std::time::Duration,
 }
 
 /// The numbers of one limit.

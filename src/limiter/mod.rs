@@ -16,6 +16,7 @@
 //! its state is one number, so Redis stores one string per bucket and can expire the key at
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
+pub mod concurrency;
 pub(crate) mod decide;
 pub mod local;
 pub mod redis;
@@ -28,7 +29,7 @@ use crate::config::settings::LimitSpec;
 use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
-pub use crate::config::settings::{FailurePolicy, Rate};
+pub use crate::config::settings::{ConcurrencySpec, FailurePolicy, Rate};
 
 /// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
@@ -44,6 +45,10 @@ pub struct Limit {
     pub local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
+    /// `concurrency: N`: a cap on requests in flight, not a token bucket (see `concurrency`).
+    pub concurrency: Option<ConcurrencySpec>,
+    /// The in-process counts and Redis leases of a concurrency limit.
+    pub slots: Option<Arc<concurrency::Slots>>,
 }
 
 impl Limit {
@@ -59,7 +64,21 @@ impl Limit {
             on_failure: spec.on_failure,
             local,
             fallback: spec.fallback.clone(),
+            concurrency: spec.concurrency,
+            slots: spec.concurrency.map(|_| concurrency::Slots::new()),
         }
+    }
+
+    /// With `previous`'s slots when it is the same concurrency limit: a reload keeps counting
+    /// the requests in flight.
+    #[must_use]
+    pub fn with_slots(mut self, previous: Option<&Limit>) -> Self {
+        if let Some(p) = previous.filter(|p| p.concurrency == self.concurrency) {
+            if p.slots.is_some() {
+                self.slots.clone_from(&p.slots);
+            }
+        }
+        self
     }
 }
 

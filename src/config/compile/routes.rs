@@ -284,7 +284,12 @@ fn limit(
             ),
         );
     }
-    let rate = p.take(format!("{path}.rate"), values::rate(&l.rate));
+    let concurrency = super::concurrency::spec(l, path, ctx.limiter.divide_by, p);
+    let rate = match (&l.rate, concurrency) {
+        (Some(r), None) => p.take(format!("{path}.rate"), values::rate(r)),
+        (None, Some(c)) => c.map(super::concurrency::as_rate),
+        _ => None,
+    };
     let burst = match (l.burst, rate) {
         (Some(0), _) => {
             p.add(format!("{path}.burst"), "must be at least 1");
@@ -346,5 +351,6 @@ fn limit(
         exempt,
         on_failure,
         fallback,
+        concurrency: concurrency.flatten(),
     })
 }
