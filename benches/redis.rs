@@ -69,6 +69,8 @@ fn limit(name: &str) -> Limit {
             per_sec: 1e6,
             burst: 1_000_000,
         },
+        concurrency: None,
+        slots: None,
     }
 }
 

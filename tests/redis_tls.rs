@@ -70,6 +70,8 @@ async fn rediss_with_an_acl_user() {
             per_sec: 1.0,
             burst: 1,
         },
+        concurrency: None,
+        slots: None,
     };
     let checks = [Check {
         limit: &lim,

@@ -397,6 +397,8 @@ pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limit
             per_sec: 1.0,
             burst: 1,
         },
+        concurrency: None,
+        slots: None,
     }
 }
 
