@@ -209,24 +209,7 @@ async fn pipeline<'a>(
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let asked = redis.is_some().then(Instant::now);
     let now_us = state.clock.at_us(asked.unwrap_or(started));
-    // Concurrency slots first: a request they refuse takes no token from a rate limit.
-    let mut held = limiter::Small::new();
-    if limiter::concurrency::any(&route.limits) {
-        let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, &route.limits, &view));
-        (trace.slots, held) = acquire.await;
-    }
-    let decision = if held
-        .iter()
-        .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
-    {
-        limiter::Decision {
-            results: held.into_iter().collect(),
-        }
-    } else {
-        let mut d = limiter::decide(redis, Some(conn.worker), &route.limits, &view, now_us).await;
-        d.results.extend(held);
-        d
-    };
+    let decision = decide(redis, conn.worker, route, &view, now_us, &mut trace.slots).await;
     if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
@@ -290,6 +273,34 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// The route's limits for one request: concurrency slots first (into `slots`), so that a
+/// request they refuse takes no token from a rate limit, then the rate limits.
+async fn decide(
+    redis: Option<&limiter::redis::RedisLimiter>,
+    worker: usize,
+    route: &Route,
+    view: &RequestView<'_>,
+    now_us: f64,
+    slots: &mut limiter::concurrency::Guard,
+) -> limiter::Decision {
+    let mut taken = limiter::Small::new();
+    if limiter::concurrency::any(&route.limits) {
+        let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, &route.limits, view));
+        (*slots, taken) = acquire.await;
+    }
+    if taken
+        .iter()
+        .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
+    {
+        return limiter::Decision {
+            results: taken.into_iter().collect(),
+        };
+    }
+    let mut d = limiter::decide(redis, Some(worker), &route.limits, view, now_us).await;
+    d.results.extend(taken);
+    d
 }
 
 /// What forwarding needs to know about the client and the route.

@@ -46,7 +46,9 @@ impl Held {
                     let mut buf = Vec::new();
                     loop {
                         let mut chunk = [0u8; 4096];
-                        let Ok(n) = s.read(&mut chunk).await else { return };
+                        let Ok(n) = s.read(&mut chunk).await else {
+                            return;
+                        };
                         if n == 0 {
                             return;
                         }
@@ -86,7 +88,10 @@ impl Held {
     async fn wait_arrived(&self, n: usize) {
         let start = Instant::now();
         while self.arrived() < n {
-            assert!(start.elapsed() < DEADLINE, "{n} held requests never arrived");
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{n} held requests never arrived"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -201,7 +206,10 @@ async fn shadow_counts_but_never_rejects_and_the_config_refuses_rate_with_concur
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(err.contains("both `rate` and `concurrency`"), "{err}");
-    assert!(err.contains(":13:9: routes[0].limits[0]"), "names line and column: {err}");
+    assert!(
+        err.contains(":13:9: routes[0].limits[0]"),
+        "names line and column: {err}"
+    );
 }
 
 fn redis_block(url: &str) -> String {
@@ -214,7 +222,11 @@ async fn two_replicas_share_n_and_a_killed_replica_frees_its_slots_within_the_le
     let up = Held::start().await;
     // `closed`: a request that did not get its lease from Redis is refused, not let through.
     let limits = "      - { name: c, concurrency: 3, key: [ip], lease: 2s, on_failure: closed }\n";
-    let yaml = config(&format!("{}{}", redis_block(&redis.url()), routes(up.addr, limits)));
+    let yaml = config(&format!(
+        "{}{}",
+        redis_block(&redis.url()),
+        routes(up.addr, limits)
+    ));
     let a = TestProxy::start(&yaml);
     let b = TestProxy::start(&yaml);
     let http = Http::new();
@@ -229,7 +241,11 @@ async fn two_replicas_share_n_and_a_killed_replica_frees_its_slots_within_the_le
     }
     // Held past several lease periods: renewals keep the slots taken.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(http.get(&b.url("/fast")).await.code(), 429, "renewed leases");
+    assert_eq!(
+        http.get(&b.url("/fast")).await.code(),
+        429,
+        "renewed leases"
+    );
     up.release(1);
     until_admitted(&http, &b.url("/fast")).await;
     // Exactly the two still held: no permit may be left over for the replica below.

@@ -75,7 +75,11 @@ impl Slots {
 
     /// `client`'s requests in flight.
     pub fn in_flight(&self, client: ClientId) -> u32 {
-        self.shard(client.0).lock().get(&client.0).copied().unwrap_or(0)
+        self.shard(client.0)
+            .lock()
+            .get(&client.0)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Identities with requests in flight (the map's entries).
@@ -165,7 +169,11 @@ pub async fn acquire(
         // A shadow limit always takes its slot, and reports when it would have been over.
         let cap = |max: u32| if limit.shadow { u32::MAX } else { max };
         let taken = match redis {
-            None => Some(slots.try_take(client, cap(spec.max)).map(|(s, n)| (Held::Local(s), n))),
+            None => Some(
+                slots
+                    .try_take(client, cap(spec.max))
+                    .map(|(s, n)| (Held::Local(s), n)),
+            ),
             Some(r) => {
                 let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
                 match r.take_lease(leases, limit, client, cap(spec.max)).await {
@@ -191,7 +199,11 @@ pub async fn acquire(
                 }
             }
         };
-        let max = if result.fallback { spec.fallback } else { spec.max };
+        let max = if result.fallback {
+            spec.fallback
+        } else {
+            spec.max
+        };
         result.outcome = match taken {
             None => Outcome::FailedOpen,
             Some(Ok((held, n))) => {

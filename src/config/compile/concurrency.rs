@@ -12,6 +12,8 @@ pub(super) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The limit's concurrency settings: `None` for a token bucket, `Some(None)` for a concurrency
 /// limit with problems (recorded in `p`). A limit without `rate` or `concurrency` is a problem
 /// recorded here too.
+// Three cases, as `limit` reads them: a token bucket, a concurrency limit, a broken one.
+#[allow(clippy::option_option)]
 pub(super) fn spec(
     l: &file::Limit,
     path: &str,
@@ -26,10 +28,7 @@ pub(super) fn spec(
             );
         }
         if l.lease.is_some() {
-            p.add(
-                format!("{path}.lease"),
-                "is for `concurrency` limits only",
-            );
+            p.add(format!("{path}.lease"), "is for `concurrency` limits only");
         }
         return None;
     };

@@ -18,8 +18,7 @@ use super::RedisLimiter;
 use crate::identity::ClientId;
 use crate::limiter::Limit;
 
-static LEASE_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lease.lua")));
+static LEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lease.lua")));
 
 /// One limit's live leases in this replica, for its renewal task.
 #[derive(Debug)]
@@ -107,14 +106,21 @@ impl RedisLimiter {
         let id = (u128::from(fastrand::u64(..)) << 64) | u128::from(fastrand::u64(..));
         let lease_ms = u64::try_from(leases.lease.as_millis()).unwrap_or(u64::MAX);
         let mut call = LEASE_SCRIPT.prepare_invoke();
-        call.key(&*key).arg("take").arg(max).arg(lease_ms).arg(member(id));
+        call.key(&*key)
+            .arg("take")
+            .arg(max)
+            .arg(lease_ms)
+            .arg(member(id));
         let on = self.shared.now();
         // Registered before it is asked: a renewal may go out for it, never a lease unrenewed.
         leases.live.lock().insert(id, key.clone());
         let asked = tokio::time::timeout(self.timeout, on.conn.invoke(&call)).await;
         let taken = match asked {
             Ok(Ok(reply)) => parse(&reply).ok_or_else(|| {
-                Failure::new(Unavailable::Error, format!("unexpected lease reply {reply:?}"))
+                Failure::new(
+                    Unavailable::Error,
+                    format!("unexpected lease reply {reply:?}"),
+                )
             }),
             Ok(Err(e)) => Err(Failure::new(Unavailable::Error, e.to_string())),
             Err(_) => Err(Failure::timed_out(self.timeout)),
