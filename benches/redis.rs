@@ -72,6 +72,8 @@ fn limit(name: &str) -> Limit {
         quota: None,
         ban: None,
         bans: None,
+        concurrency: None,
+        slots: None,
     }
 }
 

@@ -27,7 +27,10 @@
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
 //! - `limiter`: token-bucket arithmetic, calendar quotas (`quota`) and escalating bans
-//!   (`ban`), the per-request `Decision`, the in-process and Redis stores. `pool`: keep-alive upstream connections. `forward`: target choice (load
+//!   (`ban`), the per-request `Decision`, the in-process and Redis stores;
+//!   `limiter::concurrency`: slots of requests in flight (Redis leases in
+//!   `limiter::redis::lease`), held by a guard the response body carries. `pool`: keep-alive
+//!   upstream connections. `forward`: target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
 //!   WebSocket tunnels. `metrics`: the Prometheus registry, served in the format the
 //!   scraper asks for. `response`: 429 and the error responses.

@@ -59,6 +59,8 @@ pub struct Handled {
     pub response: Response<Body>,
     pub tunnel: Option<Tunnel>,
     pub access: Option<Entry>,
+    /// The concurrency slots the request holds until its response (or tunnel) is done.
+    pub slots: limiter::concurrency::Guard,
 }
 
 /// What the stages learned about a request, for the access log and metrics.
@@ -76,6 +78,8 @@ struct Trace<'a> {
     /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
     bytes_in: u64,
     sent: Sent,
+    /// The concurrency slots taken for the request.
+    slots: limiter::concurrency::Guard,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -108,6 +112,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
             response,
             tunnel: None,
             access: entry,
+            slots: limiter::concurrency::Guard::default(),
         };
     };
     let pipeline = pipeline(state, &runtime, conn, req, started, &request_id, &mut trace);
@@ -128,10 +133,17 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     // Every answer carries the ID, tollgate's own included.
     res.headers_mut().insert(id_header.clone(), request_id);
     record(state, &trace, res.status(), started, &mut entry);
+    let mut slots = std::mem::take(&mut trace.slots);
+    let mut tunnel = trace.tunnel.take();
+    // A WebSocket holds its slots until the tunnel closes.
+    if let Some(t) = &mut tunnel {
+        t.slots = std::mem::take(&mut slots);
+    }
     Handled {
         response: res,
-        tunnel: trace.tunnel.take(),
+        tunnel,
         access: entry,
+        slots,
     }
 }
 
@@ -197,7 +209,7 @@ async fn pipeline<'a>(
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let asked = redis.is_some().then(Instant::now);
     let now_us = state.clock.at_us(asked.unwrap_or(started));
-    let decision = limiter::decide(redis, Some(conn.worker), &route.limits, &view, now_us).await;
+    let decision = decide(redis, conn.worker, route, &view, now_us, &mut trace.slots).await;
     if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
@@ -206,6 +218,8 @@ async fn pipeline<'a>(
     }
     let decision = trace.decision.insert(decision);
     if let Some(rejected) = decision.rejected_by() {
+        // Refused by a rate limit: its concurrency slots are given back at once.
+        trace.slots = limiter::concurrency::Guard::default();
         if rejected.outcome == Outcome::FailedClosed {
             let limit = route.limits[rejected.index].name.clone();
             return Err(ProxyError::LimiterUnavailable { limit });
@@ -259,6 +273,34 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// The route's limits for one request: concurrency slots first (into `slots`), so that a
+/// request they refuse takes no token from a rate limit, then the rate limits.
+async fn decide(
+    redis: Option<&limiter::redis::RedisLimiter>,
+    worker: usize,
+    route: &Route,
+    view: &RequestView<'_>,
+    now_us: f64,
+    slots: &mut limiter::concurrency::Guard,
+) -> limiter::Decision {
+    let mut taken = limiter::Small::new();
+    if limiter::concurrency::any(&route.limits) {
+        let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, &route.limits, view));
+        (*slots, taken) = acquire.await;
+    }
+    if taken
+        .iter()
+        .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
+    {
+        return limiter::Decision {
+            results: taken.into_iter().collect(),
+        };
+    }
+    let mut d = limiter::decide(redis, Some(worker), &route.limits, view, now_us).await;
+    d.results.extend(taken);
+    d
 }
 
 /// What forwarding needs to know about the client and the route.

@@ -130,7 +130,11 @@ impl Runtime {
                         ),
                     };
                     let previous = old_limits.get(&*l.name).map(|o| &***o);
-                    Arc::new(Limit::new(l, local).with_bans(l, previous, max_buckets))
+                    Arc::new(
+                        Limit::new(l, local)
+                            .with_bans(l, previous, max_buckets)
+                            .with_slots(previous),
+                    )
                 })
                 .collect();
             let action = match &spec.action {

@@ -159,7 +159,7 @@ fixtures! {
 ",
     missing_field: r"
 {f}: 1 problem
-  {f}:7:9: routes[0].limits[0]: needs `rate` (a token bucket, as `10/s`) or `quota` (a calendar quota, as `1000/day`)
+  {f}:7:9: routes[0].limits[0]: needs `rate` (a token bucket, as `10/s`), `quota` (a calendar quota, as `1000/day`) or `concurrency` (requests in flight, as `4`)
 ",
     no_listener: r"
 {f}: 1 problem

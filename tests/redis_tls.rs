@@ -73,6 +73,8 @@ async fn rediss_with_an_acl_user() {
         quota: None,
         ban: None,
         bans: None,
+        concurrency: None,
+        slots: None,
     };
     let checks = [Check {
         limit: &lim,

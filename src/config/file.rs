@@ -408,18 +408,26 @@ fn ok() -> u16 {
     200
 }
 
-/// A token bucket (`rate`) or a calendar quota (`quota`): exactly one of the two.
+/// A token bucket (`rate`), a calendar quota (`quota`) or a cap on requests in flight
+/// (`concurrency`): exactly one of the three.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }]))]
+#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }, { "required": ["concurrency"] }]))]
 pub struct Limit {
     pub name: String,
-    /// Token bucket refill rate; give either `rate` or `quota`.
+    /// A token bucket: `N/s`, `N/min`, ... (a limit has one of `rate`, `quota` and
+    /// `concurrency`).
     #[schemars(pattern(RATE))]
     pub rate: Option<String>,
+    /// At most this many requests of one identity in flight at once.
+    #[schemars(range(min = 1))]
+    pub concurrency: Option<u32>,
+    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
+    #[schemars(pattern(DURATION))]
+    pub lease: Option<String>,
     pub burst: Option<u32>,
     /// Calendar quota, as `1000/day` (`hour`, `day`, `week`, `month`): fixed windows aligned
-    /// to the calendar of `timezone`; give either `rate` or `quota`.
+    /// to the calendar of `timezone`.
     #[schemars(pattern(QUOTA))]
     pub quota: Option<String>,
     /// IANA time zone of a quota's calendar (default `UTC`).

@@ -144,6 +144,9 @@ pub struct LimitSpec {
     pub quota: Option<QuotaSpec>,
     /// `ban:`: an identity this limit keeps rejecting is refused outright for a while.
     pub ban: Option<BanSpec>,
+    /// `concurrency: N`: a cap on requests in flight instead of a token bucket (then `rate` is
+    /// `N/s`, only for headers).
+    pub concurrency: Option<ConcurrencySpec>,
 }
 
 /// An escalating ban: `after` rejections by the limit within `within` ban the identity for
@@ -189,6 +192,16 @@ impl Period {
             Period::Month => 2_592_000,
         }
     }
+}
+
+/// A concurrency limit: at most `max` requests of one identity in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencySpec {
+    pub max: u32,
+    /// The per-replica cap the `local` failure policy enforces without Redis.
+    pub fallback: u32,
+    /// How long a Redis lease lives unless renewed.
+    pub lease: std::time::Duration,
 }
 
 /// The numbers of one limit.

@@ -217,6 +217,7 @@ fn prepare(
             client: client_side,
             upstream: hyper::upgrade::on(&mut *res),
             idle: websocket_idle,
+            slots: crate::limiter::concurrency::Guard::default(),
         });
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -33,6 +33,8 @@ pub struct Tunnel {
     pub(super) upstream: hyper::upgrade::OnUpgrade,
     /// Closed after this long without a byte either way.
     pub(super) idle: Duration,
+    /// The handshake's concurrency slots, held until the tunnel closes.
+    pub(crate) slots: crate::limiter::concurrency::Guard,
 }
 
 /// Copy bytes both ways until either side closes, or nothing moved for the route's

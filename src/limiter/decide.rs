@@ -22,6 +22,10 @@ pub async fn decide(
     let mut results = smallvec::SmallVec::with_capacity(limits.len());
     let mut checks: Small<Check<'_>> = Small::new();
     for (index, limit) in limits.iter().enumerate() {
+        // Concurrency limits are taken by `concurrency::acquire`, not here.
+        if limit.concurrency.is_some() {
+            continue;
+        }
         let exempt = view.is_exempt(&limit.exempt);
         let client = (!exempt).then(|| view.resolve(&limit.key));
         results.push(LimitResult {

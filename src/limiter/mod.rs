@@ -17,6 +17,7 @@
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
 pub mod ban;
+pub mod concurrency;
 pub(crate) mod decide;
 pub mod local;
 pub mod quota;
@@ -30,7 +31,9 @@ use crate::config::settings::LimitSpec;
 use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
-pub use crate::config::settings::{BanSpec, FailurePolicy, Period, QuotaSpec, Rate};
+pub use crate::config::settings::{
+    BanSpec, ConcurrencySpec, FailurePolicy, Period, QuotaSpec, Rate,
+};
 
 /// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
@@ -52,6 +55,10 @@ pub struct Limit {
     pub ban: Option<ban::BanArgs>,
     /// The in-process bans (the store for `backend: local`; Redis keeps its own).
     pub bans: Option<Arc<ban::Bans>>,
+    /// `concurrency: N`: a cap on requests in flight, not a token bucket (see `concurrency`).
+    pub concurrency: Option<ConcurrencySpec>,
+    /// The in-process counts and Redis leases of a concurrency limit.
+    pub slots: Option<Arc<concurrency::Slots>>,
 }
 
 impl Limit {
@@ -70,6 +77,8 @@ impl Limit {
             quota: spec.quota.clone(),
             ban: spec.ban.as_ref().map(ban::BanArgs::of),
             bans: None,
+            concurrency: spec.concurrency,
+            slots: spec.concurrency.map(|_| concurrency::Slots::new()),
         }
     }
 
@@ -84,6 +93,18 @@ impl Limit {
                 .filter(|p| p.args() == args)
                 .unwrap_or_else(|| Arc::new(ban::Bans::new(b, max)))
         });
+        self
+    }
+
+    /// With `previous`'s slots when it is the same concurrency limit: a reload keeps counting
+    /// the requests in flight.
+    #[must_use]
+    pub fn with_slots(mut self, previous: Option<&Limit>) -> Self {
+        if let Some(p) = previous.filter(|p| p.concurrency == self.concurrency) {
+            if p.slots.is_some() {
+                self.slots.clone_from(&p.slots);
+            }
+        }
         self
     }
 }

@@ -30,6 +30,7 @@ mod breaker;
 mod cluster;
 mod conn;
 mod failure;
+pub(crate) mod lease;
 mod link;
 mod managed;
 mod negative;

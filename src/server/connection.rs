@@ -143,6 +143,7 @@ impl Connection {
                     // In flight until the response body is sent: a long download is not idle.
                     Ok::<_, Infallible>(res.map(|body| Scoped {
                         body: Logged::new(body, handled.access),
+                        _slots: handled.slots,
                         request,
                         waiting: false,
                     }))
@@ -363,6 +364,8 @@ pub(super) struct Shared {
 /// A response body that keeps its request in flight until hyper is done with it.
 struct Scoped<B> {
     body: B,
+    /// The request's concurrency slots, given back when hyper drops the body.
+    _slots: crate::limiter::concurrency::Guard,
     request: ActiveRequest,
     /// HTTP/2: data was handed to hyper and not asked past yet (see `Activity::unsent`).
     waiting: bool,

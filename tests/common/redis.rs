@@ -400,6 +400,8 @@ pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limit
         quota: None,
         ban: None,
         bans: None,
+        concurrency: None,
+        slots: None,
     }
 }
 

@@ -31,7 +31,7 @@ pub(super) fn shape(
         (None, Ok(None)) => {
             p.add(
                 path,
-                "needs `rate` (a token bucket, as `10/s`) or `quota` (a calendar quota, as `1000/day`)",
+                "needs `rate` (a token bucket, as `10/s`), `quota` (a calendar quota, as `1000/day`) or `concurrency` (requests in flight, as `4`)",
             );
             None
         }

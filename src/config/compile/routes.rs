@@ -284,7 +284,21 @@ fn limit(
             ),
         );
     }
-    let (rate, burst, quota) = super::quota::shape(l, path, ctx.limiter.divide_by, p);
+    let concurrency = super::concurrency::spec(l, path, ctx.limiter.divide_by, p);
+    let (rate, burst, quota) = match concurrency {
+        None => super::quota::shape(l, path, ctx.limiter.divide_by, p),
+        Some(c) => {
+            for (key, set) in [("quota", l.quota.is_some()), ("ban", l.ban.is_some())] {
+                if set {
+                    p.add(
+                        format!("{path}.{key}"),
+                        "is for `rate` and `quota` limits, not `concurrency` (use two limits)",
+                    );
+                }
+            }
+            (c.map(super::concurrency::as_rate), c.map(|c| c.max), None)
+        }
+    };
     let cost = l.cost.unwrap_or(1);
     if cost == 0 {
         p.add(format!("{path}.cost"), "must be at least 1");
@@ -342,5 +356,6 @@ fn limit(
             .ban
             .as_ref()
             .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
+        concurrency: concurrency.flatten(),
     })
 }

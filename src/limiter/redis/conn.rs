@@ -254,7 +254,7 @@ impl RedisConn {
         self.invoke(&call).await
     }
 
-    async fn invoke(&self, call: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
+    pub(super) async fn invoke(&self, call: &ScriptInvocation<'_>) -> Result<Value, RedisError> {
         match self {
             RedisConn::Single(m) => call.invoke_async(&mut m.clone()).await,
             RedisConn::Cluster(c) => call.invoke_async(&mut c.clone()).await,
