@@ -419,12 +419,6 @@ pub struct Limit {
     /// `concurrency`).
     #[schemars(pattern(RATE))]
     pub rate: Option<String>,
-    /// At most this many requests of one identity in flight at once.
-    #[schemars(range(min = 1))]
-    pub concurrency: Option<u32>,
-    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
-    #[schemars(pattern(DURATION))]
-    pub lease: Option<String>,
     pub burst: Option<u32>,
     /// Calendar quota, as `1000/day` (`hour`, `day`, `week`, `month`): fixed windows aligned
     /// to the calendar of `timezone`.
@@ -432,6 +426,12 @@ pub struct Limit {
     pub quota: Option<String>,
     /// IANA time zone of a quota's calendar (default `UTC`).
     pub timezone: Option<String>,
+    /// At most this many requests of one identity in flight at once.
+    #[schemars(range(min = 1))]
+    pub concurrency: Option<u32>,
+    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
+    #[schemars(pattern(DURATION))]
+    pub lease: Option<String>,
     /// Refuse an identity outright once this limit has rejected it `after` times `within`.
     pub ban: Option<Ban>,
     pub key: Vec<String>,
