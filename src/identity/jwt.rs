@@ -66,17 +66,22 @@ impl Verifier {
             let mut v = Validation::new(alg);
             v.leeway = options.leeway.unwrap_or(DEFAULT_LEEWAY).as_secs();
             v.validate_nbf = true;
+            // A configured check needs its claim: a token without `iss` or `aud` fails it.
+            let mut required = vec!["exp"];
             if options.issuers.is_empty() {
                 v.iss = None;
             } else {
                 v.set_issuer(options.issuers);
+                required.push("iss");
             }
             if options.audiences.is_empty() {
                 // No audience asked for: a token's `aud`, if any, is not checked.
                 v.validate_aud = false;
             } else {
                 v.set_audience(options.audiences);
+                required.push("aud");
             }
+            v.set_required_spec_claims(&required);
             v
         };
         if let Some(secret) = options.hs256_secret {
@@ -114,8 +119,8 @@ impl Verifier {
                         ))
                     }
                 };
-                let key = DecodingKey::from_jwk(jwk)
-                    .map_err(|e| format!("key {i} of the JWKS: {e}"))?;
+                let key =
+                    DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i} of the JWKS: {e}"))?;
                 if key.family() != alg.family() {
                     return Err(format!("key {i} of the JWKS is not a key for {alg:?}"));
                 }
@@ -250,7 +255,10 @@ fn ring_verifier(alg: &Algorithm, key: &DecodingKey) -> Result<Box<dyn JwtVerifi
 
 enum Check {
     Hmac(ring::hmac::Key),
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// The uncompressed P-256 point.
     Ec(Vec<u8>),
 }

@@ -15,7 +15,12 @@ pub(super) fn jwt(raw: &file::File, p: &mut Problems) -> Option<Shared> {
     let read = |key: &str, path: Option<&String>, p: &mut Problems| {
         let path = path?;
         std::fs::read(path)
-            .map_err(|e| p.add(format!("identity.jwt.{key}"), format!("cannot read `{path}`: {e}")))
+            .map_err(|e| {
+                p.add(
+                    format!("identity.jwt.{key}"),
+                    format!("cannot read `{path}`: {e}"),
+                )
+            })
             .ok()
     };
     let secret = read("hs256_secret_file", cfg.hs256_secret_file.as_ref(), p);
@@ -37,32 +42,6 @@ pub(super) fn jwt(raw: &file::File, p: &mut Problems) -> Option<Shared> {
     {
         return None;
     }
-    let verify = |key: &str, options: &Options<'_>, p: &mut Problems| {
-        Verifier::new(options)
-            .map_err(|e| p.add(key, e))
-            .ok()
-    };
-    // Each file checked on its own, so an error names the key whose file is wrong.
-    if let Some(secret) = &secret {
-        verify(
-            "identity.jwt.hs256_secret_file",
-            &Options {
-                hs256_secret: Some(secret),
-                ..Options::default()
-            },
-            p,
-        )?;
-    }
-    if let Some(jwks) = &jwks {
-        verify(
-            "identity.jwt.jwks_file",
-            &Options {
-                jwks: Some(jwks),
-                ..Options::default()
-            },
-            p,
-        )?;
-    }
     let options = Options {
         hs256_secret: secret.as_deref(),
         jwks: jwks.as_deref(),
@@ -70,7 +49,40 @@ pub(super) fn jwt(raw: &file::File, p: &mut Problems) -> Option<Shared> {
         audiences: &cfg.audiences,
         leeway,
     };
-    verify("identity.jwt", &options, p).map(Arc::new)
+    let error = match Verifier::new(&options) {
+        Ok(verifier) => return Some(Arc::new(verifier)),
+        Err(e) => e,
+    };
+    // Each file on its own, so the error names the key whose file is wrong.
+    let alone = [
+        (
+            "identity.jwt.hs256_secret_file",
+            Options {
+                hs256_secret: secret.as_deref(),
+                ..Options::default()
+            },
+        ),
+        (
+            "identity.jwt.jwks_file",
+            Options {
+                jwks: jwks.as_deref(),
+                ..Options::default()
+            },
+        ),
+    ];
+    let mut named = false;
+    for (key, options) in alone {
+        if options.hs256_secret.is_some() || options.jwks.is_some() {
+            if let Err(e) = Verifier::new(&options) {
+                p.add(key, e);
+                named = true;
+            }
+        }
+    }
+    if !named {
+        p.add("identity.jwt", error);
+    }
+    None
 }
 
 /// A `jwt:` source without `identity.jwt` would never be present: refused.
@@ -79,12 +91,18 @@ fn jwt_sources_need_a_verifier(raw: &file::File, p: &mut Problems) {
         let i = raw.positions.routes.get(i).copied().unwrap_or(i);
         for (j, limit) in route.limits.iter().enumerate() {
             let named = limit.key.iter().enumerate().map(|(k, s)| ("key", k, s));
-            let exempt = limit.exempt.iter().enumerate().map(|(k, s)| ("exempt", k, s));
+            let exempt = limit
+                .exempt
+                .iter()
+                .enumerate()
+                .map(|(k, s)| ("exempt", k, s));
             for (list, k, s) in named.chain(exempt) {
                 if s.split('+').any(|part| part.trim().starts_with("jwt:")) {
                     p.add(
                         format!("routes[{i}].limits[{j}].{list}[{k}]"),
-                        format!("`{s}` needs `identity.jwt`: the keys its tokens are verified with"),
+                        format!(
+                            "`{s}` needs `identity.jwt`: the keys its tokens are verified with"
+                        ),
                     );
                 }
             }
