@@ -63,6 +63,7 @@ fn identity(c: &mut Criterion) {
         uri: &uri,
         headers: &headers,
         client_ip: peer,
+        jwt: None,
     };
     c.bench_function("identity digest of header:X-API-Key", |b| {
         b.iter(|| black_box(view.resolve(&spec)));

@@ -199,11 +199,15 @@ async fn pipeline<'a>(
     } else {
         req.uri()
     };
+    // Verified on first use by a `jwt:` source, once for all the route's limits.
+    let jwt = (settings.jwt.as_deref())
+        .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
     let view = RequestView {
         method: req.method(),
         uri,
         headers: req.headers(),
         client_ip,
+        jwt: jwt.as_ref(),
     };
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.

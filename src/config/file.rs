@@ -43,6 +43,8 @@ pub struct File {
     pub buffering: Option<Buffering>,
     /// The request-ID header (default `x-request-id`).
     pub request_id_header: Option<String>,
+    /// How identities are verified (the `jwt:CLAIM` key sources).
+    pub identity: Option<Identity>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,
@@ -195,6 +197,32 @@ pub struct RedisTls {
 #[serde(deny_unknown_fields)]
 pub struct LocalFallback {
     pub divide_by: Option<u32>,
+}
+
+/// The `identity` section.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub jwt: Option<Jwt>,
+}
+
+/// `identity.jwt`: the keys and checks a bearer token passes before its claims identify it.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    /// File of the HS256 shared secret (at least 32 bytes; one trailing newline ignored).
+    pub hs256_secret_file: Option<String>,
+    /// JWKS file (`{"keys": [...]}`) of RS256 and ES256 public keys, chosen by `kid`.
+    pub jwks_file: Option<String>,
+    /// Accepted `iss` values; a token must carry one of them (default: not checked).
+    #[serde(default)]
+    pub issuers: Vec<String>,
+    /// Accepted `aud` values; a token must name one of them (default: not checked).
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// How far `exp` and `nbf` may be off, for clock skew (default 60s).
+    #[schemars(pattern(DURATION))]
+    pub leeway: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -8,7 +8,7 @@ use super::file::{File, Positions, RateLimitHeaders};
 use super::Problem;
 
 /// Every top-level key, in the order `File` declares them.
-const KEYS: [&str; 15] = [
+const KEYS: &[&str] = &[
     "listeners",
     "admin",
     "trusted_proxies",
@@ -24,6 +24,7 @@ const KEYS: [&str; 15] = [
     "strip_untrusted_headers",
     "buffering",
     "request_id_header",
+    "identity",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -78,6 +79,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         strip_untrusted_headers: r.one("strip_untrusted_headers"),
         buffering: r.one("buffering"),
         request_id_header: r.one("request_id_header"),
+        identity: r.one("identity"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,

@@ -49,6 +49,8 @@ pub struct Settings {
     pub buffering: BufferSettings,
     /// The header a request's ID is read from, sent upstream in and returned in.
     pub request_id_header: http::HeaderName,
+    /// `identity.jwt`: the keys bearer JWTs are verified with, files read at compile time.
+    pub jwt: Option<crate::identity::jwt::Shared>,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML these settings were compiled from (served redacted on the admin `/config`).

@@ -14,6 +14,7 @@ use ipnet::IpNet;
 use percent_encoding::percent_decode_str;
 
 mod address;
+pub mod jwt;
 pub use address::{client_ip, client_ip_from, host, is_trusted, ForwardedHeader};
 
 /// The IPv6 prefix the `ip` source groups clients by.
@@ -73,6 +74,8 @@ pub enum Source {
     Host,
     Method,
     Path,
+    /// A claim of the verified bearer JWT (`identity.jwt`).
+    Jwt(String),
 }
 
 impl Source {
@@ -92,8 +95,9 @@ impl Source {
                 .map_err(|_| format!("`{name}` is not a valid header name")),
             Some(("query", name)) => named("query", name).map(Source::Query),
             Some(("cookie", name)) => named("cookie", name).map(Source::Cookie),
+            Some(("jwt", name)) => named("jwt", name).map(Source::Jwt),
             Some((other, _)) => Err(format!(
-                "unknown key source `{other}:` (expected header:, query: or cookie:)"
+                "unknown key source `{other}:` (expected header:, query:, cookie: or jwt:)"
             )),
             None => match s {
                 "ip" => Ok(Source::Ip(DEFAULT_V6_PREFIX)),
@@ -129,6 +133,7 @@ impl Source {
             Source::Host => 7,
             Source::Method => 8,
             Source::Path => 9,
+            Source::Jwt(_) => 10,
         }
     }
 }
@@ -146,6 +151,7 @@ impl std::fmt::Display for Source {
             Source::Host => f.write_str("host"),
             Source::Method => f.write_str("method"),
             Source::Path => f.write_str("path"),
+            Source::Jwt(n) => write!(f, "jwt:{n}"),
         }
     }
 }
@@ -240,6 +246,8 @@ pub struct RequestView<'a> {
     pub headers: &'a HeaderMap,
     /// The client address, already resolved through trusted proxies.
     pub client_ip: IpAddr,
+    /// The request's bearer JWT, verified on first use; `None` without `identity.jwt`.
+    pub jwt: Option<&'a jwt::Context<'a>>,
 }
 
 impl<'a> RequestView<'a> {
@@ -267,6 +275,11 @@ impl<'a> RequestView<'a> {
             Source::Method => Value::Borrowed(self.method.as_str().as_bytes()),
             // As exact `path` routes compare it: `/login/` is `/login`'s bucket.
             Source::Path => Value::Borrowed(without_trailing_slash(self.uri.path()).as_bytes()),
+            // A token that fails verification has no claims: the next alternative applies.
+            Source::Jwt(claim) => match self.jwt?.claims()?.get(claim)? {
+                Cow::Borrowed(v) => Value::Borrowed(v),
+                Cow::Owned(v) => Value::Owned(v),
+            },
         };
         (!v.is_empty()).then_some(v)
     }
@@ -451,7 +464,8 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         })
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+/// The token of an `Authorization: Bearer` header.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
@@ -531,6 +545,7 @@ mod tests {
             uri: u,
             headers: h,
             client_ip: "192.0.2.1".parse().unwrap(),
+            jwt: None,
         }
     }
 
@@ -651,6 +666,7 @@ mod tests {
                 uri: &u,
                 headers: &h,
                 client_ip: ip.parse().unwrap(),
+                jwt: None,
             }
             .resolve(key)
         };

@@ -7,6 +7,7 @@
 
 mod concurrency;
 mod health;
+mod identity;
 mod limiter;
 mod listeners;
 mod quota;
@@ -109,6 +110,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
     let buffering = buffering(raw.buffering.as_ref(), &mut p);
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
+    let jwt = identity::jwt(raw, &mut p);
     whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
@@ -135,6 +137,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         strip_untrusted_headers,
         buffering,
         request_id_header,
+        jwt,
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
