@@ -159,21 +159,27 @@ const OWNED: [&str; 7] = [
 /// the names (a `match` on each), so a message that has none of them costs no lookup and no
 /// allocation.
 fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Small<HeaderName> {
-    let mut doomed = Small::new();
-    let mut connection = false;
-    for k in headers.keys() {
-        if is_hop_by_hop(k.as_str()) {
-            connection |= *k == CONNECTION;
-            doomed.push(k.clone());
-        } else if also(k) {
+    let mut doomed: Small<HeaderName> = Small::new();
+    // The `Connection` lines, met on the same walk: no lookup of the name afterwards.
+    let mut connection: Small<&HeaderValue> = Small::new();
+    let mut last: Option<&HeaderName> = None;
+    for (k, v) in headers {
+        if *k == CONNECTION {
+            connection.push(v);
+        }
+        // `iter` yields a name (the same one, by address) once per value: judged once.
+        if last.is_some_and(|l| std::ptr::eq(l, k)) {
+            continue;
+        }
+        last = Some(k);
+        if is_hop_by_hop(k.as_str()) || also(k) {
             doomed.push(k.clone());
         }
     }
-    if connection {
+    if !connection.is_empty() {
         // Options such as `close` or `keep-alive` name no header, or one already doomed: only
         // names the message actually has are added.
-        let options = headers
-            .get_all(CONNECTION)
+        let options = connection
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
@@ -227,6 +233,23 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn every_connection_line_and_repeated_name_counts() {
+        let mut h = HeaderMap::new();
+        h.append("connection", "close".parse().unwrap());
+        h.append("x-first", "1".parse().unwrap());
+        h.append("x-first", "2".parse().unwrap());
+        h.append("connection", "x-first, X-Second".parse().unwrap());
+        h.append("x-second", "1".parse().unwrap());
+        h.append("te", "trailers".parse().unwrap());
+        h.append("te", "gzip".parse().unwrap());
+        h.append("x-kept", "1".parse().unwrap());
+        h.append("x-kept", "2".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h.get_all("x-kept").iter().count(), 2);
     }
 
     #[test]
