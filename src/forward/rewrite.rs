@@ -1,7 +1,7 @@
 //! The upstream request rewrite: origin-form URI, Host, hop-by-hop headers, X-Forwarded-*,
 //! client-IP and URL-override headers from untrusted peers, the framing re-emitted.
 
-use http::header::{CONNECTION, HOST};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST};
 use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri, Version};
 
@@ -62,7 +62,7 @@ pub(super) fn rewrite(
         }
     };
     // One pass over the names finds everything to drop; most requests have nothing.
-    strip_hop_by_hop_and(headers, |k| {
+    let has_length = strip_hop_by_hop_and(headers, |k| {
         // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
         // `HTTP_X_FORWARDED_FOR`) would read `X_Forwarded_For` or `X_Real_IP` as the
         // forwarding headers tollgate controls. nginx drops them by default too.
@@ -76,7 +76,10 @@ pub(super) fn rewrite(
                     || (k.as_str().starts_with("x-forwarded-") && *k != X_FORWARDED_FOR)
                     || down.untrusted_strip.contains(k)))
     });
-    super::framing::canonical_length(headers)?;
+    // That pass saw every name: without a Content-Length there is no length to re-emit.
+    if has_length {
+        super::framing::canonical_length(headers)?;
+    }
     if down.client_ip == down.peer {
         headers.insert(X_REAL_IP, down.peer_value.clone());
     } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
@@ -157,23 +160,34 @@ const OWNED: [&str; 7] = [
 /// The names to remove from `headers` before the message goes on: the hop-by-hop headers, every
 /// header a `Connection` line names (except `OWNED`), and whatever `also` picks. One pass over
 /// the names (a `match` on each), so a message that has none of them costs no lookup and no
-/// allocation.
-fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Small<HeaderName> {
-    let mut doomed = Small::new();
-    let mut connection = false;
-    for k in headers.keys() {
-        if is_hop_by_hop(k.as_str()) {
-            connection |= *k == CONNECTION;
-            doomed.push(k.clone());
-        } else if also(k) {
+/// allocation; and whether the message has a Content-Length, seen on the way.
+fn doomed_names(
+    headers: &HeaderMap,
+    also: impl Fn(&HeaderName) -> bool,
+) -> (Small<HeaderName>, bool) {
+    let mut doomed: Small<HeaderName> = Small::new();
+    let mut length = false;
+    // The `Connection` lines, met on the same walk: no lookup of the name afterwards.
+    let mut connection: Small<&HeaderValue> = Small::new();
+    let mut last: Option<&HeaderName> = None;
+    for (k, v) in headers {
+        if *k == CONNECTION {
+            connection.push(v);
+        }
+        // `iter` yields a name (the same one, by address) once per value: judged once.
+        if last.is_some_and(|l| std::ptr::eq(l, k)) {
+            continue;
+        }
+        last = Some(k);
+        length |= *k == CONTENT_LENGTH;
+        if is_hop_by_hop(k.as_str()) || also(k) {
             doomed.push(k.clone());
         }
     }
-    if connection {
+    if !connection.is_empty() {
         // Options such as `close` or `keep-alive` name no header, or one already doomed: only
         // names the message actually has are added.
-        let options = headers
-            .get_all(CONNECTION)
+        let options = connection
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
@@ -196,7 +210,7 @@ fn doomed_names(headers: &HeaderMap, also: impl Fn(&HeaderName) -> bool) -> Smal
             }
         }
     }
-    doomed
+    (doomed, length)
 }
 
 /// Remove hop-by-hop headers, including every header a `Connection` line names.
@@ -204,11 +218,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip_hop_by_hop_and(headers, |_| false);
 }
 
-/// `strip_hop_by_hop`, and remove the headers `also` picks in the same pass.
-fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
-    for name in doomed_names(headers, also) {
+/// `strip_hop_by_hop`, and remove the headers `also` picks in the same pass; whether the
+/// message has a Content-Length.
+fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) -> bool {
+    let (doomed, length) = doomed_names(headers, also);
+    for name in doomed {
         headers.remove(name);
     }
+    length
 }
 
 #[cfg(test)]
@@ -227,6 +244,23 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn every_connection_line_and_repeated_name_counts() {
+        let mut h = HeaderMap::new();
+        h.append("connection", "close".parse().unwrap());
+        h.append("x-first", "1".parse().unwrap());
+        h.append("x-first", "2".parse().unwrap());
+        h.append("connection", "x-first, X-Second".parse().unwrap());
+        h.append("x-second", "1".parse().unwrap());
+        h.append("te", "trailers".parse().unwrap());
+        h.append("te", "gzip".parse().unwrap());
+        h.append("x-kept", "1".parse().unwrap());
+        h.append("x-kept", "2".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h.get_all("x-kept").iter().count(), 2);
     }
 
     #[test]
