@@ -4,9 +4,9 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
+use tollgate::limiter::ban::Bans;
 use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
 use tollgate::limiter::quota::window;
-use tollgate::limiter::ban::Bans;
 use tollgate::limiter::{BanSpec, Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {

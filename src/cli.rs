@@ -193,11 +193,7 @@ pub fn summary(s: &Settings) -> String {
                     format!("{:?}", q.period).to_lowercase(),
                     q.tz.iana_name().unwrap_or("UTC")
                 ),
-                None => format!(
-                    "{}, burst {}",
-                    describe_rate(l.rate.per_sec),
-                    l.rate.burst
-                ),
+                None => format!("{}, burst {}", describe_rate(l.rate.per_sec), l.rate.burst),
             };
             let _ = writeln!(
                 out,
