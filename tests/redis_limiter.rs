@@ -149,6 +149,7 @@ async fn keys_are_digests_and_expire_when_the_bucket_is_full() {
         uri: &uri,
         headers: &headers,
         client_ip: "192.0.2.1".parse().unwrap(),
+        jwt: None,
     };
     let client = view.resolve(&spec);
     for _ in 0..5 {
