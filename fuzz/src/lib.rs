@@ -395,6 +395,7 @@ pub fn identity(data: &[u8]) -> ClientId {
         uri: &uri,
         headers: &headers,
         client_ip,
+        jwt: None,
     };
     let spec = KeySpec(alternatives);
     let id = view.resolve(&spec);
@@ -407,6 +408,7 @@ pub fn identity(data: &[u8]) -> ClientId {
         uri: &Uri::from_static("/"),
         headers: &HeaderMap::new(),
         client_ip: [192, 0, 2, 1].into(),
+        jwt: None,
     };
     assert_eq!(
         view.resolve(&global),

@@ -19,7 +19,7 @@ pub(super) fn jwt(raw: &file::File, p: &mut Problems) -> Option<Shared> {
                 p.add(
                     format!("identity.jwt.{key}"),
                     format!("cannot read `{path}`: {e}"),
-                )
+                );
             })
             .ok()
     };
