@@ -159,7 +159,7 @@ fixtures! {
 ",
     missing_field: r"
 {f}: 1 problem
-  {f}:7:9: routes[0].limits[0]: missing field `rate`
+  {f}:7:9: routes[0].limits[0]: needs `rate` (a token bucket, as `10/s`) or `concurrency` (requests in flight, as `4`)
 ",
     no_listener: r"
 {f}: 1 problem
@@ -202,7 +202,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `key`, `cost`, `shadow`, `exempt`, `on_failure`, `concurrency`, `lease`
 ",
     unknown_upstream: r"
 {f}: 1 problem

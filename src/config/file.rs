@@ -390,19 +390,15 @@ fn ok() -> u16 {
     200
 }
 
+/// A token bucket (`rate`) or a cap on requests in flight (`concurrency`).
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [{"required": ["rate"]}, {"required": ["concurrency"]}]))]
 pub struct Limit {
     pub name: String,
     /// A token bucket: `N/s`, `N/min`, ... (a limit has `rate` or `concurrency`).
     #[schemars(pattern(RATE))]
     pub rate: Option<String>,
-    /// At most this many requests of one identity in flight at once.
-    #[schemars(range(min = 1))]
-    pub concurrency: Option<u32>,
-    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
-    #[schemars(pattern(DURATION))]
-    pub lease: Option<String>,
     pub burst: Option<u32>,
     pub key: Vec<String>,
     pub cost: Option<u32>,
@@ -412,4 +408,10 @@ pub struct Limit {
     pub exempt: Vec<String>,
     #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
+    /// At most this many requests of one identity in flight at once.
+    #[schemars(range(min = 1))]
+    pub concurrency: Option<u32>,
+    /// How long a Redis slot lives unless renewed (concurrency limits; default 30s).
+    #[schemars(pattern(DURATION))]
+    pub lease: Option<String>,
 }
