@@ -17,7 +17,7 @@
 //!   `workers`, `screen`, `health`, `log_gate`, `request_id`, `access_log`: leaves.
 //!   Request-path errors; bodies held in memory and temporary files (request buffering,
 //!   response read-ahead); request bodies with their limits; the client address and the
-//!   identity digest a limit counts under; rustls configs; the PROXY header; per-thread
+//!   identity digest a limit counts under (`identity::jwt`: claims of a verified bearer JWT); rustls configs; the PROXY header; per-thread
 //!   counters; socket wrappers; the worker set; request screening (`host`: Host and
 //!   `:authority` validated and canonicalised, `path`: the path normalised and the spellings
 //!   backends read differently refused); the container health probe; one log line a second for
