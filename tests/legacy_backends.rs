@@ -303,22 +303,30 @@ async fn a_client_that_takes_no_bytes_is_cut_off_by_the_send_timeout() {
     let backend = LegacyBackend::start(2, Speaks::Http11);
     let yaml = yaml(backend.addr, "{ response: true }").replace(
         "  - address: 127.0.0.1:0\n",
-        "  - address: 127.0.0.1:0\n    timeouts: { send: 1s }\n",
+        "  - address: 127.0.0.1:0\n    timeouts: { send: 1s }\nadmin: { address: 127.0.0.1:0 }\n",
     );
     let proxy = TestProxy::start(&yaml);
     // 64 MiB: more than the kernel's socket buffers can take in for a client that reads
     // nothing.
     let mut held = non_readers(proxy.addr(), 1, "/huge").await;
     let mut stream = held.pop().unwrap();
-    // Read nothing until the backend has written the whole answer (the proxy read it ahead)
-    // or 8 s have passed, and 3 s more (1 s of no progress is the timeout); then everything:
-    // the proxy closed the connection before the answer was all written. Waiting on the
-    // backend, not a fixed time, keeps this true on a machine busy with the whole suite.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    while backend.answered.load(Ordering::SeqCst) < 1 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Read nothing until the proxy has dropped the connection (its open-connection gauge back
+    // at 0) or 30 s have passed; then everything: the proxy closed the connection before the
+    // answer was all written. Waiting on the proxy, not a fixed time, keeps this true on a
+    // machine busy with the whole suite, where reading 64 MiB ahead into a file can take
+    // longer than the stall itself.
+    let http = Http::new();
+    let metrics = format!("http://{}/metrics", proxy.admin_addr());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut open = 1;
+    while open > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open = common::find_sample(
+            &http.get(&metrics).await.text(),
+            "tollgate_open_connections",
+        )
+        .unwrap_or(1);
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut got = Vec::new();
     let read = tokio::time::timeout(
         Duration::from_secs(20),
@@ -335,7 +343,7 @@ async fn a_client_that_takes_no_bytes_is_cut_off_by_the_send_timeout() {
         "the whole answer arrived ({} bytes): no send timeout",
         got.len()
     );
-    let r = Http::new().get(&proxy.url("/")).await;
+    let r = http.get(&proxy.url("/")).await;
     assert_eq!(r.code(), 200);
 }
 
