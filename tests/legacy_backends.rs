@@ -321,11 +321,8 @@ async fn a_client_that_takes_no_bytes_is_cut_off_by_the_send_timeout() {
     let mut open = 1;
     while open > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        open = common::find_sample(
-            &http.get(&metrics).await.text(),
-            "tollgate_open_connections",
-        )
-        .unwrap_or(1);
+        open = common::find_sample(http.get(&metrics).await.text(), "tollgate_open_connections")
+            .unwrap_or(1);
     }
     let mut got = Vec::new();
     let read = tokio::time::timeout(
