@@ -21,8 +21,10 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                    baseline (the backend alone), forwarded (1), rejected (2), redis (3: one
                    redis-server, beside the local limiter), cluster (3c: a 3-master Redis
                    Cluster), slots (3d: a per-client and a `global` limit, two cluster slots per
-                   request), keys (4: KEYS distinct X-API-Key values), h2 (5: h2c), fixed (6, 7:
-                   HTTP/1.1 at a fixed rate, forwarded and rejected).
+                   request), redis-quota (3e: a calendar quota on one redis-server, beside its
+                   token bucket and the local limiter), redis-concurrency (3f: the same with a
+                   concurrency limit), keys (4: KEYS distinct X-API-Key values), h2 (5: h2c),
+                   fixed (6, 7: HTTP/1.1 at a fixed rate, forwarded and rejected).
     DURATION [10]  seconds measured per run       WARMUP [2]   seconds of warm-up per run
     CONNECTIONS [64]  client connections          THREADS [2]  wrk/h2load threads
     H2_STREAMS [10]   concurrent streams per h2 connection (h2load -m)
@@ -32,7 +34,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
     TOLLGATE_BUFFERING [unset]  `true` or `false`: the route's request and response buffering
                       (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
-    SCENARIOS [baseline forwarded rejected redis cluster slots keys h2 fixed]
+    SCENARIOS [baseline forwarded rejected redis cluster slots redis-quota redis-concurrency
+               keys h2 fixed]
     LOGS [off]        off: every proxy's access log off; file: every proxy logs every request
                       to a file (tollgate --access-log FILE; nginx access_log FILE, and a
                       second nginx with buffer=64k flush=1s; HAProxy option httplog to its
@@ -40,7 +43,7 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                       with each proxy's logged/off ratio
     PEERS [haproxy caddy]  the peers measured beside nginx and tollgate (empty: none)
     ROUNDS [1]        measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
-                      (and tollgate with Redis and in process in 3, 3c, 3d), alternating which
+                      (and tollgate with Redis and in process in 3, 3c, 3d, 3e, 3f), alternating which
                       goes first; ratios are taken between the medians, each round's listed
     TOLLGATE_BIN      the tollgate binary [target/release/tollgate, built when missing or older
                       than src/, Cargo.toml or Cargo.lock]
@@ -57,9 +60,11 @@ run_compare() {
     export KEYS # for keys.lua
     TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
     FIXED_RPS=${FIXED_RPS:-900}
-    SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster slots keys h2 fixed}
+    SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster slots redis-quota redis-concurrency keys h2 fixed}
     # Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
     TOLLGATE_EXTRA=
+    # The kind of tollgate's limit in place of its token bucket (scenarios 3e and 3f set it).
+    TOLLGATE_LIMIT=
     ROUNDS=${ROUNDS:-1}
     LOGS=${LOGS:-off}
     case $LOGS in off | file | both) ;; *) usage_error "LOGS=off|file|both" ;; esac
@@ -267,6 +272,37 @@ beside_local() {
     ratio "$label" "$2" "$3" "$2" "tollgate (local)"
 }
 
+# Scenarios 3e and 3f: the route's one limit (`key: [ip]`, as the token bucket's) is a calendar
+# quota or a concurrency limit, never reached, over one redis-server, measured in alternating
+# rounds beside the token bucket over the same redis-server ("tollgate (redis)") and beside the
+# local limiter's token bucket ("tollgate (local)").
+# kind_run NAME SCENARIO TARGET LIMITER: one forwarded run of tollgate with LIMITER and the
+# limit KIND_LIMIT (a YAML mapping entry, `quota: 1000000000/day`), as KIND_TARGET (TARGET, the
+# token bucket's, unused). Redis is emptied first: a quota's key is its limit's name and the
+# identity's digest, as the bucket's is, and would read the bucket's number as a count.
+kind_run() {
+    # shellcheck disable=SC2034 # tollgate_config's
+    local TOLLGATE_LIMIT=$KIND_LIMIT
+    # shellcheck disable=SC2153 # set by start_redis
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    shared_run "$1-$KIND_NAME" "$2" "$KIND_TARGET" "$4"
+}
+# beside_bucket SCENARIO NAME KIND LIMIT: scenario 3e or 3f (NAME its runs' directories, KIND
+# the limit's kind, LIMIT its YAML) with the ratios of the kind over Redis to the local limiter
+# and to the token bucket over Redis, and of that bucket to the local limiter.
+beside_bucket() {
+    local scen=$1 KIND_NAME=$3 KIND_LIMIT=$4 KIND_TARGET="tollgate (redis $3)"
+    start_redis
+    rounds "local_run shared_run kind_run" "$2" "$scen" "tollgate (redis)" "$(redis_limiter)"
+    note "redis-server peak RSS $(($(rss_kb "$REDIS_PID" VmHWM) / 1024)) MB (not in the table's figure)."
+    stop "$REDIS_PID"
+    ratio "$scen, tollgate-redis-$3/tollgate-local" "$scen" "$KIND_TARGET" "$scen" "tollgate (local)"
+    ratio "$scen, tollgate-redis-$3/tollgate-redis (token bucket)" "$scen" "$KIND_TARGET" \
+        "$scen" "tollgate (redis)"
+    ratio "$scen, tollgate-redis/tollgate-local (token bucket)" "$scen" "tollgate (redis)" \
+        "$scen" "tollgate (local)"
+}
+
 KEYS_ARGS=("X-API-Key: probe" "$CONF/keys.lua")
 keys_scen() { sc "4 $((KEYS / 1000))k keys"; }
 keys_nginx() { nginx_measures nginx-keys nginx "${KEY_NGINX[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
@@ -366,6 +402,17 @@ compare_pass() {
         TOLLGATE_EXTRA=
     fi
 
+    # Scenarios 3e and 3f: limits that never reject (a quota of 1,000,000,000 a day, 100,000
+    # requests in flight), so the figures are the cost of forwarding with each kind over Redis.
+    if compare_want redis-quota; then
+        beside_bucket "$(sc "3e redis quota forwarded")" tollgate-redis-q quota \
+            "quota: 1000000000/day"
+    fi
+    if compare_want redis-concurrency; then
+        beside_bucket "$(sc "3f redis concurrency forwarded")" tollgate-redis-c concurrency \
+            "concurrency: 100000"
+    fi
+
     if compare_want keys; then
         keys=$(keys_scen)
         rounds "$(line_up keys)"
@@ -440,7 +487,7 @@ compare_report() {
         "$(! peer_wanted caddy || echo "Caddy $(caddy version | awk '{print $1}')")."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
-        "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
+        "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 3e, 3f, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default};" \
         "access logs: $LOGS (\", logged\": every proxy logs every request to a file)."
     echo

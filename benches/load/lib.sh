@@ -209,16 +209,21 @@ client_defaults() {
 
 # tollgate_config FILE PORT LIMITER RATE BURST KEY: tollgate forwarding to the backend with one
 # limit (benches/compare/tollgate.yaml.in). TOLLGATE_HEADERS [true] turns the rate-limit
-# headers on or off; TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines;
+# headers on or off; TOLLGATE_LIMIT [unset: the token bucket of RATE and BURST] is the limit's
+# kind as one YAML mapping entry in their place (`quota: 1000000000/day`, `concurrency:
+# 100000`); TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines;
 # TOLLGATE_BUFFERING [unset: the binary's default] sets the route's request and response
 # buffering.
 tollgate_config() {
     local buffering="    # buffering: the binary's default"
+    local limit="        rate: $4
+        burst: $5"
     if [ -n "${TOLLGATE_BUFFERING:-}" ]; then
         buffering="    buffering: { request: $TOLLGATE_BUFFERING, response: $TOLLGATE_BUFFERING }"
     fi
+    [ -z "${TOLLGATE_LIMIT:-}" ] || limit="        $TOLLGATE_LIMIT"
     fill "$CONF/tollgate.yaml.in" "$1" PORT="$2" BACKEND_PORT="$BACKEND_PORT" LIMITER="$3" \
-        HEADERS="${TOLLGATE_HEADERS:-true}" RATE="$4" BURST="$5" KEY="$6" \
+        HEADERS="${TOLLGATE_HEADERS:-true}" LIMIT="$limit" KEY="$6" \
         EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering"
 }
 
@@ -345,18 +350,22 @@ start_redis() {
     wait_port "$REDIS_PORT" "$REDIS_PID" redis-server
 }
 
-# "ALL SCRIPTS CPU": commands Redis has processed, and of those the script calls (EVAL, EVALSHA
-# and their _RO forms), and the CPU time the servers used (user + system, microseconds), summed
-# over the servers of REDIS_PORTS. Commands a script runs inside Redis (TIME, GET, SET) count in
-# ALL too, so SCRIPTS per request is the number of round trips a request costs.
+# "ALL SCRIPTS CPU TAKES DROPS": commands Redis has processed, and of those the script calls
+# (EVAL, EVALSHA and their _RO forms), the CPU time the servers used (user + system,
+# microseconds), and the ZCARD and ZREM commands run (one each by a concurrency lease's take and
+# its release, both inside lease.lua), summed over the servers of REDIS_PORTS. Commands a
+# script runs inside Redis (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the
+# number of round trips a request costs.
 redis_commands() {
     local port
     for port in "${REDIS_PORTS[@]}"; do
         redis-cli -p "$port" info commandstats cpu
     done | tr -d '\r' | awk -F'[:=,]' '
         /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
+        /^cmdstat_zcard:/ { takes += $3 }
+        /^cmdstat_zrem:/ { drops += $3 }
         /^used_cpu_(sys|user):/ { cpu += $2 }
-        END { printf "%d %d %.0f\n", all, scripts, cpu * 1e6 }'
+        END { printf "%d %d %.0f %d %d\n", all, scripts, cpu * 1e6, takes, drops }'
 }
 
 # --- CPU and memory of a process ------------------------------------------------------------
@@ -446,8 +455,9 @@ out_file() {
 # measure_wrk SCENARIO TARGET PID URL [HEADER] [LUA]: WARMUP seconds of wrk, then DURATION
 # seconds measured (wrk -tTHREADS -cCONNECTIONS --latency, with the script LUA), the user and
 # system CPU per request of PID and its children over the measured run, PID's peak RSS and one
-# probe request (with HEADER): one row of the report. For the targets "tollgate (redis)" and
-# "tollgate (cluster)", a note of the script calls per request Redis ran.
+# probe request (with HEADER): one row of the report. For the targets "tollgate (redis...)"
+# and "tollgate (cluster)", a note of the script calls per request Redis ran (and, when there
+# were any, the concurrency leases taken and released per request).
 measure_wrk() {
     local scen=$1 target=$2 pid=$3 url=$4 header=${5:-} lua=${6:-}
     local out args=() probe_args=() before="" cpu0 cpu1 cpu rss probe fields sys
@@ -461,7 +471,7 @@ measure_wrk() {
         "${args[@]}" "$url" || die "wrk warm-up failed: $(cat "$out.warmup")"
     count_stop
     sys=$(python3 "$CONF/summarize.py" perf "$out.perf" "$out.warmup")
-    case $target in "tollgate (redis)" | "tollgate (cluster)") before=$(redis_commands) ;; esac
+    case $target in "tollgate (redis"* | "tollgate (cluster)") before=$(redis_commands) ;; esac
     cpu0=$(cpu_ticks "$pid")
     bounded $((DURATION + 30)) "$out" wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency \
         "${args[@]}" "$url" || die "wrk failed: $(cat "$out")"
@@ -481,13 +491,16 @@ measure_wrk() {
         note "$(python3 - "$scen" "$total" "${#REDIS_PORTS[@]}" $before $after <<'PY'
 import sys
 scen, total, servers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-a0, s0, c0, a1, s1, c1 = map(int, sys.argv[4:])
+a0, s0, c0, t0, d0, a1, s1, c1, t1, d1 = map(int, sys.argv[4:])
 all_, scripts = a1 - a0 - servers, s1 - s0  # less the INFO that took the first snapshot
+takes, drops, n = t1 - t0, d1 - d0, max(total, 1)
+leases = (f" ({takes / n:.3f} lease takes and {drops / n:.3f} releases per request)"
+          if takes or drops else "")
 print(f"{scen}: Redis ran {scripts} script calls ({all_} commands counting those the script "
       f"runs inside Redis) for {total} requests completed in the measured run: "
-      f"{scripts / max(total, 1):.3f} round trips per request (the requests still in flight at "
+      f"{scripts / n:.3f} round trips per request{leases} (the requests still in flight at "
       f"the end make this slightly above the real figure); redis-server used "
-      f"{(c1 - c0) / max(total, 1):.2f} us of CPU per request (not in the table's CPU column).")
+      f"{(c1 - c0) / n:.2f} us of CPU per request (not in the table's CPU column).")
 PY
 )"
     fi
