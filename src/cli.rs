@@ -193,7 +193,10 @@ pub fn summary(s: &Settings) -> String {
                     format!("{:?}", q.period).to_lowercase(),
                     q.tz.iana_name().unwrap_or("UTC")
                 ),
-                None => format!("{}, burst {}", describe_rate(l.rate.per_sec), l.rate.burst),
+                None => match &l.concurrency {
+                    Some(c) => format!("{} in flight (lease {:?})", c.max, c.lease),
+                    None => format!("{}, burst {}", describe_rate(l.rate.per_sec), l.rate.burst),
+                },
             };
             let _ = writeln!(
                 out,
