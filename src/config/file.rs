@@ -133,6 +133,9 @@ pub struct CertPair {
 #[serde(deny_unknown_fields)]
 pub struct Admin {
     pub address: String,
+    /// A file holding the bearer token of the admin API (`/api/v1/`); without it the API is
+    /// off. Read again on every reload, so a new token takes effect without a restart.
+    pub token_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

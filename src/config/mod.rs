@@ -143,6 +143,7 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
     {
         take(upstream.get("tls").and_then(|t| t.get("ca")));
     }
+    take(root.get("admin").and_then(|a| a.get("token_file")));
     let jwt = root.get("identity").and_then(|i| i.get("jwt"));
     take(jwt.and_then(|j| j.get("hs256_secret_file")));
     take(jwt.and_then(|j| j.get("jwks_file")));

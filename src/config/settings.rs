@@ -51,6 +51,8 @@ pub struct Settings {
     pub request_id_header: http::HeaderName,
     /// `identity.jwt`: the keys bearer JWTs are verified with, files read at compile time.
     pub jwt: Option<crate::identity::jwt::Shared>,
+    /// `admin.token_file`'s token: the admin API (`/api/v1/`) is off without one.
+    pub admin_token: Option<AdminToken>,
     /// (name, hash of its YAML) for every route and upstream, to log what a reload changed.
     pub fingerprints: Vec<(String, u64)>,
     /// The YAML these settings were compiled from (served redacted on the admin `/config`).
@@ -504,5 +506,28 @@ mod tests {
             redact("redis://user:secret@host:6379/0"),
             "redis://user:***@host:6379/0"
         );
+    }
+}
+
+/// The admin API's bearer token, kept as its digest: never printed, compared in constant time.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(blake3::Hash);
+
+impl AdminToken {
+    /// The token of a file's text (surrounding whitespace, such as a final newline, dropped).
+    pub fn of(text: &str) -> Option<Self> {
+        let token = text.trim();
+        (!token.is_empty()).then(|| Self(blake3::hash(token.as_bytes())))
+    }
+
+    /// `given` is the token (`blake3::Hash` compares in constant time).
+    pub fn accepts(&self, given: &str) -> bool {
+        self.0 == blake3::hash(given.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(***)")
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file;
-use super::settings::{BufferSettings, HeaderPolicy, Listener, Settings, UpstreamSpec};
+use super::settings::{AdminToken, BufferSettings, HeaderPolicy, Listener, Settings, UpstreamSpec};
 use super::values;
 use super::Problem;
 use crate::identity::ForwardedHeader;
@@ -111,6 +111,7 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
     let jwt = identity::jwt(raw, &mut p);
+    let admin_token = admin_token(raw.admin.as_ref(), &mut p);
     whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
@@ -138,10 +139,27 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         buffering,
         request_id_header,
         jwt,
+        admin_token,
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
     })
+}
+
+/// `admin.token_file`'s token, read on every load and reload (so rotating it needs no restart).
+fn admin_token(admin: Option<&file::Admin>, p: &mut Problems) -> Option<AdminToken> {
+    let path = admin?.token_file.as_ref()?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| p.add("admin.token_file", format!("cannot read `{path}`: {e}")))
+        .ok()?;
+    let token = AdminToken::of(&text);
+    if token.is_none() {
+        p.add(
+            "admin.token_file",
+            format!("`{path}` is empty: it must hold the admin API's bearer token"),
+        );
+    }
+    token
 }
 
 fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {

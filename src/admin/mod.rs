@@ -1,4 +1,7 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`. Never on the proxy ports.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`, and the authenticated API
+//! under `/api/` (`api`). Never on the proxy ports.
+
+mod api;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,7 +35,7 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
         let state = state.clone();
         let service = service_fn(move |req| {
             let state = state.clone();
-            async move { Ok::<_, Infallible>(handle(&state, &req).await) }
+            async move { Ok::<_, Infallible>(handle(&state, req).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
@@ -41,8 +44,11 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
     }
 }
 
-async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
+async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
     const TEXT: &str = "text/plain; charset=utf-8";
+    if req.uri().path().starts_with("/api/") {
+        return api::handle(state, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return fixed(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n");
     }
@@ -85,7 +91,7 @@ async fn handle(state: &State, req: &Request<Incoming>) -> Response<Body> {
         _ => fixed(
             StatusCode::NOT_FOUND,
             TEXT,
-            "not found: try /healthz, /readyz, /metrics or /config\n",
+            "not found: try /healthz, /readyz, /metrics, /config or /api/v1/\n",
         ),
     }
 }

@@ -1,0 +1,195 @@
+//! The admin API under `/api/v1/`: the bearer-token check, the request read whole, and the
+//! dispatch to each endpoint. JSON in, JSON out; errors are problem+json.
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use percent_encoding::percent_decode_str;
+use serde_json::{json, Value};
+
+use crate::response::{fixed, Body};
+use crate::state::State;
+
+/// An API request body larger than this is refused: bans and overrides are a few hundred bytes.
+const MAX_BODY: usize = 64 * 1024;
+
+/// One API request, read whole: the method, the path below `/api/v1`, the decoded query
+/// pairs in order, and the body.
+#[derive(Debug)]
+pub(super) struct Call {
+    pub method: Method,
+    /// Below `/api/v1`, with its leading `/` (`/explain`, `/bans/ID`); `/` for the index.
+    pub path: String,
+    pub query: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl Call {
+    /// The first value of query parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of query parameter `name`, in order (`header=` may be repeated).
+    pub fn params<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.query
+            .iter()
+            .filter(move |(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON, or the 400 that says why it is not.
+    pub fn json(&self) -> Result<Value, Response<Body>> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            problem(
+                StatusCode::BAD_REQUEST,
+                "The body is not valid JSON",
+                &e.to_string(),
+            )
+        })
+    }
+}
+
+/// Serve one `/api/` request: off (404) without `admin.token_file`, 401 without its token.
+pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
+    let token = state.runtime.load().settings.admin_token.clone();
+    let Some(token) = token else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "The admin API is off",
+            "set admin.token_file to a file holding its bearer token",
+        );
+    };
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    if !given.is_some_and(|g| token.accepts(g)) {
+        let mut res = problem(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "send the admin token as `Authorization: Bearer TOKEN`",
+        );
+        res.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+        );
+        return res;
+    }
+    let call = match read(req).await {
+        Ok(call) => call,
+        Err(res) => return res,
+    };
+    dispatch(state, &call).await
+}
+
+/// The endpoint for `call`.
+async fn dispatch(_state: &State, call: &Call) -> Response<Body> {
+    match (&call.method, call.path.as_str()) {
+        (&Method::GET, "/") => json_response(StatusCode::OK, &index()),
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "No such endpoint",
+            &format!(
+                "{} /api/v1{} is not an endpoint: GET /api/v1/ lists them",
+                call.method, call.path
+            ),
+        ),
+    }
+}
+
+/// What `GET /api/v1/` lists.
+fn index() -> Value {
+    json!({ "endpoints": [] })
+}
+
+/// Read the request whole (at most `MAX_BODY`) into a `Call`.
+async fn read(req: Request<Incoming>) -> Result<Call, Response<Body>> {
+    let (parts, body) = req.into_parts();
+    let Some(path) = parts.uri.path().strip_prefix("/api/v1") else {
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            "No such API version",
+            "the admin API is under /api/v1/",
+        ));
+    };
+    let path = if path.is_empty() { "/" } else { path }.to_owned();
+    let query = parts.uri.query().map(decode_query).unwrap_or_default();
+    let body = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            return Err(problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Body too large",
+                "an admin API request body is at most 64 KiB",
+            ))
+        }
+    };
+    Ok(Call {
+        method: parts.method,
+        path,
+        query,
+        body,
+    })
+}
+
+/// `a=1&b=x%3Ay` as decoded pairs (`+` is a space, as browsers and curl `--data-urlencode` send).
+fn decode_query(query: &str) -> Vec<(String, String)> {
+    let decode = |s: &str| {
+        percent_decode_str(&s.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// A JSON answer.
+pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    body.push(b'\n');
+    fixed(status, "application/json", body)
+}
+
+/// An RFC 9457 problem+json answer.
+pub(super) fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+    let value = json!({ "title": title, "status": status.as_u16(), "detail": detail });
+    let mut body = serde_json::to_vec(&value).unwrap_or_default();
+    body.push(b'\n');
+    fixed(status, "application/problem+json", body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_query;
+
+    #[test]
+    fn query_pairs_are_decoded_in_order() {
+        assert_eq!(
+            decode_query("method=GET&header=X-API-Key%3Aabc&header=a:b+c&flag"),
+            [
+                ("method", "GET"),
+                ("header", "X-API-Key:abc"),
+                ("header", "a:b c"),
+                ("flag", "")
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+}
