@@ -1,4 +1,4 @@
-//! The command line: `run` (the default), `check`, `health`, `completions` and `man`.
+//! The command line: `run` (the default), `check`, `health`, `explain`, `completions` and `man`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -139,6 +139,10 @@ pub enum Command {
     Man,
     /// Print the config's JSON Schema to stdout, for editors and CI (docs/configuration.md).
     Schema,
+    /// Explain what the proxy would do with a request now (route, each limit's identity and
+    /// bucket, the decision), without counting it: asks a running proxy's admin API with
+    /// `--admin`, else reads the config alone (every bucket full).
+    Explain(ExplainArgs),
 }
 
 /// Write the completion script of `shell` to `out`. Made in memory first: clap_complete
@@ -211,7 +215,7 @@ pub fn summary(s: &Settings) -> String {
 }
 
 /// A rate in the largest-count unit that shows it without a leading `0.`.
-fn describe_rate(per_sec: f64) -> String {
+pub(crate) fn describe_rate(per_sec: f64) -> String {
     for (unit, secs) in [("s", 1.0), ("min", 60.0), ("h", 3600.0)] {
         if per_sec * secs >= 1.0 {
             return format!("{}/{unit}", trim_float(per_sec * secs));
@@ -267,4 +271,52 @@ fn describe_route(r: &RouteSpec, m: &Matcher) -> String {
         format!(" (+{} header conditions)", m.headers.len())
     };
     format!("{methods} {host}{path}{headers} -> {action}")
+}
+
+/// `tollgate explain`'s options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExplainArgs {
+    /// The admin listener of a running proxy, as in `http://127.0.0.1:9901`; without it the
+    /// request is explained from the config alone (every bucket full, no bans).
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// The file holding the admin API's token (the one `admin.token_file` names).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// The request's method.
+    #[arg(long, default_value = "GET")]
+    pub method: String,
+    /// The request's host [default: localhost].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// The request's path, with its query string if any.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// A request header, as `NAME:VALUE` (repeat for more: `--header Cookie:sid=1`).
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
+    /// The client address the request comes from.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub ip: String,
+    /// Print the JSON answer instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ExplainArgs {
+    /// These options as `explain`'s.
+    pub fn into_args(self) -> crate::explain::cli::Args {
+        crate::explain::cli::Args {
+            admin: self.admin,
+            token_file: self.token_file,
+            query: crate::explain::Query {
+                method: Some(self.method),
+                host: self.host,
+                path: Some(self.path),
+                headers: self.headers,
+                ip: Some(self.ip),
+            },
+            json: self.json,
+        }
+    }
 }

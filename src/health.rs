@@ -37,6 +37,62 @@ pub fn check(config: &Path, url: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// GET `url` (`http://host:port/path?query`) with `headers`, asking the server to close: the
+/// status and the body, read to the end (for `tollgate explain`).
+pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<(u16, String), String> {
+    let (addr, path) = parse_url(url)?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("{addr}: no HTTP answer"))?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let body = &raw[split + 4..];
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("{addr}: no HTTP status in `{}`", head.lines().next().unwrap_or("")))?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked { dechunk(body) } else { body.to_vec() };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A chunked body's data.
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let line = String::from_utf8_lossy(&rest[..eol]);
+        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        let data = &rest[eol + 2..];
+        if size == 0 || data.len() < size {
+            break;
+        }
+        out.extend_from_slice(&data[..size]);
+        rest = data[size..].strip_prefix(b"\r\n").unwrap_or(&data[size..]);
+    }
+    out
+}
+
 /// The admin address, read leniently: only `admin.address` has to make sense, so a running
 /// proxy whose file now holds a half-finished edit (which it refuses to load) still reports
 /// healthy.

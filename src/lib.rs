@@ -27,7 +27,8 @@
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
 //! - `limiter`: token-bucket arithmetic, calendar quotas (`quota`) and escalating bans
-//!   (`ban`), the per-request `Decision`, the in-process and Redis stores;
+//!   (`ban`), the per-request `Decision`, the in-process and Redis stores, a read-only look at
+//!   one identity's state (`peek`);
 //!   `limiter::concurrency`: slots of requests in flight (Redis leases in
 //!   `limiter::redis::lease`), held by a guard the response body carries. `pool`: keep-alive
 //!   upstream connections. `forward`: target choice (load
@@ -38,10 +39,12 @@
 //!   the Redis client and metric handles reused where their spec is unchanged).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
+//! - `explain`: what the stages would do with a request now, read without counting it
+//!   (`limiter::peek`), for the admin API and `tollgate explain` (it words rates as `cli` does).
 //! - `server` (accept and balance, connection, the request-line watch that answers `414`,
 //!   watchdog), `admin` (the admin listener), `reload` (build then swap).
 //! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
-//!   binary's. `cli`: the command line (`run`, `check`, `health`, `schema`).
+//!   binary's. `cli`: the command line (`run`, `check`, `health`, `explain`, `schema`).
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
 //! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.
@@ -53,6 +56,7 @@ pub(crate) mod buffer;
 pub mod cli;
 pub mod config;
 pub(crate) mod error;
+pub mod explain;
 pub(crate) mod forward;
 pub mod health;
 pub mod identity;

@@ -47,6 +47,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Explain(args) => {
+            match tollgate::explain::cli::run(&cli.config, &args.into_args()) {
+                Ok(text) => printed(std::io::Write::write_all(
+                    &mut std::io::stdout(),
+                    text.as_bytes(),
+                )),
+                Err(e) => {
+                    eprintln!("tollgate explain: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(_) => {
             let format = match opts.access_log_format {
                 LogFormat::Text => tollgate::access_log::Format::Text,

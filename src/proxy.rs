@@ -391,7 +391,7 @@ fn body_error(why: BodyFailure) -> ProxyError {
 }
 
 /// `uri` with its path in lower case (query and authority as they are).
-fn fold_path(uri: &http::Uri) -> Result<http::Uri, ProxyError> {
+pub(crate) fn fold_path(uri: &http::Uri) -> Result<http::Uri, ProxyError> {
     let path = uri.path().to_ascii_lowercase();
     let pq = match uri.query() {
         Some(q) => format!("{path}?{q}"),

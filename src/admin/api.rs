@@ -94,9 +94,10 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
 }
 
 /// The endpoint for `call`.
-async fn dispatch(_state: &State, call: &Call) -> Response<Body> {
+async fn dispatch(state: &State, call: &Call) -> Response<Body> {
     match (&call.method, call.path.as_str()) {
         (&Method::GET, "/") => json_response(StatusCode::OK, &index()),
+        (&Method::GET, "/explain") => explain(state, call).await,
         _ => problem(
             StatusCode::NOT_FOUND,
             "No such endpoint",
@@ -110,7 +111,32 @@ async fn dispatch(_state: &State, call: &Call) -> Response<Body> {
 
 /// What `GET /api/v1/` lists.
 fn index() -> Value {
-    json!({ "endpoints": [] })
+    json!({ "endpoints": [
+        {
+            "method": "GET",
+            "path": "/api/v1/explain",
+            "query": "method=, host=, path=, header=NAME:VALUE (repeated), ip=",
+            "does": "what the proxy would do with that request now, without counting it",
+        },
+    ] })
+}
+
+/// `GET /api/v1/explain`: the request of the query, explained against the live runtime.
+async fn explain(state: &State, call: &Call) -> Response<Body> {
+    let query = match crate::explain::Query::from_pairs(&call.query) {
+        Ok(q) => q,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "Bad explain query", &e),
+    };
+    let runtime = state.runtime.load_full();
+    let source = format!(
+        "the running proxy (config generation {})",
+        *state.generation.borrow()
+    );
+    let now = state.clock.now_us();
+    match crate::explain::explain(&runtime, &query, now, source).await {
+        Ok(e) => json_response(StatusCode::OK, &e),
+        Err(e) => problem(StatusCode::BAD_REQUEST, "Bad explain query", &e),
+    }
 }
 
 /// Read the request whole (at most `MAX_BODY`) into a `Call`.
@@ -161,7 +187,7 @@ fn decode_query(query: &str) -> Vec<(String, String)> {
 }
 
 /// A JSON answer.
-pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+pub(super) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
     let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
     body.push(b'\n');
     fixed(status, "application/json", body)

@@ -312,12 +312,25 @@ impl<'a> RequestView<'a> {
 
     /// Whether any entry of `exempt` matches this request.
     pub fn is_exempt(&self, exempt: &[Exemption]) -> bool {
-        exempt.iter().any(|e| match e {
+        self.exemption(exempt).is_some()
+    }
+
+    /// The index of the first entry of `exempt` that matches this request.
+    pub fn exemption(&self, exempt: &[Exemption]) -> Option<usize> {
+        exempt.iter().position(|e| match e {
             Exemption::Net(net) => net.contains(&self.client_ip),
             Exemption::Equals(source, value) => self
                 .value(source)
                 .is_some_and(|v| v.as_ref() == value.as_bytes()),
         })
+    }
+
+    /// The index of the alternative of `spec` that `resolve` takes (every source present), or
+    /// `None` for the `anonymous` bucket.
+    pub fn alternative(&self, spec: &KeySpec) -> Option<usize> {
+        spec.0
+            .iter()
+            .position(|alt| alt.0.iter().all(|s| self.value(s).is_some()))
     }
 }
 

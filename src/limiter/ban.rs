@@ -67,6 +67,17 @@ impl BanArgs {
     }
 }
 
+/// One identity's ban state as `explain` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Standing {
+    /// Microseconds the ban in force has left; 0 when none is.
+    pub banned_us: f64,
+    /// Strikes in the current window.
+    pub strikes: u32,
+    /// Bans so far that the next one doubles from (0 once forgotten).
+    pub level: u32,
+}
+
 /// One identity's ban state.
 #[derive(Debug, Clone, Copy, Default)]
 struct State {
@@ -126,6 +137,17 @@ impl Bans {
             return (None, BanEvent::Lifted);
         }
         (None, BanEvent::None)
+    }
+
+    /// `client`'s ban state at `now`, changing nothing (for `explain`); `None` when it has none.
+    pub fn peek(&self, client: ClientId, now: f64) -> Option<Standing> {
+        let shard = self.shard(client).lock();
+        let s = shard.get(&client)?;
+        Some(Standing {
+            banned_us: (s.until - now).max(0.0),
+            strikes: if s.strikes_until > now { s.strikes } else { 0 },
+            level: if s.level_until > now { s.level } else { 0 },
+        })
     }
 
     /// Count a rejection of `client` by the limit at `now`; `BanEvent::Started` when it bans.

@@ -26,6 +26,7 @@
 //! (a NAT) past the per-peer cap share a bucket. Memory stays bounded by `max_buckets`
 //! buckets plus at most as many peer entries.
 
+mod peek;
 mod peers;
 
 use std::collections::HashMap;
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
+pub use self::peek::Counted;
 pub use self::peers::Peer;
 use self::peers::{PeerShard, Peers};
 use super::quota::{self, Window};

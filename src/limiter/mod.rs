@@ -20,6 +20,7 @@ pub mod ban;
 pub mod concurrency;
 pub(crate) mod decide;
 pub mod local;
+pub mod peek;
 pub mod quota;
 pub mod redis;
 

@@ -34,6 +34,7 @@ pub(crate) mod lease;
 mod link;
 mod managed;
 mod negative;
+mod peek;
 mod stats;
 
 use std::sync::{Arc, LazyLock};

@@ -82,6 +82,17 @@ impl Peers {
         Some(shard)
     }
 
+    /// `peer`'s entry as a check would find it, without making one (for `explain`): a fresh
+    /// one when it has none, `None` when its shard has no room for it.
+    pub(super) fn peek(&self, peer: Peer, now: f64) -> Option<Minted> {
+        let shard = self.shards[peer.shard()].lock();
+        if let Some(m) = shard.get(&peer) {
+            return Some(*m);
+        }
+        let room = shard.len() < self.per_shard_cap || shard.values().any(|m| idle(m, now));
+        room.then(Minted::default)
+    }
+
     /// The map let go of buckets these peers minted.
     pub(super) fn release(&self, peers: impl Iterator<Item = Peer>, now: f64) {
         for peer in peers {

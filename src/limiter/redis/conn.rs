@@ -274,7 +274,7 @@ fn certificates(tls: &RedisTls) -> TlsCertificates {
 }
 
 /// The script's epoch (`EPOCH` in `bucket.lua`), in microseconds since the UNIX epoch.
-const SCRIPT_EPOCH_US: i64 = 1_700_000_000_000_000;
+pub(super) const SCRIPT_EPOCH_US: i64 = 1_700_000_000_000_000;
 
 /// A quota bucket's script arguments: its count, and the bounds of the windows around the
 /// proxy's now (see `bucket.lua`'s `window`), in microseconds since the script's epoch.

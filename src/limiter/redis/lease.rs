@@ -84,7 +84,7 @@ impl RedisLimiter {
 
     /// The Redis key of `client`'s leases under `limit`: the bucket's hash tag, so a cluster
     /// keeps an identity's keys together.
-    fn lease_key(&self, limit: &Limit, client: ClientId) -> String {
+    pub(super) fn lease_key(&self, limit: &Limit, client: ClientId) -> String {
         let mut key = String::with_capacity(self.key_prefix.len() + limit.name.len() + 37);
         key.push_str(&self.key_prefix);
         key.push_str(&limit.name);

@@ -1,0 +1,316 @@
+//! One limit explained for one request: its settings, the exemption or identity that applies,
+//! its state now (read, never charged) and the outcome a check now would have.
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::{Exemption, RequestView};
+use crate::limiter::peek::{self, Peeked};
+use crate::limiter::redis::RedisLimiter;
+use crate::limiter::{FailurePolicy, Limit};
+
+/// Hex digits of the identity's digest shown: enough to tell clients apart and to find them
+/// in the logs (which print the whole digest), never the raw value.
+const CLIENT_HEX: usize = 16;
+
+/// Where and when the limits are read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct At<'a> {
+    pub redis: Option<&'a RedisLimiter>,
+    /// The proxy's clock, in µs (what its in-process buckets count on).
+    pub now_us: f64,
+    /// Who mints the request's new in-process buckets.
+    pub peer: crate::limiter::local::Peer,
+}
+
+/// One limit of the route, for one request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LimitExplained {
+    pub name: String,
+    pub kind: Kind,
+    pub cost: u32,
+    pub shadow: bool,
+    pub on_failure: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban: Option<BanRule>,
+    /// The key's alternatives, in order.
+    pub key: Vec<String>,
+    /// The exemption that matched, if one did (then nothing else is read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exempt: Option<Exempted>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
+    /// The bucket (or the slots) now, for this identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now: Option<Now>,
+    /// The identity's ban state, for a limit with a ban.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ban_state: Option<BanState>,
+    /// Why the state could not be read (Redis did not answer): the failure policy applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub outcome: Outcome,
+    /// Seconds until a request of `cost` would be admitted: 0 when it is now.
+    pub retry_after_s: f64,
+}
+
+/// What kind of limit, with its numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Kind {
+    TokenBucket {
+        rate: String,
+        per_sec: f64,
+        burst: u32,
+    },
+    Quota {
+        count: u32,
+        period: String,
+        timezone: String,
+    },
+    Concurrency {
+        max: u32,
+        lease_s: f64,
+    },
+}
+
+/// `ban:` as configured, in seconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BanRule {
+    pub after: u32,
+    pub within_s: f64,
+    pub for_s: f64,
+    pub max_s: f64,
+}
+
+/// The `exempt` entry that matched: its index and the entry, values masked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Exempted {
+    pub index: usize,
+    pub entry: String,
+}
+
+/// The identity the request counts under.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Identity {
+    /// The index of the key's alternative that resolved; `None`: none was present, so the
+    /// request counts in the one shared `anonymous` bucket.
+    pub alternative: Option<usize>,
+    /// That alternative (`header:X-API-Key`), or `anonymous`.
+    pub source: String,
+    /// The first hex digits of the identity's digest.
+    pub client: String,
+}
+
+/// One limit's state now, for the identity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Now {
+    /// `local`, `redis`, or `local fallback` (Redis did not answer; the `local` policy).
+    pub store: String,
+    /// Where a check would count the identity: `own`, `new`, `peer_overflow`, `overflow`.
+    pub counted_in: String,
+    /// Whole tokens (quota: requests; concurrency: slots) left now, of `limit`.
+    pub remaining: u64,
+    pub limit: u64,
+    /// Seconds until the bucket is full again (quota: the window's end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_s: Option<f64>,
+    /// Requests of the identity in flight (concurrency limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u32>,
+}
+
+/// The identity's ban state now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BanState {
+    /// Seconds left of the ban in force; 0 when none is.
+    pub banned_s: f64,
+    pub strikes: u32,
+    pub level: u32,
+}
+
+/// How the limit comes out for the request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Admitted,
+    Limited,
+    /// Over a `shadow: true` limit: reported, not enforced.
+    ShadowLimited,
+    /// A ban in force refuses the identity outright.
+    Banned,
+    Exempt,
+    /// Redis did not answer; the `open` policy admits without counting.
+    FailedOpen,
+    /// Redis did not answer; the `closed` policy rejects.
+    FailedClosed,
+}
+
+/// Explain `limit` for the request `view`. The steps are the request path's, in its order:
+/// exemption, identity, then the state (a ban in force first, then the bucket or slots).
+pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) -> LimitExplained {
+    let mut out = describe(limit);
+    if let Some(i) = view.exemption(&limit.exempt) {
+        out.exempt = Some(Exempted {
+            index: i,
+            entry: masked(&limit.exempt[i]),
+        });
+        out.outcome = Outcome::Exempt;
+        return out;
+    }
+    let client = view.resolve(&limit.key);
+    let alternative = view.alternative(&limit.key);
+    let mut hex = client.hex();
+    hex.truncate(CLIENT_HEX);
+    out.identity = Some(Identity {
+        alternative,
+        source: alternative.map_or_else(|| "anonymous".to_owned(), |i| out.key[i].clone()),
+        client: hex,
+    });
+    let (peeked, store) = match at.redis {
+        None => (
+            peek::in_process(limit, client, at.peer, at.now_us, false),
+            "local",
+        ),
+        Some(r) => match r.peek(limit, client).await {
+            Ok(p) => (p, "redis"),
+            Err(e) => {
+                out.error = Some(format!("Redis did not answer: {e}"));
+                match (limit.on_failure, limit.shadow) {
+                    (FailurePolicy::Local, _) => (
+                        peek::in_process(limit, client, at.peer, at.now_us, true),
+                        "local fallback",
+                    ),
+                    (FailurePolicy::Closed, false) => {
+                        out.outcome = Outcome::FailedClosed;
+                        return out;
+                    }
+                    (FailurePolicy::Open | FailurePolicy::Closed, _) => {
+                        out.outcome = Outcome::FailedOpen;
+                        return out;
+                    }
+                }
+            }
+        },
+    };
+    judge(limit, &peeked, store, &mut out);
+    out
+}
+
+/// Fill in `out`'s state and outcome from what was read.
+fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
+    let fallback = store == "local fallback";
+    if let Some(b) = p.ban {
+        out.ban_state = Some(BanState {
+            banned_s: b.banned_us / 1e6,
+            strikes: b.strikes,
+            level: b.level,
+        });
+        if b.banned_us > 0.0 {
+            out.outcome = Outcome::Banned;
+            out.retry_after_s = b.banned_us / 1e6;
+            return;
+        }
+    }
+    let refused = if limit.shadow {
+        Outcome::ShadowLimited
+    } else {
+        Outcome::Limited
+    };
+    if let Some(c) = limit.concurrency {
+        let max = if fallback { c.fallback } else { c.max };
+        out.now = Some(Now {
+            store: store.to_owned(),
+            counted_in: "own".to_owned(),
+            remaining: u64::from(max.saturating_sub(p.in_flight)),
+            limit: u64::from(max),
+            reset_s: None,
+            in_flight: Some(p.in_flight),
+        });
+        let full = p.in_flight >= max;
+        out.outcome = if full { refused } else { Outcome::Admitted };
+        // A refused request is told to come back in a second (`concurrency`).
+        out.retry_after_s = if full { 1.0 } else { 0.0 };
+        return;
+    }
+    let rate = if fallback {
+        &limit.fallback
+    } else {
+        &limit.rate
+    };
+    let (now, request) = p.bucket(rate, limit.cost);
+    out.now = Some(Now {
+        store: store.to_owned(),
+        counted_in: p.counted.as_str().to_owned(),
+        remaining: now.remaining,
+        limit: u64::from(p.window.map_or(rate.burst, |w| w.count)),
+        reset_s: Some(now.reset_us.max(0.0) / 1e6),
+        in_flight: None,
+    });
+    out.outcome = if request.admitted {
+        Outcome::Admitted
+    } else {
+        refused
+    };
+    out.retry_after_s = request.retry_after_us / 1e6;
+}
+
+/// The limit's settings, with no request read yet (its outcome: admitted).
+fn describe(limit: &Limit) -> LimitExplained {
+    let kind = match (&limit.quota, &limit.concurrency) {
+        (Some(q), _) => Kind::Quota {
+            count: q.count,
+            period: format!("{:?}", q.period).to_lowercase(),
+            timezone: q.tz.iana_name().unwrap_or("UTC").to_owned(),
+        },
+        (None, Some(c)) => Kind::Concurrency {
+            max: c.max,
+            lease_s: c.lease.as_secs_f64(),
+        },
+        (None, None) => Kind::TokenBucket {
+            rate: crate::cli::describe_rate(limit.rate.per_sec),
+            per_sec: limit.rate.per_sec,
+            burst: limit.rate.burst,
+        },
+    };
+    let secs = |us: u64| us as f64 / 1e6;
+    LimitExplained {
+        name: limit.name.to_string(),
+        kind,
+        cost: limit.cost,
+        shadow: limit.shadow,
+        on_failure: format!("{:?}", limit.on_failure).to_lowercase(),
+        ban: limit.ban.map(|b| BanRule {
+            after: b.after,
+            within_s: secs(b.within_us),
+            for_s: secs(b.first_us),
+            max_s: secs(b.max_us),
+        }),
+        key: limit
+            .key
+            .0
+            .iter()
+            .map(|a| {
+                a.0.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("+")
+            })
+            .collect(),
+        exempt: None,
+        identity: None,
+        now: None,
+        ban_state: None,
+        error: None,
+        outcome: Outcome::Admitted,
+        retry_after_s: 0.0,
+    }
+}
+
+/// An exemption as shown: a network as written, a `SOURCE=VALUE` without its value (often an
+/// internal API key, masked as `/config` masks it).
+fn masked(e: &Exemption) -> String {
+    match e {
+        Exemption::Net(net) => net.to_string(),
+        Exemption::Equals(source, _) => format!("{source}=***"),
+    }
+}

@@ -1,0 +1,140 @@
+//! An explanation as text for a terminal: the decision first, then each limit in a few lines.
+
+use std::fmt::Write as _;
+
+use super::{Explanation, Kind, LimitExplained, Outcome, Verdict};
+
+/// `e` as `tollgate explain` prints it.
+pub fn render(e: &Explanation) -> String {
+    let mut out = String::new();
+    let r = &e.request;
+    let _ = writeln!(out, "{} (backend {})", e.source, e.backend);
+    let from = match r.client_ip.as_deref() {
+        Some(ip) if ip != r.peer => format!("{} (client {ip})", r.peer),
+        _ => r.peer.clone(),
+    };
+    let _ = writeln!(out, "request:  {} {}{} from {from}", r.method, r.host, r.path);
+    let _ = writeln!(out, "route:    {}", e.route.as_deref().unwrap_or("(none)"));
+    let d = &e.decision;
+    let word = match d.outcome {
+        Verdict::Admitted => "ADMITTED",
+        Verdict::Limited => "LIMITED",
+        Verdict::Exempt => "EXEMPT",
+        Verdict::NoRoute => "NO ROUTE",
+        Verdict::Refused => "REFUSED",
+    };
+    let _ = write!(out, "decision: {word}: {}", d.reason);
+    if let Some(s) = d.retry_after_s {
+        let _ = write!(out, " (retry after {})", seconds(s));
+    }
+    if let Some(status) = d.status {
+        let _ = write!(out, " [{status}]");
+    }
+    out.push('\n');
+    for l in &e.limits {
+        limit(&mut out, l);
+    }
+    out
+}
+
+fn limit(out: &mut String, l: &LimitExplained) {
+    let shape = match &l.kind {
+        Kind::TokenBucket { rate, burst, .. } => format!("token bucket {rate}, burst {burst}"),
+        Kind::Quota {
+            count,
+            period,
+            timezone,
+        } => format!("quota {count}/{period} ({timezone})"),
+        Kind::Concurrency { max, lease_s } => {
+            format!("concurrency {max} in flight (lease {})", seconds(*lease_s))
+        }
+    };
+    let mut flags = String::new();
+    if l.cost != 1 {
+        let _ = write!(flags, ", cost {}", l.cost);
+    }
+    if l.shadow {
+        flags.push_str(", shadow");
+    }
+    if let Some(b) = &l.ban {
+        let _ = write!(
+            flags,
+            ", ban after {} within {} for {} up to {}",
+            b.after,
+            seconds(b.within_s),
+            seconds(b.for_s),
+            seconds(b.max_s)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "limit {}: {shape}, key [{}]{flags}",
+        l.name,
+        l.key.join(", ")
+    );
+    if let Some(x) = &l.exempt {
+        let _ = writeln!(out, "  exempt:   by entry {} ({})", x.index, x.entry);
+    }
+    if let Some(i) = &l.identity {
+        let _ = writeln!(out, "  identity: {} -> {}", i.source, i.client);
+    }
+    if let Some(n) = &l.now {
+        let _ = write!(out, "  now:      {} of {} ", n.remaining, n.limit);
+        let _ = match l.kind {
+            Kind::TokenBucket { .. } => write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in),
+            Kind::Quota { .. } => write!(out, "requests left ({}, {} bucket)", n.store, n.counted_in),
+            Kind::Concurrency { .. } => write!(
+                out,
+                "slots free ({}, {} in flight)",
+                n.store,
+                n.in_flight.unwrap_or(0)
+            ),
+        };
+        match (n.reset_s.filter(|r| *r > 0.0), &l.kind) {
+            (Some(reset), Kind::Quota { .. }) => {
+                let _ = write!(out, ", the window ends in {}", seconds(reset));
+            }
+            (Some(reset), _) => {
+                let _ = write!(out, ", full in {}", seconds(reset));
+            }
+            (None, _) => {}
+        }
+        out.push('\n');
+    }
+    if let Some(b) = &l.ban_state {
+        let _ = writeln!(
+            out,
+            "  ban:      {}, {} strikes, level {}",
+            if b.banned_s > 0.0 {
+                format!("banned for {} more", seconds(b.banned_s))
+            } else {
+                "not banned".to_owned()
+            },
+            b.strikes,
+            b.level
+        );
+    }
+    if let Some(err) = &l.error {
+        let _ = writeln!(out, "  error:    {err} (on_failure {})", l.on_failure);
+    }
+    let outcome = match l.outcome {
+        Outcome::Admitted => "admitted",
+        Outcome::Limited => "limited",
+        Outcome::ShadowLimited => "over the limit (shadow: not enforced)",
+        Outcome::Banned => "banned",
+        Outcome::Exempt => "exempt",
+        Outcome::FailedOpen => "admitted without counting (fails open)",
+        Outcome::FailedClosed => "refused (fails closed)",
+    };
+    let _ = write!(out, "  outcome:  {outcome}");
+    if l.retry_after_s > 0.0 {
+        let _ = write!(out, ", retry after {}", seconds(l.retry_after_s));
+    }
+    out.push('\n');
+}
+
+/// `1.5 s`, `120 s`: three decimals at most.
+fn seconds(s: f64) -> String {
+    let text = format!("{s:.3}");
+    format!("{} s", text.trim_end_matches('0').trim_end_matches('.'))
+}

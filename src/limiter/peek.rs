@@ -1,0 +1,62 @@
+//! A read-only look at one identity's state under one limit, for `explain`: its bucket, its ban
+//! and its requests in flight, in process or in Redis, taking, counting and holding nothing.
+
+use super::ban::Standing;
+use super::local::{self, Counted, Peer};
+use super::quota::{self, Window};
+use super::{step, Limit, Rate, Verdict};
+use crate::identity::ClientId;
+
+/// One identity's state under one limit, as a check made now would find it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peeked {
+    /// Where a check would count the identity (Redis: `Own` or `New`).
+    pub counted: Counted,
+    /// The bucket's `tat` (`None`: full), on the store's clock.
+    pub tat: Option<f64>,
+    /// Now, on the same clock.
+    pub now: f64,
+    /// A quota's window on that clock (then `tat` counts in it).
+    pub window: Option<Window>,
+    /// The identity's ban state, when the limit has a ban and the identity an entry.
+    pub ban: Option<Standing>,
+    /// Requests in flight (a concurrency limit's slots taken).
+    pub in_flight: u32,
+}
+
+impl Peeked {
+    /// The bucket now (`remaining` = whole tokens it holds), and what a request of `cost` at
+    /// `rate` would get from it now.
+    pub fn bucket(&self, rate: &Rate, cost: u32) -> (Verdict, Verdict) {
+        match &self.window {
+            Some(w) => (
+                quota::step(self.tat, w, 0).0,
+                quota::step(self.tat, w, cost).0,
+            ),
+            None => (
+                step(self.tat, self.now, rate, 0).0,
+                step(self.tat, self.now, rate, cost).0,
+            ),
+        }
+    }
+}
+
+/// `client`'s state under `limit` in process at `now` (the proxy's clock, in µs), from `peer`;
+/// with `fallback`, under the stricter numbers the `local` failure policy enforces.
+pub fn in_process(limit: &Limit, client: ClientId, peer: Peer, now: f64, fallback: bool) -> Peeked {
+    // Quotas count on the wall clock, in calendar windows.
+    let window = limit.quota.as_ref().map(|q| {
+        let count = if fallback { q.fallback_count } else { q.count };
+        quota::window(q, local::wall_us(), count)
+    });
+    let floor = window.map_or(now, |w| w.start);
+    let (counted, tat) = limit.local.peek(client, peer, floor);
+    Peeked {
+        counted,
+        tat,
+        now: window.map_or(now, |w| w.now),
+        window,
+        ban: limit.bans.as_ref().and_then(|b| b.peek(client, now)),
+        in_flight: limit.slots.as_ref().map_or(0, |s| s.in_flight(client)),
+    }
+}
