@@ -65,6 +65,7 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
             "set admin.token_file to a file holding its bearer token",
         );
     };
+    let peer = req.extensions().get::<std::net::SocketAddr>().copied();
     let given = req
         .headers()
         .get(AUTHORIZATION)
@@ -75,6 +76,7 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
         })
         .map(str::trim);
     if !given.is_some_and(|g| token.accepts(g)) {
+        refused(peer, req.uri().path());
         let mut res = problem(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
@@ -90,7 +92,32 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
         Ok(call) => call,
         Err(res) => return res,
     };
-    dispatch(state, &call).await
+    let res = dispatch(state, &call).await;
+    // The query is not logged: explain's carries API keys and cookies.
+    tracing::info!(
+        peer = %peer.map_or_else(String::new, |p| p.to_string()),
+        method = %call.method,
+        path = %call.path,
+        status = res.status().as_u16(),
+        "admin API call"
+    );
+    res
+}
+
+/// Log a request refused for its token: at most one line a second, with the number held back
+/// (a client guessing tokens must not flood the log).
+fn refused(peer: Option<std::net::SocketAddr>, path: &str) {
+    static GATE: std::sync::LazyLock<crate::log_gate::LogGate> = std::sync::LazyLock::new(|| {
+        crate::log_gate::LogGate::new(std::time::Duration::from_secs(1))
+    });
+    if let Some(held_back) = GATE.open(crate::limiter::local::wall_us() as u64) {
+        tracing::warn!(
+            peer = %peer.map_or_else(String::new, |p| p.to_string()),
+            path,
+            similar_since_last = held_back,
+            "admin API request without the right token refused"
+        );
+    }
 }
 
 /// The endpoint for `call`.

@@ -28,12 +28,15 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
         let stream = tokio::select! {
             _ = stop.changed() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(_) => continue,
             },
         };
+        let (stream, peer) = stream;
         let state = state.clone();
-        let service = service_fn(move |req| {
+        let service = service_fn(move |mut req: Request<Incoming>| {
+            // Who called, for the admin API's log lines.
+            req.extensions_mut().insert(peer);
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(&state, req).await) }
         });

@@ -201,13 +201,13 @@ fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
     let fallback = store == "local fallback";
     if let Some(b) = p.ban {
         out.ban_state = Some(BanState {
-            banned_s: b.banned_us / 1e6,
+            banned_s: secs(b.banned_us),
             strikes: b.strikes,
             level: b.level,
         });
         if b.banned_us > 0.0 {
             out.outcome = Outcome::Banned;
-            out.retry_after_s = b.banned_us / 1e6;
+            out.retry_after_s = secs(b.banned_us);
             return;
         }
     }
@@ -243,7 +243,7 @@ fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
         counted_in: p.counted.as_str().to_owned(),
         remaining: now.remaining,
         limit: u64::from(p.window.map_or(rate.burst, |w| w.count)),
-        reset_s: Some(now.reset_us.max(0.0) / 1e6),
+        reset_s: Some(secs(now.reset_us.max(0.0))),
         in_flight: None,
     });
     out.outcome = if request.admitted {
@@ -251,7 +251,7 @@ fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
     } else {
         refused
     };
-    out.retry_after_s = request.retry_after_us / 1e6;
+    out.retry_after_s = secs(request.retry_after_us);
 }
 
 /// The limit's settings, with no request read yet (its outcome: admitted).
@@ -304,6 +304,12 @@ fn describe(limit: &Limit) -> LimitExplained {
         outcome: Outcome::Admitted,
         retry_after_s: 0.0,
     }
+}
+
+/// Microseconds as seconds, rounded up to the millisecond (as the bucket script rounds: a
+/// wait is never shown shorter than it is, nor a refusal's as none).
+fn secs(us: f64) -> f64 {
+    (us / 1e3).ceil() / 1e3
 }
 
 /// An exemption as shown: a network as written, a `SOURCE=VALUE` without its value (often an

@@ -313,7 +313,7 @@ fn decide(limits: &[LimitExplained]) -> Decision {
             limit: Some(l.name.clone()),
             retry_after_s: Some(l.retry_after_s),
             status: Some(status),
-            reason: format!("limited by {}: {why}{others}", l.name),
+            reason: format!("{why}{others}"),
         };
     }
     if !limits.is_empty() && limits.iter().all(|l| l.outcome == Outcome::Exempt) {

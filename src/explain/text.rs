@@ -23,7 +23,10 @@ pub fn render(e: &Explanation) -> String {
         Verdict::NoRoute => "NO ROUTE",
         Verdict::Refused => "REFUSED",
     };
-    let _ = write!(out, "decision: {word}: {}", d.reason);
+    let _ = match &d.limit {
+        Some(limit) => write!(out, "decision: {word} by {limit}: {}", d.reason),
+        None => write!(out, "decision: {word}: {}", d.reason),
+    };
     if let Some(s) = d.retry_after_s {
         let _ = write!(out, " (retry after {})", seconds(s));
     }
