@@ -68,12 +68,21 @@ pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<(u16, String), String>
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("{addr}: no HTTP status in `{}`", head.lines().next().unwrap_or("")))?;
+        .ok_or_else(|| {
+            format!(
+                "{addr}: no HTTP status in `{}`",
+                head.lines().next().unwrap_or("")
+            )
+        })?;
     let chunked = head.lines().any(|l| {
         let l = l.to_ascii_lowercase();
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
-    let body = if chunked { dechunk(body) } else { body.to_vec() };
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -82,7 +91,8 @@ fn dechunk(mut rest: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
         let line = String::from_utf8_lossy(&rest[..eol]);
-        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        let size =
+            usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
         let data = &rest[eol + 2..];
         if size == 0 || data.len() < size {
             break;

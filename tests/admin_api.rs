@@ -106,7 +106,10 @@ async fn the_token_is_required_and_a_rotated_one_replaces_it_at_once() {
         for token in [None, Some("wrong"), Some("first-token-and-more"), Some("")] {
             let r = api(&proxy, "/api/v1/", token).await;
             assert_eq!(r.code(), 401, "{token:?}: {}", r.text());
-            assert_eq!(r.header("www-authenticate"), "Bearer realm=\"tollgate-admin\"");
+            assert_eq!(
+                r.header("www-authenticate"),
+                "Bearer realm=\"tollgate-admin\""
+            );
         }
         // Another scheme carrying the token is no bearer token.
         let url = format!("http://{}/api/v1/", proxy.admin_addr());
@@ -138,8 +141,14 @@ async fn the_token_is_required_and_a_rotated_one_replaces_it_at_once() {
                 .await,
             "the reload did not happen"
         );
-        assert_eq!(api(&proxy, "/api/v1/", Some("first-token")).await.code(), 401);
-        assert_eq!(api(&proxy, "/api/v1/", Some("second-token")).await.code(), 200);
+        assert_eq!(
+            api(&proxy, "/api/v1/", Some("first-token")).await.code(),
+            401
+        );
+        assert_eq!(
+            api(&proxy, "/api/v1/", Some("second-token")).await.code(),
+            200
+        );
         // An unknown endpoint says where the list is; a bad explain query says what is wrong.
         let r = api(&proxy, "/api/v1/nope", Some("second-token")).await;
         assert_eq!(r.code(), 404);
@@ -180,7 +189,10 @@ async fn explain_shows_each_bucket_and_the_decision_without_taking_tokens() {
         assert_eq!(l["identity"]["source"], "header:x-api-key");
         let client = l["identity"]["client"].as_str().unwrap();
         assert_eq!(client.len(), 16);
-        assert!(!e.to_string().contains("abc\""), "the raw key is not repeated: {e}");
+        assert!(
+            !e.to_string().contains("abc\""),
+            "the raw key is not repeated: {e}"
+        );
         // Explaining takes nothing: ten explanations later a request is still admitted, with
         // the remaining count it would have had.
         for _ in 0..10 {
@@ -200,7 +212,10 @@ async fn explain_shows_each_bucket_and_the_decision_without_taking_tokens() {
         let retry = e["decision"]["retry_after_s"].as_f64().unwrap();
         assert!(retry > 50.0 && retry <= 60.0, "{retry}");
         let l = only_limit(&e);
-        assert_eq!((l["outcome"].as_str(), l["now"]["remaining"].as_u64()), (Some("limited"), Some(0)));
+        assert_eq!(
+            (l["outcome"].as_str(), l["now"]["remaining"].as_u64()),
+            (Some("limited"), Some(0))
+        );
         // Another key: a full bucket of its own, not yet made.
         let e = explain(&proxy, t, "path=/v1/items&header=X-API-Key:other").await;
         let l = only_limit(&e);
@@ -212,7 +227,12 @@ async fn explain_shows_each_bucket_and_the_decision_without_taking_tokens() {
         assert_eq!(only_limit(&e)["identity"]["source"], "ip");
         assert_eq!(only_limit(&e)["identity"]["alternative"], 1);
         // An exempt address: exempt, by which entry.
-        let e = explain(&proxy, t, "path=/v1/items&header=X-API-Key:abc&ip=203.0.113.9").await;
+        let e = explain(
+            &proxy,
+            t,
+            "path=/v1/items&header=X-API-Key:abc&ip=203.0.113.9",
+        )
+        .await;
         assert_eq!(e["decision"]["outcome"], "exempt", "{e:#}");
         let l = only_limit(&e);
         assert_eq!(l["outcome"], "exempt");
@@ -253,7 +273,10 @@ fn run_explain(args: &[&str]) -> (bool, String) {
     } else {
         &out.stderr
     };
-    (out.status.success(), String::from_utf8_lossy(text).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(text).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +302,10 @@ async fn the_explain_command_asks_a_running_proxy_or_reads_the_config() {
         assert!(text.starts_with("the running proxy"), "{text}");
         assert!(text.contains("route:    api"), "{text}");
         assert!(text.contains("decision: ADMITTED"), "{text}");
-        assert!(text.contains("2 of 5 tokens left (local, own bucket)"), "{text}");
+        assert!(
+            text.contains("2 of 5 tokens left (local, own bucket)"),
+            "{text}"
+        );
         let mut json = asked.to_vec();
         json.push("--json");
         let (ok, raw) = tokio::task::block_in_place(|| run_explain(&json));
@@ -296,12 +322,22 @@ async fn the_explain_command_asks_a_running_proxy_or_reads_the_config() {
         assert!(err.contains("401"), "{err}");
         // From the config alone: fresh buckets, and it says so.
         let config = proxy.config_path().to_str().unwrap().to_owned();
-        let alone = ["--config", &config, "--path", "/v1/items", "--header", "X-API-Key:abc"];
+        let alone = [
+            "--config",
+            &config,
+            "--path",
+            "/v1/items",
+            "--header",
+            "X-API-Key:abc",
+        ];
         let (ok, text) = tokio::task::block_in_place(|| run_explain(&alone));
         assert!(ok, "{text}");
         assert!(text.starts_with("from the config alone"), "{text}");
         assert!(text.contains("buckets are full"), "{text}");
-        assert!(text.contains("5 of 5 tokens left (local, new bucket)"), "{text}");
+        assert!(
+            text.contains("5 of 5 tokens left (local, new bucket)"),
+            "{text}"
+        );
         let (ok, text) = tokio::task::block_in_place(|| {
             run_explain(&["--config", &config, "--path", "/x", "--ip", "203.0.113.9"])
         });

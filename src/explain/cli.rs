@@ -57,8 +57,8 @@ fn remote(url: &str, args: &Args) -> Result<(Explanation, String), String> {
             .unwrap_or(body);
         return Err(format!("{endpoint}: {status}: {}", detail.trim()));
     }
-    let explanation = serde_json::from_str(&body)
-        .map_err(|e| format!("{endpoint}: not an explanation ({e})"))?;
+    let explanation =
+        serde_json::from_str(&body).map_err(|e| format!("{endpoint}: not an explanation ({e})"))?;
     Ok((explanation, body))
 }
 

@@ -15,7 +15,7 @@ use http::header::HOST;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use serde::{Deserialize, Serialize};
 
-pub use self::limit::{BanRule, BanState, Exempted, Identity, Kind, LimitExplained, Outcome, Now};
+pub use self::limit::{BanRule, BanState, Exempted, Identity, Kind, LimitExplained, Now, Outcome};
 pub use self::text::render;
 use crate::identity::{self, RequestView};
 use crate::runtime::Runtime;
@@ -295,7 +295,9 @@ fn decide(limits: &[LimitExplained]) -> Decision {
         .filter(|l| matches!(l.kind, Kind::Concurrency { .. }))
         .find(refusing);
     let banned = limits.iter().find(|l| l.outcome == Outcome::Banned);
-    let first = concurrency.or(banned).or_else(|| limits.iter().find(refusing));
+    let first = concurrency
+        .or(banned)
+        .or_else(|| limits.iter().find(refusing));
     if let Some(l) = first {
         let (status, why) = match l.outcome {
             Outcome::Banned => (429, "the identity is banned"),
@@ -335,5 +337,120 @@ fn decide(limits: &[LimitExplained]) -> Decision {
         } else {
             "every enforced limit admits the request".into()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(name: &str, kind: Kind, outcome: Outcome) -> LimitExplained {
+        LimitExplained {
+            name: name.into(),
+            kind,
+            cost: 1,
+            shadow: false,
+            on_failure: "open".into(),
+            ban: None,
+            key: vec!["ip".into()],
+            exempt: None,
+            identity: None,
+            now: None,
+            ban_state: None,
+            error: None,
+            outcome,
+            retry_after_s: if outcome == Outcome::Admitted {
+                0.0
+            } else {
+                2.0
+            },
+        }
+    }
+
+    fn bucket() -> Kind {
+        Kind::TokenBucket {
+            rate: "1/s".into(),
+            per_sec: 1.0,
+            burst: 5,
+        }
+    }
+
+    #[test]
+    fn the_decision_takes_limits_in_the_request_paths_order() {
+        let slots = Kind::Concurrency {
+            max: 1,
+            lease_s: 30.0,
+        };
+        // A bucket first in the route, slots second: the slots decide (they are taken first).
+        let d = decide(&[
+            limit("a", bucket(), Outcome::Limited),
+            limit("b", slots, Outcome::Limited),
+        ]);
+        assert_eq!(
+            (d.outcome, d.limit.as_deref()),
+            (Verdict::Limited, Some("b"))
+        );
+        assert!(d.reason.contains("every slot is taken"), "{}", d.reason);
+        // A ban refuses before any bucket.
+        let d = decide(&[
+            limit("a", bucket(), Outcome::Limited),
+            limit("b", bucket(), Outcome::Banned),
+        ]);
+        assert_eq!(d.limit.as_deref(), Some("b"));
+        // Shadow and failed-open limits admit; all exempt is exempt; none is admitted.
+        let d = decide(&[
+            limit("a", bucket(), Outcome::ShadowLimited),
+            limit("b", bucket(), Outcome::FailedOpen),
+        ]);
+        assert_eq!(d.outcome, Verdict::Admitted);
+        let d = decide(&[limit("a", bucket(), Outcome::Exempt)]);
+        assert_eq!(d.outcome, Verdict::Exempt);
+        assert_eq!(decide(&[]).reason, "the route has no limits");
+        let d = decide(&[limit("a", bucket(), Outcome::FailedClosed)]);
+        assert_eq!((d.outcome, d.status), (Verdict::Limited, Some(503)));
+    }
+
+    #[test]
+    fn a_query_round_trips_and_describes_one_request() {
+        let q = Query {
+            method: Some("POST".into()),
+            host: Some("api.example.com".into()),
+            path: Some("/v1/items?a=1&b=2".into()),
+            headers: vec!["X-API-Key:a b&c".into(), "Cookie:sid=1; x=2".into()],
+            ip: Some("2001:db8::1".into()),
+        };
+        let pairs: Vec<(String, String)> = q
+            .to_query_string()
+            .split('&')
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap();
+                let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
+                (k.to_owned(), v.into_owned())
+            })
+            .collect();
+        assert_eq!(Query::from_pairs(&pairs).unwrap(), q);
+        let (req, ip) = q.request().unwrap();
+        assert_eq!(ip, "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(req.method(), Method::POST);
+        assert_eq!(req.uri().query(), Some("a=1&b=2"));
+        assert_eq!(req.headers()["x-api-key"], "a b&c");
+        assert_eq!(req.headers()[HOST], "api.example.com");
+        let bad = |q: Query| q.request().unwrap_err();
+        assert!(bad(Query {
+            path: Some("v1".into()),
+            ..Query::default()
+        })
+        .contains("not a path"));
+        assert!(bad(Query {
+            headers: vec!["no-colon".into()],
+            ..Query::default()
+        })
+        .contains("NAME:VALUE"));
+        assert!(bad(Query {
+            ip: Some("localhost".into()),
+            ..Query::default()
+        })
+        .contains("not an IP"));
+        assert!(Query::from_pairs(&[("hots".into(), "x".into())]).is_err());
     }
 }

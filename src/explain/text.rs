@@ -13,7 +13,11 @@ pub fn render(e: &Explanation) -> String {
         Some(ip) if ip != r.peer => format!("{} (client {ip})", r.peer),
         _ => r.peer.clone(),
     };
-    let _ = writeln!(out, "request:  {} {}{} from {from}", r.method, r.host, r.path);
+    let _ = writeln!(
+        out,
+        "request:  {} {}{} from {from}",
+        r.method, r.host, r.path
+    );
     let _ = writeln!(out, "route:    {}", e.route.as_deref().unwrap_or("(none)"));
     let d = &e.decision;
     let word = match d.outcome {
@@ -84,8 +88,12 @@ fn limit(out: &mut String, l: &LimitExplained) {
     if let Some(n) = &l.now {
         let _ = write!(out, "  now:      {} of {} ", n.remaining, n.limit);
         let _ = match l.kind {
-            Kind::TokenBucket { .. } => write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in),
-            Kind::Quota { .. } => write!(out, "requests left ({}, {} bucket)", n.store, n.counted_in),
+            Kind::TokenBucket { .. } => {
+                write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in)
+            }
+            Kind::Quota { .. } => {
+                write!(out, "requests left ({}, {} bucket)", n.store, n.counted_in)
+            }
             Kind::Concurrency { .. } => write!(
                 out,
                 "slots free ({}, {} in flight)",
