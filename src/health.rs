@@ -1,5 +1,6 @@
 //! `tollgate health`: a tiny HTTP/1.1 GET of the admin `/healthz`, for container health checks.
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::Path;
@@ -48,7 +49,7 @@ pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<(u16, String), String>
         .map_err(|e| e.to_string())?;
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
+        let _ = write!(head, "{name}: {value}\r\n");
     }
     head.push_str("\r\n");
     stream

@@ -83,7 +83,7 @@ fn from_config(config: &Path, query: &Query) -> Result<(Explanation, String), St
         let now = crate::limiter::local::Clock::new().now_us();
         let mut e = explain(&runtime, query, now, source).await?;
         if redis {
-            e.backend = "redis (not asked)".to_owned();
+            "redis (not asked)".clone_into(&mut e.backend);
         }
         let raw = serde_json::to_string_pretty(&e).map_err(|e| e.to_string())?;
         Ok((e, raw))
