@@ -416,3 +416,143 @@ async fn explain_reads_the_redis_bucket_and_ban_without_writing() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_cookies_bearer_tokens_and_quotas() {
+    bounded(async {
+        let (_dir, file) = token_file("q");
+        let yaml = api_config(&token_line(&file), "").replace(
+            "rate: 1/min\n        burst: 5\n        key: [\"header:X-API-Key\", ip]\n",
+            "quota: 3/day\n        key: [\"cookie:sid\", bearer, ip]\n",
+        );
+        let proxy = TestProxy::start(&yaml);
+        let r = Http::new()
+            .get_with(&proxy.url("/v1/items"), &[("cookie", "theme=dark; sid=s1")])
+            .await;
+        assert_eq!(r.code(), 200);
+        let e = explain(&proxy, "q", "path=/v1/items&header=Cookie:sid=s1").await;
+        let l = only_limit(&e);
+        assert_eq!(l["kind"]["type"], "quota", "{l:#}");
+        assert_eq!(l["kind"]["count"], 3);
+        assert_eq!(l["kind"]["period"], "day");
+        assert_eq!(l["identity"]["source"], "cookie:sid");
+        assert_eq!(
+            (l["now"]["remaining"].as_u64(), l["now"]["limit"].as_u64()),
+            (Some(2), Some(3))
+        );
+        let reset = l["now"]["reset_s"].as_f64().unwrap();
+        assert!(
+            reset > 0.0 && reset <= 86_400.0,
+            "the window's end: {reset}"
+        );
+        let e = explain(
+            &proxy,
+            "q",
+            "path=/v1/items&header=Authorization:Bearer%20tok",
+        )
+        .await;
+        assert_eq!(only_limit(&e)["identity"]["source"], "bearer");
+        assert_eq!(only_limit(&e)["identity"]["alternative"], 1);
+        assert_eq!(only_limit(&e)["now"]["remaining"], 3);
+        let e = explain(&proxy, "q", "path=/v1/items").await;
+        assert_eq!(only_limit(&e)["identity"]["alternative"], 2);
+    })
+    .await;
+}
+
+/// A backend that reads each request's head and answers once `release` has a permit for it.
+async fn holding_backend() -> (std::net::SocketAddr, std::sync::Arc<tokio::sync::Semaphore>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let gate = release.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                if let Ok(permit) = gate.acquire().await {
+                    permit.forget();
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    (addr, release)
+}
+
+/// Poll explain until its one limit shows `in_flight` requests in flight.
+async fn until_in_flight(proxy: &TestProxy, token: &str, in_flight: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = explain(proxy, token, "path=/v1/hold").await;
+        if only_limit(&e)["now"]["in_flight"].as_u64() == Some(in_flight) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {in_flight} in flight: {e:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Two requests held in flight against `concurrency: 2`: explain shows the slots taken and
+/// the decision, in process and (with `limiter`) in Redis, and holds no slot itself.
+async fn slots_explained(limiter: &str, store: &str) {
+    let (backend, release) = holding_backend().await;
+    let (_dir, file) = token_file("c");
+    let yaml = config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n{}{limiter}{}routes:\n  - name: held\n    \
+         match: {{ path_prefix: /v1/ }}\n    upstream: app\n    limits:\n      \
+         - {{ name: slots, concurrency: 2, key: [ip] }}\n",
+        token_line(&file),
+        common::upstream_app(backend, "30s"),
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let e = until_in_flight(&proxy, "c", 0).await;
+    let l = only_limit(&e);
+    assert_eq!(l["kind"]["type"], "concurrency", "{l:#}");
+    assert_eq!(l["now"]["store"], store, "{l:#}");
+    assert_eq!(l["now"]["remaining"], 2);
+    let url = proxy.url("/v1/hold");
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Http::new().get(&url).await.code() })
+        })
+        .collect();
+    let e = until_in_flight(&proxy, "c", 2).await;
+    assert_eq!(e["decision"]["outcome"], "limited", "{e:#}");
+    assert_eq!(e["decision"]["retry_after_s"], 1.0);
+    assert!(
+        e["decision"]["reason"].as_str().unwrap().contains("slot"),
+        "{e:#}"
+    );
+    assert_eq!(only_limit(&e)["now"]["remaining"], 0);
+    release.add_permits(2);
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    let e = until_in_flight(&proxy, "c", 0).await;
+    assert_eq!(e["decision"]["outcome"], "admitted", "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_requests_in_flight_in_process() {
+    bounded(slots_explained("", "local")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_requests_in_flight_in_redis() {
+    let redis = RedisServer::start();
+    let limiter = format!(
+        "limiter:\n  backend: redis\n  redis:\n    url: \"{}\"\n",
+        redis.url()
+    );
+    bounded(slots_explained(&limiter, "redis")).await;
+}
