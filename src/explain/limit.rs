@@ -3,10 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::{Exemption, RequestView};
+use crate::identity::{ClientId, Exemption, RequestView};
 use crate::limiter::peek::{self, Peeked};
 use crate::limiter::redis::RedisLimiter;
-use crate::limiter::{FailurePolicy, Limit};
+use crate::limiter::{FailurePolicy, Limit, Rate};
 
 /// Hex digits of the identity's digest shown: enough to tell clients apart and to find them
 /// in the logs (which print the whole digest), never the raw value.
@@ -146,7 +146,10 @@ pub enum Outcome {
 }
 
 /// Explain `limit` for the request `view`. The steps are the request path's, in its order:
-/// exemption, identity, then the state (a ban in force first, then the bucket or slots).
+/// exemption, identity, then the state read for that identity, judged by the numbers that
+/// apply to it (the limit's, or its fallback's when Redis did not answer). Anything else that
+/// applies to one identity (a ban, other numbers) is one more step between the identity and
+/// the judgement.
 pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) -> LimitExplained {
     let mut out = describe(limit);
     if let Some(i) = view.exemption(&limit.exempt) {
@@ -166,39 +169,76 @@ pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) 
         source: alternative.map_or_else(|| "anonymous".to_owned(), |i| out.key[i].clone()),
         client: hex,
     });
-    let (peeked, store) = match at.redis {
-        None => (
-            peek::in_process(limit, client, at.peer, at.now_us, false),
-            "local",
-        ),
-        Some(r) => match r.peek(limit, client).await {
-            Ok(p) => (p, "redis"),
-            Err(e) => {
-                out.error = Some(format!("Redis did not answer: {e}"));
-                match (limit.on_failure, limit.shadow) {
-                    (FailurePolicy::Local, _) => (
-                        peek::in_process(limit, client, at.peer, at.now_us, true),
-                        "local fallback",
-                    ),
-                    (FailurePolicy::Closed, false) => {
-                        out.outcome = Outcome::FailedClosed;
-                        return out;
-                    }
-                    (FailurePolicy::Open | FailurePolicy::Closed, _) => {
-                        out.outcome = Outcome::FailedOpen;
-                        return out;
-                    }
-                }
-            }
-        },
+    let Some((peeked, store)) = read(limit, client, at, &mut out).await else {
+        return out;
     };
-    judge(limit, &peeked, store, &mut out);
+    let numbers = Numbers::of(limit, store == LOCAL_FALLBACK);
+    judge(limit, &numbers, &peeked, store, &mut out);
     out
 }
 
-/// Fill in `out`'s state and outcome from what was read.
-fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
-    let fallback = store == "local fallback";
+/// The store `explain` names when Redis did not answer and the `local` policy counts instead.
+const LOCAL_FALLBACK: &str = "local fallback";
+
+/// `client`'s state under `limit`, and the store it came from; `None` when Redis did not
+/// answer and the failure policy decides without any (the outcome is then set in `out`).
+async fn read(
+    limit: &Limit,
+    client: ClientId,
+    at: &At<'_>,
+    out: &mut LimitExplained,
+) -> Option<(Peeked, &'static str)> {
+    let Some(r) = at.redis else {
+        let p = peek::in_process(limit, client, at.peer, at.now_us, false);
+        return Some((p, "local"));
+    };
+    let e = match r.peek(limit, client).await {
+        Ok(p) => return Some((p, "redis")),
+        Err(e) => e,
+    };
+    out.error = Some(format!("Redis did not answer: {e}"));
+    match (limit.on_failure, limit.shadow) {
+        (FailurePolicy::Local, _) => {
+            let p = peek::in_process(limit, client, at.peer, at.now_us, true);
+            Some((p, LOCAL_FALLBACK))
+        }
+        (FailurePolicy::Closed, false) => {
+            out.outcome = Outcome::FailedClosed;
+            None
+        }
+        (FailurePolicy::Open | FailurePolicy::Closed, _) => {
+            out.outcome = Outcome::FailedOpen;
+            None
+        }
+    }
+}
+
+/// The numbers a limit's state is judged by for one request.
+struct Numbers<'a> {
+    rate: &'a Rate,
+    /// A concurrency limit's slots.
+    slots: Option<u32>,
+}
+
+impl<'a> Numbers<'a> {
+    /// `limit`'s own numbers, or with `fallback` those the `local` failure policy enforces.
+    fn of(limit: &'a Limit, fallback: bool) -> Self {
+        Self {
+            rate: if fallback {
+                &limit.fallback
+            } else {
+                &limit.rate
+            },
+            slots: limit
+                .concurrency
+                .map(|c| if fallback { c.fallback } else { c.max }),
+        }
+    }
+}
+
+/// Fill in `out`'s state and outcome from what was read: a ban in force refuses; else the
+/// slots or the bucket decide.
+fn judge(limit: &Limit, n: &Numbers<'_>, p: &Peeked, store: &str, out: &mut LimitExplained) {
     if let Some(b) = p.ban {
         out.ban_state = Some(BanState {
             banned_s: secs(b.banned_us),
@@ -216,8 +256,7 @@ fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
     } else {
         Outcome::Limited
     };
-    if let Some(c) = limit.concurrency {
-        let max = if fallback { c.fallback } else { c.max };
+    if let Some(max) = n.slots {
         out.now = Some(Now {
             store: store.to_owned(),
             counted_in: "own".to_owned(),
@@ -232,17 +271,12 @@ fn judge(limit: &Limit, p: &Peeked, store: &str, out: &mut LimitExplained) {
         out.retry_after_s = if full { 1.0 } else { 0.0 };
         return;
     }
-    let rate = if fallback {
-        &limit.fallback
-    } else {
-        &limit.rate
-    };
-    let (now, request) = p.bucket(rate, limit.cost);
+    let (now, request) = p.bucket(n.rate, limit.cost);
     out.now = Some(Now {
         store: store.to_owned(),
         counted_in: p.counted.as_str().to_owned(),
         remaining: now.remaining,
-        limit: u64::from(p.window.map_or(rate.burst, |w| w.count)),
+        limit: u64::from(p.window.map_or(n.rate.burst, |w| w.count)),
         reset_s: Some(secs(now.reset_us.max(0.0))),
         in_flight: None,
     });

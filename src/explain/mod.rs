@@ -6,6 +6,7 @@
 //! read with `limiter::peek` (in process, or one read-only script call in Redis per limit).
 
 pub mod cli;
+mod decision;
 mod limit;
 mod text;
 
@@ -15,10 +16,12 @@ use http::header::HOST;
 use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use serde::{Deserialize, Serialize};
 
+use self::decision::decide;
+pub use self::decision::{Decision, Verdict};
 pub use self::limit::{BanRule, BanState, Exempted, Identity, Kind, LimitExplained, Now, Outcome};
 pub use self::text::render;
 use crate::identity::{self, RequestView};
-use crate::runtime::Runtime;
+use crate::runtime::{Route, Runtime};
 
 /// The request to explain, as the query (`method=`, `host=`, `path=`, `header=N:V`..., `ip=`)
 /// or the command line gives it. Unset parts take their defaults: GET, `localhost`, `/`,
@@ -152,39 +155,6 @@ pub struct Asked {
     pub headers: Vec<String>,
 }
 
-/// The decision the proxy would make now.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Decision {
-    pub outcome: Verdict,
-    /// The limit that decides a `limited` outcome.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<String>,
-    /// Seconds until a `limited` request would be admitted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_after_s: Option<f64>,
-    /// The HTTP status the client would get when the proxy answers itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<u16>,
-    /// Why, in a sentence.
-    pub reason: String,
-}
-
-/// A decision's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Every enforced limit admits (or the route has none): forwarded or answered.
-    Admitted,
-    /// A limit rejects (a bucket, a ban, a concurrency cap): 429, or 503 failing closed.
-    Limited,
-    /// Every limit of the route exempts the client: nothing is counted.
-    Exempt,
-    /// No route matches: 404.
-    NoRoute,
-    /// Screening refuses the request before routing.
-    Refused,
-}
-
 /// Explain `query` against `rt` at `now_us` (the proxy's clock, as its buckets count), in Redis
 /// when `rt` has it. `source` says whose state it is. An error is a query that describes no
 /// request.
@@ -195,29 +165,17 @@ pub(crate) async fn explain(
     source: String,
 ) -> Result<Explanation, String> {
     let (mut req, peer) = query.request()?;
-    let settings = &*rt.settings;
     let mut out = Explanation {
         source,
         backend: if rt.redis.is_some() { "redis" } else { "local" }.to_owned(),
         request: asked(&req, peer),
         route: None,
-        decision: Decision {
-            outcome: Verdict::NoRoute,
-            limit: None,
-            retry_after_s: None,
-            status: Some(404),
-            reason: "no route matches the request".into(),
-        },
+        decision: Decision::no_route(),
         limits: Vec::new(),
     };
-    let max_uri = settings
-        .listeners
-        .first()
-        .map_or(8 << 10, |l| l.settings.max_uri_bytes);
+    let max_uri = (rt.settings.listeners.first()).map_or(8 << 10, |l| l.settings.max_uri_bytes);
     if let Err(e) = crate::screen::screen(&mut req, max_uri) {
-        out.decision.outcome = Verdict::Refused;
-        out.decision.status = Some(e.status().as_u16());
-        out.decision.reason = format!("refused before routing: {e}");
+        out.decision = Decision::refused(&e);
         return Ok(out);
     }
     out.request = asked(&req, peer);
@@ -228,11 +186,30 @@ pub(crate) async fn explain(
     let client_ip = identity::client_ip_from(
         peer,
         req.headers(),
-        &settings.trusted_proxies,
-        settings.client_ip_header,
+        &rt.settings.trusted_proxies,
+        rt.settings.client_ip_header,
     );
     out.request.client_ip = Some(client_ip.to_string());
-    // As the request path does: a case-insensitive route's limits read the path lower-cased.
+    let at = limit::At {
+        redis: rt.redis.as_deref(),
+        now_us,
+        peer: crate::limiter::local::Peer::of(client_ip),
+    };
+    out.limits = limits(rt, route, &req, client_ip, &at).await?;
+    out.decision = decide(&out.limits);
+    Ok(out)
+}
+
+/// Each of `route`'s limits explained for `req` from `client_ip`, reading identities as the
+/// request path does.
+async fn limits(
+    rt: &Runtime,
+    route: &Route,
+    req: &Request<()>,
+    client_ip: IpAddr,
+    at: &limit::At<'_>,
+) -> Result<Vec<LimitExplained>, String> {
+    // A case-insensitive route's limits read the path lower-cased.
     let folded;
     let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
         folded = crate::proxy::fold_path(req.uri()).map_err(|e| e.to_string())?;
@@ -240,7 +217,7 @@ pub(crate) async fn explain(
     } else {
         req.uri()
     };
-    let jwt = (settings.jwt.as_deref())
+    let jwt = (rt.settings.jwt.as_deref())
         .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
     let view = RequestView {
         method: req.method(),
@@ -249,15 +226,10 @@ pub(crate) async fn explain(
         client_ip,
         jwt: jwt.as_ref(),
     };
-    let at = limit::At {
-        redis: rt.redis.as_deref(),
-        now_us,
-        peer: crate::limiter::local::Peer::of(client_ip),
-    };
+    let mut out = Vec::with_capacity(route.limits.len());
     for l in &route.limits {
-        out.limits.push(limit::explain(l, &view, &at).await);
+        out.push(limit::explain(l, &view, at).await);
     }
-    out.decision = decide(&out.limits);
     Ok(out)
 }
 
@@ -279,136 +251,9 @@ fn asked(req: &Request<()>, peer: IpAddr) -> Asked {
     }
 }
 
-/// The route's decision from its limits' outcomes, in the order the request path takes them:
-/// concurrency slots first (a request they refuse is checked no further), then a ban in force
-/// (refused before any bucket), then the buckets, all or nothing (a rejection by one takes
-/// nothing from the others).
-fn decide(limits: &[LimitExplained]) -> Decision {
-    let refusing = |l: &&LimitExplained| {
-        matches!(
-            l.outcome,
-            Outcome::Limited | Outcome::Banned | Outcome::FailedClosed
-        )
-    };
-    let concurrency = limits
-        .iter()
-        .filter(|l| matches!(l.kind, Kind::Concurrency { .. }))
-        .find(refusing);
-    let banned = limits.iter().find(|l| l.outcome == Outcome::Banned);
-    let first = concurrency
-        .or(banned)
-        .or_else(|| limits.iter().find(refusing));
-    if let Some(l) = first {
-        let (status, why) = match l.outcome {
-            Outcome::Banned => (429, "the identity is banned"),
-            Outcome::FailedClosed => (503, "Redis did not answer and the limit fails closed"),
-            _ if matches!(l.kind, Kind::Concurrency { .. }) => (429, "every slot is taken"),
-            _ => (429, "not enough tokens"),
-        };
-        let others = if limits.len() > 1 {
-            "; nothing would be taken from the other limits"
-        } else {
-            ""
-        };
-        return Decision {
-            outcome: Verdict::Limited,
-            limit: Some(l.name.clone()),
-            retry_after_s: Some(l.retry_after_s),
-            status: Some(status),
-            reason: format!("{why}{others}"),
-        };
-    }
-    if !limits.is_empty() && limits.iter().all(|l| l.outcome == Outcome::Exempt) {
-        return Decision {
-            outcome: Verdict::Exempt,
-            limit: None,
-            retry_after_s: None,
-            status: None,
-            reason: "every limit of the route exempts the client: nothing is counted".into(),
-        };
-    }
-    Decision {
-        outcome: Verdict::Admitted,
-        limit: None,
-        retry_after_s: None,
-        status: None,
-        reason: if limits.is_empty() {
-            "the route has no limits".into()
-        } else {
-            "every enforced limit admits the request".into()
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn limit(name: &str, kind: Kind, outcome: Outcome) -> LimitExplained {
-        LimitExplained {
-            name: name.into(),
-            kind,
-            cost: 1,
-            shadow: false,
-            on_failure: "open".into(),
-            ban: None,
-            key: vec!["ip".into()],
-            exempt: None,
-            identity: None,
-            now: None,
-            ban_state: None,
-            error: None,
-            outcome,
-            retry_after_s: if outcome == Outcome::Admitted {
-                0.0
-            } else {
-                2.0
-            },
-        }
-    }
-
-    fn bucket() -> Kind {
-        Kind::TokenBucket {
-            rate: "1/s".into(),
-            per_sec: 1.0,
-            burst: 5,
-        }
-    }
-
-    #[test]
-    fn the_decision_takes_limits_in_the_request_paths_order() {
-        let slots = Kind::Concurrency {
-            max: 1,
-            lease_s: 30.0,
-        };
-        // A bucket first in the route, slots second: the slots decide (they are taken first).
-        let d = decide(&[
-            limit("a", bucket(), Outcome::Limited),
-            limit("b", slots, Outcome::Limited),
-        ]);
-        assert_eq!(
-            (d.outcome, d.limit.as_deref()),
-            (Verdict::Limited, Some("b"))
-        );
-        assert!(d.reason.contains("every slot is taken"), "{}", d.reason);
-        // A ban refuses before any bucket.
-        let d = decide(&[
-            limit("a", bucket(), Outcome::Limited),
-            limit("b", bucket(), Outcome::Banned),
-        ]);
-        assert_eq!(d.limit.as_deref(), Some("b"));
-        // Shadow and failed-open limits admit; all exempt is exempt; none is admitted.
-        let d = decide(&[
-            limit("a", bucket(), Outcome::ShadowLimited),
-            limit("b", bucket(), Outcome::FailedOpen),
-        ]);
-        assert_eq!(d.outcome, Verdict::Admitted);
-        let d = decide(&[limit("a", bucket(), Outcome::Exempt)]);
-        assert_eq!(d.outcome, Verdict::Exempt);
-        assert_eq!(decide(&[]).reason, "the route has no limits");
-        let d = decide(&[limit("a", bucket(), Outcome::FailedClosed)]);
-        assert_eq!((d.outcome, d.status), (Verdict::Limited, Some(503)));
-    }
 
     #[test]
     fn a_query_round_trips_and_describes_one_request() {

@@ -44,7 +44,37 @@ pub fn render(e: &Explanation) -> String {
     out
 }
 
+/// One limit: its settings on one line, then what was read and its outcome.
 fn limit(out: &mut String, l: &LimitExplained) {
+    heading(out, l);
+    if let Some(x) = &l.exempt {
+        let _ = writeln!(out, "  exempt:   by entry {} ({})", x.index, x.entry);
+    }
+    if let Some(i) = &l.identity {
+        let _ = writeln!(out, "  identity: {} -> {}", i.source, i.client);
+    }
+    state(out, l);
+    if let Some(err) = &l.error {
+        let _ = writeln!(out, "  error:    {err} (on_failure {})", l.on_failure);
+    }
+    let outcome = match l.outcome {
+        Outcome::Admitted => "admitted",
+        Outcome::Limited => "limited",
+        Outcome::ShadowLimited => "over the limit (shadow: not enforced)",
+        Outcome::Banned => "banned",
+        Outcome::Exempt => "exempt",
+        Outcome::FailedOpen => "admitted without counting (fails open)",
+        Outcome::FailedClosed => "refused (fails closed)",
+    };
+    let _ = write!(out, "  outcome:  {outcome}");
+    if l.retry_after_s > 0.0 {
+        let _ = write!(out, ", retry after {}", seconds(l.retry_after_s));
+    }
+    out.push('\n');
+}
+
+/// `limit NAME: shape, key [...], flags`.
+fn heading(out: &mut String, l: &LimitExplained) {
     let shape = match &l.kind {
         Kind::TokenBucket { rate, burst, .. } => format!("token bucket {rate}, burst {burst}"),
         Kind::Quota {
@@ -79,12 +109,10 @@ fn limit(out: &mut String, l: &LimitExplained) {
         l.name,
         l.key.join(", ")
     );
-    if let Some(x) = &l.exempt {
-        let _ = writeln!(out, "  exempt:   by entry {} ({})", x.index, x.entry);
-    }
-    if let Some(i) = &l.identity {
-        let _ = writeln!(out, "  identity: {} -> {}", i.source, i.client);
-    }
+}
+
+/// The state read: the bucket or slots, and the ban.
+fn state(out: &mut String, l: &LimitExplained) {
     if let Some(n) = &l.now {
         let _ = write!(out, "  now:      {} of {} ", n.remaining, n.limit);
         let _ = match l.kind {
@@ -125,23 +153,6 @@ fn limit(out: &mut String, l: &LimitExplained) {
             b.level
         );
     }
-    if let Some(err) = &l.error {
-        let _ = writeln!(out, "  error:    {err} (on_failure {})", l.on_failure);
-    }
-    let outcome = match l.outcome {
-        Outcome::Admitted => "admitted",
-        Outcome::Limited => "limited",
-        Outcome::ShadowLimited => "over the limit (shadow: not enforced)",
-        Outcome::Banned => "banned",
-        Outcome::Exempt => "exempt",
-        Outcome::FailedOpen => "admitted without counting (fails open)",
-        Outcome::FailedClosed => "refused (fails closed)",
-    };
-    let _ = write!(out, "  outcome:  {outcome}");
-    if l.retry_after_s > 0.0 {
-        let _ = write!(out, ", retry after {}", seconds(l.retry_after_s));
-    }
-    out.push('\n');
 }
 
 /// `1.5 s`, `120 s`: three decimals at most.
