@@ -164,6 +164,12 @@ pub async fn start(
         crate::reload::watch_sighup(reloader.clone());
     }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
+    // Bans and overrides in Redis are in force from the first request.
+    let control = state.control.clone();
+    control.load_at_start(state.runtime.load().redis.clone()).await;
+    let polled = state.clone();
+    let redis_of = move || polled.runtime.load().redis.clone();
+    tokio::spawn(crate::control::run(control, redis_of, stop_rx.clone()));
     let mut bound = Vec::new();
     let mut per_worker: Vec<Vec<WorkerListener>> =
         (0..workers.count()).map(|_| Vec::new()).collect();

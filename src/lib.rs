@@ -37,6 +37,8 @@
 //!   scraper asks for. `response`: 429 and the error responses.
 //! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
 //!   the Redis client and metric handles reused where their spec is unchanged).
+//! - `control`: operators' bans and overrides from the admin API, enforced on every replica
+//!   (kept in Redis and polled with `backend: redis`, in memory otherwise).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
 //! - `explain`: what the stages would do with a request now, read without counting it
@@ -55,6 +57,7 @@ pub(crate) mod body;
 pub(crate) mod buffer;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub(crate) mod error;
 pub mod explain;
 pub(crate) mod forward;

@@ -143,6 +143,8 @@ pub struct Metrics {
     redis_reconnects: Counter,
     redis_failovers: Counter,
     breaker_open: Gauge,
+    /// Requests refused by an operator's ban (`control`), by route.
+    pub admin_banned_requests: Family<RouteLabels, Counter>,
 }
 
 fn latency_histogram() -> sharded::Histogram {
@@ -192,6 +194,7 @@ impl Metrics {
             redis_reconnects: Counter::default(),
             redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
+            admin_banned_requests: Family::default(),
         };
         m.registry.register_collector(Box::new(process::Process));
         m.register();
@@ -313,6 +316,11 @@ impl Metrics {
             "ban_lifts",
             "Bans seen lifted (the identity's first request after its ban), by route and limit",
             self.ban_lifts.clone(),
+        );
+        r.register(
+            "admin_banned_requests",
+            "Requests refused by an operator's ban (admin API), by route",
+            self.admin_banned_requests.clone(),
         );
     }
 

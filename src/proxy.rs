@@ -209,11 +209,26 @@ async fn pipeline<'a>(
         client_ip,
         jwt: jwt.as_ref(),
     };
+    // Operators' bans and overrides (`control`): one atomic load while there are none.
+    let control = state.control.active();
+    let tuned = match &control {
+        None => limiter::Small::new(),
+        Some(table) => match table.apply(&view, &route.name, &route.limits) {
+            Ok(tuned) => tuned,
+            Err(refusal) => {
+                let labels = crate::metrics::RouteLabels {
+                    route: route.name.to_string(),
+                };
+                state.metrics.admin_banned_requests.get_or_create(&labels).inc();
+                return Ok(refusal);
+            }
+        },
+    };
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let asked = redis.is_some().then(Instant::now);
     let now_us = state.clock.at_us(asked.unwrap_or(started));
-    let decision = decide(redis, conn.worker, route, &view, now_us, &mut trace.slots).await;
+    let decision = decide(redis, conn.worker, route, &view, now_us, &mut trace.slots, &tuned).await;
     if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
@@ -288,6 +303,7 @@ async fn decide(
     view: &RequestView<'_>,
     now_us: f64,
     slots: &mut limiter::concurrency::Guard,
+    tuned: &[Option<&limiter::Tuning>],
 ) -> limiter::Decision {
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
@@ -302,7 +318,8 @@ async fn decide(
             results: taken.into_iter().collect(),
         };
     }
-    let mut d = limiter::decide(redis, Some(worker), &route.limits, view, now_us).await;
+    let mut d =
+        limiter::decide_tuned(redis, Some(worker), &route.limits, view, now_us, tuned).await;
     d.results.extend(taken);
     d
 }

@@ -28,6 +28,8 @@ pub struct State {
     pub generation: watch::Sender<u64>,
     /// Shutting down: set on SIGTERM (before `shutdown_delay` and the drain), never cleared.
     draining: AtomicBool,
+    /// Operators' bans and overrides (the admin API's); kept across reloads.
+    pub control: Arc<crate::control::Control>,
 }
 
 impl State {
@@ -41,6 +43,7 @@ impl State {
             workers,
             generation: watch::Sender::new(1),
             draining: AtomicBool::new(false),
+            control: Arc::new(crate::control::Control::new()),
         }
     }
 

@@ -122,9 +122,20 @@ fn refused(peer: Option<std::net::SocketAddr>, path: &str) {
 
 /// The endpoint for `call`.
 async fn dispatch(state: &State, call: &Call) -> Response<Body> {
+    use crate::control::Kind;
     match (&call.method, call.path.as_str()) {
         (&Method::GET, "/") => json_response(StatusCode::OK, &index()),
         (&Method::GET, "/explain") => explain(state, call).await,
+        (&Method::POST, "/bans") => super::control::post_ban(state, call).await,
+        (&Method::GET, "/bans") => super::control::list_bans(state),
+        (&Method::DELETE, p) if p.starts_with("/bans/") => {
+            super::control::delete(state, Kind::Ban, &p["/bans/".len()..]).await
+        }
+        (&Method::POST, "/overrides") => super::control::post_override(state, call).await,
+        (&Method::GET, "/overrides") => super::control::list_overrides(state),
+        (&Method::DELETE, p) if p.starts_with("/overrides/") => {
+            super::control::delete(state, Kind::Override, &p["/overrides/".len()..]).await
+        }
         _ => problem(
             StatusCode::NOT_FOUND,
             "No such endpoint",

@@ -2,6 +2,7 @@
 //! under `/api/` (`api`). Never on the proxy ports.
 
 mod api;
+mod control;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -229,6 +229,15 @@ impl Exemption {
     }
 }
 
+/// The digest an operator's entry keeps of a `SOURCE=VALUE` value (an API key, a cookie):
+/// BLAKE3 in a context of its own, of the value as `Exemption::parse` normalises it.
+pub fn value_digest(value: &[u8]) -> [u8; 32] {
+    *blake3::Hasher::new_derive_key("tollgate 2026 operator entry value")
+        .update(value)
+        .finalize()
+        .as_bytes()
+}
+
 /// `path` without its one trailing slash (`/` stays `/`): the form exact `path` routes and
 /// the `path` key source compare in, since most backends serve `/login/` as `/login`.
 pub fn without_trailing_slash(path: &str) -> &str {
@@ -308,6 +317,13 @@ impl<'a> RequestView<'a> {
             return ClientId::from_hasher(&h);
         }
         ClientId::anonymous()
+    }
+
+    /// Whether the request's value of `source` has `digest` (`value_digest`): how an
+    /// operator's entry matches a value it keeps only as a digest.
+    pub fn has_value_digest(&self, source: &Source, digest: &[u8; 32]) -> bool {
+        self.value(source)
+            .is_some_and(|v| value_digest(&v) == *digest)
     }
 
     /// Whether any entry of `exempt` matches this request.

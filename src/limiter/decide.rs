@@ -5,9 +5,19 @@ use std::sync::Arc;
 
 use super::redis::RedisLimiter;
 use super::{
-    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict,
+    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small,
+    Verdict,
 };
 use crate::identity::RequestView;
+
+/// An operator's override of one limit for one identity (see `control`): the bucket keeps its
+/// key, only its arithmetic changes. For a quota, `quota` is the count and `rate` that count
+/// over the period's nominal length, as the limit's own `rate` is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tuning {
+    pub rate: Rate,
+    pub quota: Option<u32>,
+}
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
 /// is given (through worker `worker`'s connection), else in process. `now` is the in-process
@@ -19,8 +29,23 @@ pub async fn decide(
     view: &RequestView<'_>,
     now: f64,
 ) -> Decision {
+    decide_tuned(redis, worker, limits, view, now, &[]).await
+}
+
+/// `decide`, with `tuned[i]` replacing the numbers of `limits[i]` for this request (an empty
+/// slice: none replaced). The fallback of a failed store keeps the limits' own numbers.
+pub async fn decide_tuned(
+    redis: Option<&RedisLimiter>,
+    worker: Option<usize>,
+    limits: &[Arc<Limit>],
+    view: &RequestView<'_>,
+    now: f64,
+    tuned: &[Option<&Tuning>],
+) -> Decision {
     let mut results = smallvec::SmallVec::with_capacity(limits.len());
     let mut checks: Small<Check<'_>> = Small::new();
+    // Aligned with `checks`; left empty when nothing is tuned.
+    let mut tunings: Small<Option<&Tuning>> = Small::new();
     for (index, limit) in limits.iter().enumerate() {
         // Concurrency limits are taken by `concurrency::acquire`, not here.
         if limit.concurrency.is_some() {
@@ -43,6 +68,9 @@ pub async fn decide(
         });
         if let Some(client) = client {
             checks.push(Check { limit, client });
+            if !tuned.is_empty() {
+                tunings.push(tuned.get(index).copied().flatten());
+            }
         }
     }
     if checks.is_empty() {
@@ -58,14 +86,14 @@ pub async fn decide(
             if local_bans(&mut results, &checks, now) {
                 return Decision { results };
             }
-            let verdicts = in_process(&checks, &enforced, peer, now, false);
+            let verdicts = in_process(&checks, &enforced, peer, now, Numbers::Own(&tunings));
             record(&mut results, &checks, &verdicts, false);
             strikes(&mut results, &checks, now);
         }
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
         Some(r) => {
-            let check = crate::boxed(|| r.check_bans(worker, &checks, &enforced));
+            let check = crate::boxed(|| r.check_tuned(worker, &checks, &enforced, &tunings));
             match check.await {
                 Ok((verdicts, bans)) => {
                     record(&mut results, &checks, &verdicts, false);
@@ -127,13 +155,23 @@ fn strikes(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
     }
 }
 
-/// The in-process check, at each limit's own rate or at its stricter fallback rate.
+/// Which numbers an in-process check counts with.
+#[derive(Clone, Copy)]
+enum Numbers<'a> {
+    /// Each limit's own, or its override's (aligned with the checks; empty: none).
+    Own(&'a [Option<&'a Tuning>]),
+    /// The stricter fallback numbers of a failed store.
+    Fallback,
+}
+
+/// The in-process check, at each limit's own rate (or its override's) or at its stricter
+/// fallback rate.
 fn in_process(
     checks: &[Check<'_>],
     enforced: &[bool],
     peer: local::Peer,
     now: f64,
-    fallback: bool,
+    numbers: Numbers<'_>,
 ) -> Small<Verdict> {
     // Quotas count in calendar windows, on the wall clock (read once, and only for them).
     let wall = checks
@@ -142,20 +180,32 @@ fn in_process(
         .then(local::wall_us);
     let items: Small<local::Item<'_>> = checks
         .iter()
-        .map(|c| local::Item {
-            buckets: &c.limit.local,
-            client: c.client,
-            peer,
-            rate: if fallback {
-                &c.limit.fallback
-            } else {
-                &c.limit.rate
-            },
-            cost: c.limit.cost,
-            window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
-                let count = if fallback { q.fallback_count } else { q.count };
-                quota::window(q, wall, count)
-            }),
+        .enumerate()
+        .map(|(i, c)| {
+            let tuning = match numbers {
+                Numbers::Own(tuned) => tuned.get(i).copied().flatten(),
+                Numbers::Fallback => None,
+            };
+            let fallback = matches!(numbers, Numbers::Fallback);
+            local::Item {
+                buckets: &c.limit.local,
+                client: c.client,
+                peer,
+                rate: match tuning {
+                    Some(t) => &t.rate,
+                    None if fallback => &c.limit.fallback,
+                    None => &c.limit.rate,
+                },
+                cost: c.limit.cost,
+                window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                    let count = match tuning.and_then(|t| t.quota) {
+                        Some(n) => n,
+                        None if fallback => q.fallback_count,
+                        None => q.count,
+                    };
+                    quota::window(q, wall, count)
+                }),
+            }
         })
         .collect();
     local::check(&items, enforced, now)
@@ -180,7 +230,7 @@ fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: loca
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
-    let mut local_verdicts = in_process(&local, &enforced, peer, now, true).into_iter();
+    let mut local_verdicts = in_process(&local, &enforced, peer, now, Numbers::Fallback).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {
         r.fallback = true;

@@ -24,7 +24,7 @@ pub mod peek;
 pub mod quota;
 pub mod redis;
 
-pub use decide::decide;
+pub use decide::{decide, decide_tuned, Tuning};
 
 use std::sync::Arc;
 

@@ -29,6 +29,7 @@ mod batch;
 mod breaker;
 mod cluster;
 mod conn;
+mod control;
 mod failure;
 pub(crate) mod lease;
 mod link;
@@ -234,12 +235,24 @@ impl RedisLimiter {
         checks: &[Check<'_>],
         enforced: &[bool],
     ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
+        self.check_tuned(worker, checks, enforced, &[]).await
+    }
+
+    /// `check_bans`, with `tuned[i]` replacing the rate (or quota count) of `checks[i]`'s
+    /// limit: the same key, other numbers (an empty slice: none replaced).
+    pub async fn check_tuned(
+        &self,
+        worker: Option<usize>,
+        checks: &[Check<'_>],
+        enforced: &[bool],
+        tuned: &[Option<&super::Tuning>],
+    ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
         bump(&self.counters.checks);
         let via = self.worker(worker);
         if checks.is_empty() {
             return Ok((Small::new(), Small::new()));
         }
-        let buckets = self.buckets(checks, enforced);
+        let buckets = self.buckets(checks, enforced, tuned);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
         let sent = Instant::now();
         let sent_us = self.clock.at_us(sent);
@@ -298,7 +311,12 @@ impl RedisLimiter {
         }
     }
 
-    fn buckets<'a>(&self, checks: &[Check<'a>], enforced: &[bool]) -> Small<Bucket<'a>> {
+    fn buckets<'a>(
+        &self,
+        checks: &[Check<'a>],
+        enforced: &[bool],
+        tuned: &[Option<&'a super::Tuning>],
+    ) -> Small<Bucket<'a>> {
         // Quotas' windows come from the wall clock (read once, and only for them).
         let wall = checks
             .iter()
@@ -308,6 +326,7 @@ impl RedisLimiter {
             .iter()
             .enumerate()
             .map(|(i, c)| {
+                let tuning = tuned.get(i).copied().flatten();
                 let key = self.key(c.limit, c.client);
                 let slot = if self.cluster {
                     cluster::slot_of(&key)
@@ -317,15 +336,18 @@ impl RedisLimiter {
                 Bucket {
                     key,
                     slot,
-                    rate: &c.limit.rate,
+                    // A tuned quota's rate differs from the limit's too, so the negative
+                    // cache does not answer it from what it learnt under the other count.
+                    rate: tuning.map_or(&c.limit.rate, |t| &t.rate),
                     cost: c.limit.cost,
                     enforced: enforced.get(i).copied().unwrap_or(true),
-                    quota: c
-                        .limit
-                        .quota
-                        .as_ref()
-                        .zip(wall)
-                        .map(|(q, wall)| conn::QuotaArgs::of(q, wall)),
+                    quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                        let mut args = conn::QuotaArgs::of(q, wall);
+                        if let Some(count) = tuning.and_then(|t| t.quota) {
+                            args.count = count;
+                        }
+                        args
+                    }),
                     ban: c.limit.ban,
                 }
             })

@@ -14,6 +14,9 @@ mod quota;
 mod routes;
 mod upstreams;
 
+/// `N/day` and the other quota values, for the admin API's overrides.
+pub(crate) use quota::parse as quota_value;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -127,7 +127,7 @@ pub(super) fn ban(b: &file::Ban, shadow: bool, path: &str, p: &mut Problems) -> 
 }
 
 /// `N/hour`, `N/day`, `N/week` or `N/month`, N a whole number of at least 1.
-fn parse(s: &str) -> Result<(u32, Period), String> {
+pub(crate) fn parse(s: &str) -> Result<(u32, Period), String> {
     let wrong = || {
         format!("quota `{s}` must look like `100/hour`, `1000/day`, `5000/week` or `20000/month`")
     };
