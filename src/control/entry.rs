@@ -377,7 +377,12 @@ fn numbers(
                 per_sec: value.per_sec(),
                 burst,
             };
-            Ok((Tuning { rate, quota: None }, Some(burst), None))
+            let tuning = Tuning {
+                rate,
+                quota: None,
+                fresh: None,
+            };
+            Ok((tuning, Some(burst), None))
         }
         (None, Some(q)) => {
             if burst.is_some() {
@@ -391,6 +396,7 @@ fn numbers(
             let tuning = Tuning {
                 rate,
                 quota: Some(count),
+                fresh: None,
             };
             Ok((tuning, None, Some(period)))
         }
@@ -399,6 +405,20 @@ fn numbers(
             "give `rate` (and `burst`) for a token-bucket limit, or `quota` for a quota".into(),
         ),
     }
+}
+
+/// A quota override's own bucket (see `Tuning`): the same on every replica, since it comes
+/// from the override's ID.
+fn fresh(mut tuning: Tuning, id: &str) -> Tuning {
+    if tuning.quota.is_some() {
+        let digest = blake3::Hasher::new_derive_key("tollgate 2026 quota override bucket")
+            .update(id.as_bytes())
+            .finalize();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest.as_bytes()[..16]);
+        tuning.fresh = Some(u128::from_be_bytes(first));
+    }
+    tuning
 }
 
 /// Whether `tuning` fits `limit`'s kind (a reload may have changed it since).
@@ -423,15 +443,16 @@ impl Override {
         let (tuning, burst, period) =
             numbers(req.rate.as_deref(), req.burst, req.quota.as_deref())?;
         check_kind(limit, &tuning, period)?;
+        let id = new_id();
         Ok(Self {
-            id: new_id(),
+            tuning: fresh(tuning, &id),
+            id,
             limit: req.limit,
             matcher,
             identity,
             rate: req.rate.map(|r| r.trim().to_owned()),
             burst,
             quota: req.quota.map(|q| q.trim().to_owned()),
-            tuning,
             reason: reason(&req.reason)?,
             span,
         })
@@ -468,6 +489,7 @@ impl Override {
     pub fn of_record(json: &str) -> Result<Self, String> {
         let r: OverrideRecord = serde_json::from_str(json).map_err(|e| e.to_string())?;
         let (tuning, burst, _) = numbers(r.rate.as_deref(), r.burst, r.quota.as_deref())?;
+        let tuning = fresh(tuning, &r.id);
         Ok(Self {
             matcher: Matcher::of_record(&r.matcher)?,
             id: r.id,

@@ -10,13 +10,18 @@ use super::{
 };
 use crate::identity::RequestView;
 
-/// An operator's override of one limit for one identity (see `control`): the bucket keeps its
-/// key, only its arithmetic changes. For a quota, `quota` is the count and `rate` that count
-/// over the period's nominal length, as the limit's own `rate` is.
+/// An operator's override of one limit for one identity (see `control`). A token bucket keeps
+/// its key and its state, counted at the other rate. A quota's state is its window's share
+/// used (`quota`), so the same key at another count would keep the share, not the count: an
+/// exhausted quota would stay exhausted however high the count. So a quota override counts in
+/// a bucket of its own (`fresh`, mixed into the identity's digest), from zero, for as long as
+/// it lasts; `rate` is then its count over the period's nominal length, as a quota's is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tuning {
     pub rate: Rate,
     pub quota: Option<u32>,
+    /// Mixed into the identity's digest: the quota override's own bucket.
+    pub fresh: Option<u128>,
 }
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
@@ -52,7 +57,11 @@ pub async fn decide_tuned(
             continue;
         }
         let exempt = view.is_exempt(&limit.exempt);
-        let client = (!exempt).then(|| view.resolve(&limit.key));
+        let fresh = tuned.get(index).copied().flatten().and_then(|t| t.fresh);
+        let client = (!exempt).then(|| {
+            let id = view.resolve(&limit.key);
+            fresh.map_or(id, |salt| crate::identity::ClientId(id.0 ^ salt))
+        });
         results.push(LimitResult {
             index,
             outcome: if exempt {

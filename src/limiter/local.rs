@@ -365,6 +365,9 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
         .iter()
         .zip(enforced)
         .all(|(v, enforced)| v.admitted || !enforced);
+    if !all_admit {
+        write_back_clamps(items, &mut slots, now);
+    }
     if all_admit {
         for (((item, slot), v), tat) in items.iter().zip(&mut slots).zip(&verdicts).zip(tats) {
             if !v.admitted {
@@ -389,6 +392,27 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
         }
     }
     verdicts
+}
+
+/// A rejected check writes nothing, except a `tat` that `step` clamped to an empty bucket
+/// (`now + tau`): written back, as `bucket.lua` does, so the bucket refills from now on. The
+/// clock here is monotonic, so only a rate lowered's `tau` clamps: an operator's override
+/// (`control`) raising a limit for a client whose bucket the old rate emptied.
+fn write_back_clamps(items: &[Item<'_>], slots: &mut [Slot<'_>], now: f64) {
+    for (item, slot) in items.iter().zip(slots) {
+        if item.window.is_some() {
+            continue;
+        }
+        let clamped = now + item.rate.window_us();
+        let tat = match slot {
+            Slot::Map(m, _) => m.get_mut(&item.client).map(|e| &mut e.tat),
+            Slot::Peer(p) => p.get_mut(&item.peer).and_then(|m| m.overflow.as_mut()),
+            Slot::Overflow(o) => o.as_mut(),
+        };
+        if let Some(tat) = tat.filter(|t| **t - now > item.rate.window_us() + super::CLAMP_SLACK_US) {
+            *tat = clamped;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -133,7 +133,7 @@ pub struct Verdict {
 
 /// How far (µs) past `now + tau` a `tat` must be before `step` takes it for a clock step: the
 /// float slack of a `tat` the arithmetic itself wrote (`bucket.lua` uses the same number).
-const CLAMP_SLACK_US: f64 = 1.0;
+pub(crate) const CLAMP_SLACK_US: f64 = 1.0;
 
 /// Apply the GCRA step to one bucket. Returns the verdict and the new `tat` to store when the
 /// request is admitted (the caller commits it only if every limit admits).
