@@ -2,19 +2,20 @@
 //!
 //! Layout (one hash tag, `{tollgate}`, so all of it is one slot on a Redis Cluster):
 //! `<key_prefix>control:{tollgate}:bans` and `...:overrides`, hashes of ID -> JSON record (with
-//! its absolute expiry), and `...:version`, a counter every change increments (`write.lua`).
-//! Each replica reads the counter every `POLL_EVERY` and reloads both hashes when it moved
-//! (`read.lua`: one round trip either way), so a change made on one replica is enforced by all
-//! within a second. An expired entry is dropped by every replica on its own clock, and deleted
-//! from Redis by whichever replica sweeps it first (the one that logs its expiry).
+//! its absolute expiry), and `...:version`, a counter every change increments in the same
+//! script (`write.lua`). Each replica GETs the counter every `POLL_EVERY` and, when it moved,
+//! reads both hashes (HGETALL, after the GET: what it reads is at least that version), so a
+//! change made on one replica is enforced by all within a second. An expired entry is dropped
+//! by every replica on its own clock, and deleted from Redis by whichever replica sweeps it
+//! first (the one that logs its expiry).
 //!
 //! Without Redis the last entries known stay in force (they expire on time all the same), and
 //! changes are refused: the API answers 503 rather than keep a change one replica alone knows.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::{Script, Value};
+use ::redis::Value;
 use tokio::sync::watch;
 
 use super::{Ban, Control, Kind, Override, Table};
@@ -26,8 +27,8 @@ pub const POLL_EVERY: Duration = Duration::from_millis(250);
 /// How long a starting proxy waits for Redis's entries before serving without them.
 const START_WAIT: Duration = Duration::from_secs(1);
 
-static READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("read.lua")));
-static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("write.lua")));
+/// The change script (see its header).
+const WRITE: &str = include_str!("write.lua");
 
 /// What this replica last read from Redis.
 #[derive(Debug, Default)]
@@ -53,7 +54,7 @@ fn keys(r: &RedisLimiter, kind: Kind) -> [String; 2] {
 /// Store `record` as entry `id` of `kind`.
 pub(super) async fn put(r: &RedisLimiter, kind: Kind, id: &str, record: &str) -> Result<(), String> {
     let [version, hash] = keys(r, kind);
-    r.run_script(&WRITE, &[&version, &hash], &["put", id, record])
+    r.eval(WRITE, &[&version, &hash], &["put", id, record])
         .await
         .map(|_| ())
 }
@@ -61,9 +62,7 @@ pub(super) async fn put(r: &RedisLimiter, kind: Kind, id: &str, record: &str) ->
 /// Delete entry `id` of `kind`: `false` when Redis had no such entry.
 pub(super) async fn delete(r: &RedisLimiter, kind: Kind, id: &str) -> Result<bool, String> {
     let [version, hash] = keys(r, kind);
-    let v = r
-        .run_script(&WRITE, &[&version, &hash], &["del", id])
-        .await?;
+    let v = r.eval(WRITE, &[&version, &hash], &["del", id]).await?;
     Ok(matches!(v, Value::Int(1)))
 }
 
@@ -83,20 +82,17 @@ impl Control {
         };
         let [version, bans] = keys(r, Kind::Ban);
         let [_, overrides] = keys(r, Kind::Override);
-        let reply = r
-            .run_script(&READ, &[&version, &bans, &overrides], &[have])
-            .await?;
-        let Value::Array(parts) = reply else {
-            return Err("unexpected reply from the entries' script".into());
-        };
-        let Some(version) = parts.first().and_then(text) else {
-            return Err("unexpected reply from the entries' script".into());
-        };
-        if let (Some(bans), Some(overrides)) = (parts.get(1), parts.get(2)) {
-            let bans = records(bans, Ban::of_record);
-            let overrides = records(overrides, Override::of_record);
-            self.store(Table::new(bans, overrides));
+        let now = r.command(::redis::cmd("GET").arg(&version)).await?;
+        let now = text(&now).unwrap_or_else(|| "0".to_owned());
+        if now == have {
+            return Ok(());
         }
+        let bans = r.command(::redis::cmd("HGETALL").arg(&bans)).await?;
+        let overrides = r.command(::redis::cmd("HGETALL").arg(&overrides)).await?;
+        let bans = records(&bans, Ban::of_record);
+        let overrides = records(&overrides, Override::of_record);
+        self.store(Table::new(bans, overrides));
+        let version = now;
         synced.from = from;
         synced.version = Some(version);
         Ok(())
@@ -144,17 +140,18 @@ impl Control {
     }
 }
 
-/// The entries of one hash (`HGETALL`'s reply: ID, record, ID, record...); a record that does
-/// not parse is skipped, with a warning.
+/// The entries of one hash (`HGETALL`'s reply: ID, record, ID, record... or, in RESP3, a
+/// map); a record that does not parse is skipped, with a warning.
 fn records<T>(hash: &Value, parse: impl Fn(&str) -> Result<T, String>) -> Vec<T> {
-    let items: &[Value] = match hash {
-        Value::Array(items) => items,
-        _ => &[],
+    let pairs: Vec<(&Value, &Value)> = match hash {
+        Value::Array(items) => items.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
+        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+        _ => Vec::new(),
     };
-    items
-        .chunks_exact(2)
-        .filter_map(|pair| {
-            let (id, json) = (text(&pair[0])?, text(&pair[1])?);
+    pairs
+        .into_iter()
+        .filter_map(|(id, json)| {
+            let (id, json) = (text(id)?, text(json)?);
             parse(&json)
                 .map_err(|e| {
                     tracing::warn!(target: "tollgate::admin", id, error = %e, "skipping an entry Redis holds that does not parse");

@@ -209,6 +209,14 @@ impl RedisConn {
         Ok(())
     }
 
+    /// Any command (on a cluster, routed by its key): for the operators' entries (`control`).
+    pub(super) async fn query(&self, cmd: &::redis::Cmd) -> Result<Value, RedisError> {
+        match self {
+            RedisConn::Single(m) => cmd.query_async(&mut m.clone()).await,
+            RedisConn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
     /// SCRIPT LOAD `script` (on a cluster, on every master), so its first EVALSHA finds it.
     pub(super) async fn load_script(&self, script: &Script) -> Result<(), RedisError> {
         let call = script.prepare_invoke();

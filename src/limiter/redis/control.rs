@@ -1,9 +1,9 @@
-//! The limiter's connection lent to the operators' entries (`control`): a script run on the
-//! shared connection, off the request path, with a deadline of its own.
+//! The limiter's connection lent to the operators' entries (`control`): commands on the shared
+//! connection, off the request path, each with a deadline of its own.
 
 use std::time::Duration;
 
-use ::redis::{Script, Value};
+use ::redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use super::failure::by_deadline;
@@ -19,26 +19,22 @@ impl RedisLimiter {
         &self.key_prefix
     }
 
-    /// Run `script` on `keys` and `args` through the shared connection (EVALSHA, loading the
-    /// script on NOSCRIPT). On a cluster every key must share a slot.
-    pub async fn run_script(
-        &self,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-    ) -> Result<Value, String> {
-        let mut call = script.prepare_invoke();
-        for k in keys {
-            call.key(*k);
-        }
-        for a in args {
-            call.arg(*a);
-        }
+    /// Send `cmd` through the shared connection (on a cluster, to its key's master).
+    pub async fn command(&self, cmd: &Cmd) -> Result<Value, String> {
         let timeout = self.timeout.max(MIN_TIMEOUT);
         let on = self.shared.now();
         let deadline = Instant::now() + timeout;
-        let result = by_deadline(deadline, timeout, on.conn.invoke(&call)).await;
+        let result = by_deadline(deadline, timeout, on.conn.query(cmd)).await;
         self.shared.settle(&on, &result);
         result.map_err(|f| f.detail)
+    }
+
+    /// EVAL `source` on `keys` and `args`: for a change made now and then, not worth a script
+    /// kept loaded (and counted among the bucket script's loads). On a cluster every key must
+    /// share a slot.
+    pub async fn eval(&self, source: &str, keys: &[&str], args: &[&str]) -> Result<Value, String> {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(source).arg(keys.len()).arg(keys).arg(args);
+        self.command(&cmd).await
     }
 }
