@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{config, sample, upstream_app, Http, MockUpstream, Reply, TestProxy};
 use http_body_util::BodyExt;
-use redis_helpers::RedisServer;
+use redis_helpers::{RedisCluster, RedisServer};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -401,6 +401,41 @@ async fn an_expired_entry_leaves_redis() {
         json_of(&api(&a, "GET", "/bans", &Value::Null).await),
         json!({ "bans": [] })
     );
+}
+
+/// On a Redis Cluster: the entries share one hash tag, so each change is one script on one
+/// slot, and a second replica reads them there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let block = format!(
+        "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: 500ms\n",
+        nodes.join(", ")
+    );
+    let (token, up) = (token_file(), MockUpstream::start());
+    let config = yaml(&token, up.addr(), &block);
+    let (a, b) = (TestProxy::start(&config), TestProxy::start(&config));
+    for p in [&a, &b] {
+        until_header(p, "warm-up").await;
+    }
+    let ban = json!({"identity": "jwt:sub=mallory", "ttl": "10m"});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The cluster client may still be learning the slots: 503 until it has.
+    let r = loop {
+        let r = api(&a, "POST", "/bans", &ban).await;
+        if r.code() != 503 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.code(), 201, "{}", r.text());
+    assert_eq!(json_of(&r)["identity"].as_str().unwrap().len(), "jwt:sub=blake3:".len() + 12);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while json_of(&api(&b, "GET", "/bans", &Value::Null).await)["bans"] == json!([]) {
+        assert!(Instant::now() < deadline, "replica B never read the ban");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Until Redis decides `proxy`'s checks (its connection comes up in the background).

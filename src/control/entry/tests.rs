@@ -1,0 +1,88 @@
+use super::*;
+
+#[test]
+fn identities_are_shown_without_their_secret() {
+    let (m, shown) = Matcher::parse("header:X-API-Key=abc123").unwrap();
+    assert!(shown.starts_with("header:x-api-key=blake3:"), "{shown}");
+    assert!(!shown.contains("abc123"));
+    assert_eq!(shown.len(), "header:x-api-key=blake3:".len() + 12);
+    // Kept as a digest, read back alike.
+    let back = Matcher::of_record(&m.record()).unwrap();
+    assert_eq!(back, m);
+    assert!(!serde_json::to_string(&m.record()).unwrap().contains("abc123"));
+    let (_, shown) = Matcher::parse("10.0.0.0/8").unwrap();
+    assert_eq!(shown, "10.0.0.0/8");
+    let (_, shown) = Matcher::parse("192.0.2.7").unwrap();
+    assert_eq!(shown, "192.0.2.7/32");
+    let (_, shown) = Matcher::parse("path=/login/").unwrap();
+    assert_eq!(shown, "path=/login", "not a secret: shown as compared");
+    assert!(Matcher::parse("cookie:sid=").unwrap_err().contains("empty value"));
+    assert!(Matcher::parse("ip=1.2.3.4").is_err());
+}
+
+#[test]
+fn ttls_are_bounded() {
+    let s = Span::of("90s", 1_000).unwrap();
+    assert_eq!((s.created_ms, s.expires_ms), (1_000, 91_000));
+    assert_eq!(s.left_s(1_001), 90, "rounded up");
+    assert_eq!(s.left_s(91_000), 0);
+    assert!(s.expired(91_000) && !s.expired(90_999));
+    assert!(Span::of("30d", 0).is_ok());
+    assert!(Span::of("30d1s", 0).unwrap_err().contains("at most 30d"));
+    assert!(Span::of("0s", 0).unwrap_err().contains("longer than zero"));
+    assert!(Span::of("1", 0).unwrap_err().contains("needs a unit"));
+}
+
+#[test]
+fn times_are_rfc3339_and_unix_seconds() {
+    let t = Span {
+        created_ms: 1_764_660_600_500,
+        expires_ms: 1_764_664_200_500,
+    }
+    .times(1_764_660_600_500);
+    assert_eq!(t.created, "2025-12-02T07:30:00Z");
+    assert_eq!(t.created_unix, 1_764_660_600);
+    assert_eq!(t.expires, "2025-12-02T08:30:00Z");
+    assert_eq!(t.ttl_left_s, 3600);
+}
+
+#[test]
+fn records_round_trip() {
+    let req = NewBan {
+        identity: "bearer=tok".into(),
+        ttl: "1h".into(),
+        reason: "INC-1".into(),
+        routes: vec!["api".into()],
+    };
+    let ban = Ban::new(req, 5_000, &["api", "rest"]).unwrap();
+    assert_eq!(Ban::of_record(&ban.to_record()).unwrap(), ban);
+    assert!(!ban.to_record().contains("tok\""));
+    let bad = NewBan {
+        identity: "1.2.3.4".into(),
+        ttl: "1h".into(),
+        reason: "two\nlines".into(),
+        routes: vec![],
+    };
+    assert!(Ban::new(bad, 0, &[]).unwrap_err().contains("one line"));
+}
+
+#[test]
+fn override_numbers_follow_the_config_syntax() {
+    let (t, burst, period) = numbers(Some("500/s"), None, None).unwrap();
+    assert_eq!((t.rate.per_sec, t.rate.burst, burst, period), (500.0, 500, Some(500), None));
+    let (t, _, _) = numbers(Some("10/min"), Some(40), None).unwrap();
+    assert!((t.rate.per_sec - 10.0 / 60.0).abs() < 1e-12);
+    assert_eq!(t.rate.burst, 40);
+    let (t, burst, period) = numbers(None, None, Some("100000/day")).unwrap();
+    assert_eq!((t.quota, burst, period), (Some(100_000), None, Some(Period::Day)));
+    assert!(numbers(None, Some(3), Some("5/day")).is_err());
+    assert!(numbers(Some("1/s"), None, Some("5/day")).is_err());
+    assert!(numbers(None, None, None).is_err());
+    assert!(numbers(Some("1/s"), Some(0), None).is_err());
+    // A quota override's own bucket is the same wherever its record is read.
+    let a = fresh(numbers(None, None, Some("5/day")).unwrap().0, "id1");
+    let b = fresh(numbers(None, None, Some("5/day")).unwrap().0, "id1");
+    assert!(a.fresh.is_some() && a == b);
+    assert_ne!(a, fresh(numbers(None, None, Some("5/day")).unwrap().0, "id2"));
+    assert_eq!(fresh(numbers(Some("1/s"), None, None).unwrap().0, "id1").fresh, None);
+}
