@@ -164,12 +164,7 @@ pub async fn start(
         crate::reload::watch_sighup(reloader.clone());
     }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
-    // Bans and overrides in Redis are in force from the first request.
-    let control = state.control.clone();
-    control.load_at_start(state.runtime.load().redis.clone()).await;
-    let polled = state.clone();
-    let redis_of = move || polled.runtime.load().redis.clone();
-    tokio::spawn(crate::control::run(control, redis_of, stop_rx.clone()));
+    start_control(&state, stop_rx.clone()).await;
     let mut bound = Vec::new();
     let mut per_worker: Vec<Vec<WorkerListener>> =
         (0..workers.count()).map(|_| Vec::new()).collect();
@@ -234,6 +229,18 @@ pub async fn start(
         state,
         stopped,
     })
+}
+
+/// Load the operators' entries Redis holds, so they are in force from the first request, then
+/// poll for their changes (and sweep the expired ones) until `stop`.
+async fn start_control(state: &Arc<State>, stop: watch::Receiver<bool>) {
+    let control = state.control.clone();
+    control
+        .load_at_start(state.runtime.load().redis.clone())
+        .await;
+    let polled = state.clone();
+    let redis_of = move || polled.runtime.load().redis.clone();
+    tokio::spawn(crate::control::run(control, redis_of, stop));
 }
 
 /// What the shutdown stops, in order.

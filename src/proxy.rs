@@ -211,24 +211,15 @@ async fn pipeline<'a>(
     };
     // Operators' bans and overrides (`control`): one atomic load while there are none.
     let control = state.control.active();
-    let tuned = match &control {
-        None => limiter::Small::new(),
-        Some(table) => match table.apply(&view, &route.name, &route.limits) {
-            Ok(tuned) => tuned,
-            Err(refusal) => {
-                let labels = crate::metrics::RouteLabels {
-                    route: route.name.to_string(),
-                };
-                state.metrics.admin_banned_requests.get_or_create(&labels).inc();
-                return Ok(refusal);
-            }
-        },
+    let tuned = match operators(state, control.as_deref(), &view, route) {
+        Ok(tuned) => tuned,
+        Err(refused) => return Ok(*refused),
     };
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let asked = redis.is_some().then(Instant::now);
     let now_us = state.clock.at_us(asked.unwrap_or(started));
-    let decision = decide(redis, conn.worker, route, &view, now_us, &mut trace.slots, &tuned).await;
+    let decision = decide(conn, route, (&view, &tuned), now_us, &mut trace.slots, rt).await;
     if let (Some(asked), false) = (asked, route.limits.is_empty()) {
         state
             .metrics
@@ -297,14 +288,14 @@ async fn pipeline<'a>(
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a
 /// request they refuse takes no token from a rate limit, then the rate limits.
 async fn decide(
-    redis: Option<&limiter::redis::RedisLimiter>,
-    worker: usize,
+    conn: &ClientConn,
     route: &Route,
-    view: &RequestView<'_>,
+    (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
     now_us: f64,
     slots: &mut limiter::concurrency::Guard,
-    tuned: &[Option<&limiter::Tuning>],
+    rt: &Runtime,
 ) -> limiter::Decision {
+    let (worker, redis) = (conn.worker, rt.redis.as_deref());
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
         let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, &route.limits, view));
@@ -322,6 +313,28 @@ async fn decide(
         limiter::decide_tuned(redis, Some(worker), &route.limits, view, now_us, tuned).await;
     d.results.extend(taken);
     d
+}
+
+/// The operators' entries for one request (`control`): the numbers of its limits' overrides,
+/// or the answer of a ban that refuses it (counted).
+fn operators<'t>(
+    state: &State,
+    table: Option<&'t crate::control::Table>,
+    view: &RequestView<'_>,
+    route: &Route,
+) -> Result<limiter::Small<Option<&'t limiter::Tuning>>, Box<Response<Body>>> {
+    let Some(table) = table else {
+        return Ok(limiter::Small::new());
+    };
+    if let Some(refused) = table.refusal_of(view, &route.name) {
+        let labels = crate::metrics::RouteLabels {
+            route: route.name.to_string(),
+        };
+        let banned = &state.metrics.admin_banned_requests;
+        banned.get_or_create(&labels).inc();
+        return Err(Box::new(refused));
+    }
+    Ok(table.tunings(view, &route.limits))
 }
 
 /// What forwarding needs to know about the client and the route.

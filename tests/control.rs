@@ -129,7 +129,10 @@ async fn the_api_wants_the_admin_token() {
     let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
     let body = r#"{"identity":"192.0.2.7","ttl":"1h"}"#;
     assert_eq!(api_as(&proxy, None, "GET", "/bans", "").await.code(), 401);
-    assert_eq!(api_as(&proxy, None, "POST", "/bans", body).await.code(), 401);
+    assert_eq!(
+        api_as(&proxy, None, "POST", "/bans", body).await.code(),
+        401
+    );
     let wrong = api_as(&proxy, Some("nope"), "DELETE", "/bans/x", "").await;
     assert_eq!(wrong.code(), 401);
     let r = api(&proxy, "GET", "/bans", &Value::Null).await;
@@ -151,7 +154,10 @@ async fn a_ban_refuses_before_the_upstream_and_delete_lifts_it() {
     let made = json_of(&r);
     let id = made["id"].as_str().unwrap().to_owned();
     assert_eq!(r.header("location"), format!("/api/v1/bans/{id}"));
-    assert!(!r.text().contains("evil"), "the key is shown redacted: {made}");
+    assert!(
+        !r.text().contains("evil"),
+        "the key is shown redacted: {made}"
+    );
     let shown = made["identity"].as_str().unwrap();
     assert!(shown.starts_with("header:x-api-key=blake3:"), "{shown}");
     assert_eq!(made["reason"], "INC-42 scraping");
@@ -195,7 +201,10 @@ async fn a_ban_refuses_before_the_upstream_and_delete_lifts_it() {
 
     let r = api(&proxy, "DELETE", &format!("/bans/{id}"), &Value::Null).await;
     assert_eq!(r.code(), 204, "{}", r.text());
-    assert_eq!(get_key(&proxy, "/v1/x", "evil-secret-key").await.code(), 200);
+    assert_eq!(
+        get_key(&proxy, "/v1/x", "evil-secret-key").await.code(),
+        200
+    );
     assert_eq!(up.count(), 2);
     assert_eq!(
         api(&proxy, "DELETE", &format!("/bans/{id}"), &Value::Null)
@@ -233,7 +242,10 @@ async fn a_ban_expires_on_time() {
         assert_eq!(r.code(), 403);
     }
     until_status(&proxy, "brief", 200, Duration::from_secs(3)).await;
-    assert!(posted.elapsed() >= Duration::from_millis(900), "lifted early");
+    assert!(
+        posted.elapsed() >= Duration::from_millis(900),
+        "lifted early"
+    );
     // The sweep (every 250 ms) takes it out of the listing too.
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
@@ -251,7 +263,12 @@ async fn overrides_raise_a_rate_and_a_quota_for_one_key() {
     let (token, up) = (token_file(), MockUpstream::start());
     let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
     for key in ["big", "small"] {
-        assert_eq!(Http::new().statuses(3, &proxy.url("/v1/x"), &[("x-api-key", key)]).await, [200, 200, 429]);
+        assert_eq!(
+            Http::new()
+                .statuses(3, &proxy.url("/v1/x"), &[("x-api-key", key)])
+                .await,
+            [200, 200, 429]
+        );
     }
     let raise = json!({"limit": "per-key", "identity": "header:X-API-Key=big", "rate": "100/s", "burst": 100, "ttl": "5m", "reason": "launch"});
     let r = api(&proxy, "POST", "/overrides", &raise).await;
@@ -284,7 +301,11 @@ async fn overrides_raise_a_rate_and_a_quota_for_one_key() {
         }
         assert!(Instant::now() < deadline, "{admitted} admitted");
     }
-    assert_eq!(get_key(&proxy, "/v1/x", "small").await.code(), 429, "others stay limited");
+    assert_eq!(
+        get_key(&proxy, "/v1/x", "small").await.code(),
+        429,
+        "others stay limited"
+    );
     let listed = json_of(&api(&proxy, "GET", "/overrides", &Value::Null).await);
     assert_eq!(listed["overrides"].as_array().unwrap().len(), 2, "{listed}");
     // Deleted, the limit's own numbers count the same bucket again: at 100/s it refilled to
@@ -292,7 +313,9 @@ async fn overrides_raise_a_rate_and_a_quota_for_one_key() {
     let id = made["id"].as_str().unwrap();
     let r = api(&proxy, "DELETE", &format!("/overrides/{id}"), &Value::Null).await;
     assert_eq!(r.code(), 204);
-    let after = Http::new().statuses(3, &proxy.url("/v1/x"), &[("x-api-key", "big")]).await;
+    let after = Http::new()
+        .statuses(3, &proxy.url("/v1/x"), &[("x-api-key", "big")])
+        .await;
     assert_eq!((after[0], after[2]), (200, 429), "{after:?}");
 }
 
@@ -303,16 +326,56 @@ async fn bad_input_is_refused_with_a_clear_message() {
     let cases: [(&str, &str, &str); 12] = [
         ("/bans", "{\"identity\": ", "The body is not valid JSON"),
         ("/bans", r#"{"identity":"1.2.3.4"}"#, "missing field `ttl`"),
-        ("/bans", r#"{"identity":"1.2.3.4","ttl":"1h","color":"red"}"#, "unknown field `color`"),
-        ("/bans", r#"{"identity":"nobody","ttl":"1h"}"#, "is neither a CIDR"),
-        ("/bans", r#"{"identity":"header:X-API-Key=","ttl":"1h"}"#, "empty value"),
-        ("/bans", r#"{"identity":"1.2.3.4","ttl":"5"}"#, "needs a unit"),
-        ("/bans", r#"{"identity":"1.2.3.4","ttl":"31d"}"#, "at most 30d"),
-        ("/bans", r#"{"identity":"1.2.3.4","ttl":"1h","routes":["nope"]}"#, "the routes are: api, rest"),
-        ("/overrides", r#"{"limit":"nope","identity":"1.2.3.4","rate":"5/s","ttl":"1h"}"#, "the limits are: per-key, daily"),
-        ("/overrides", r#"{"limit":"per-key","identity":"1.2.3.4","quota":"5/day","ttl":"1h"}"#, "is a token bucket"),
-        ("/overrides", r#"{"limit":"daily","identity":"1.2.3.4","quota":"5/week","ttl":"1h"}"#, "counts per day"),
-        ("/overrides", r#"{"limit":"per-key","identity":"1.2.3.4","rate":"fast","ttl":"1h"}"#, "rate `fast` must look like"),
+        (
+            "/bans",
+            r#"{"identity":"1.2.3.4","ttl":"1h","color":"red"}"#,
+            "unknown field `color`",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"nobody","ttl":"1h"}"#,
+            "is neither a CIDR",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"header:X-API-Key=","ttl":"1h"}"#,
+            "empty value",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"1.2.3.4","ttl":"5"}"#,
+            "needs a unit",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"1.2.3.4","ttl":"31d"}"#,
+            "at most 30d",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"1.2.3.4","ttl":"1h","routes":["nope"]}"#,
+            "the routes are: api, rest",
+        ),
+        (
+            "/overrides",
+            r#"{"limit":"nope","identity":"1.2.3.4","rate":"5/s","ttl":"1h"}"#,
+            "the limits are: per-key, daily",
+        ),
+        (
+            "/overrides",
+            r#"{"limit":"per-key","identity":"1.2.3.4","quota":"5/day","ttl":"1h"}"#,
+            "is a token bucket",
+        ),
+        (
+            "/overrides",
+            r#"{"limit":"daily","identity":"1.2.3.4","quota":"5/week","ttl":"1h"}"#,
+            "counts per day",
+        ),
+        (
+            "/overrides",
+            r#"{"limit":"per-key","identity":"1.2.3.4","rate":"fast","ttl":"1h"}"#,
+            "rate `fast` must look like",
+        ),
     ];
     for (path, body, says) in cases {
         let r = api_as(&proxy, Some(TOKEN), "POST", path, body).await;
@@ -347,17 +410,28 @@ async fn replicas_on_one_redis_enforce_each_others_entries() {
     let r = api(&a, "POST", "/bans", &ban).await;
     assert_eq!(r.code(), 201, "{}", r.text());
     let id = json_of(&r)["id"].as_str().unwrap().to_owned();
-    assert_eq!(get_key(&a, "/v1/x", "stolen").await.code(), 403, "at once where it was made");
+    assert_eq!(
+        get_key(&a, "/v1/x", "stolen").await.code(),
+        403,
+        "at once where it was made"
+    );
     let took = until_status(&b, "stolen", 403, Duration::from_secs(1)).await;
     eprintln!("replica B enforced the ban after {took:?}");
     let listed = json_of(&api(&b, "GET", "/bans", &Value::Null).await);
     assert_eq!(listed["bans"][0]["id"], id.as_str(), "{listed}");
     assert!(listed["bans"][0]["ttl_left_s"].as_u64().unwrap() > 590);
-    assert!(!redis.cli(&["HGETALL", "tollgate:control:{tollgate}:bans"]).contains("stolen"));
+    assert!(!redis
+        .cli(&["HGETALL", "tollgate:control:{tollgate}:bans"])
+        .contains("stolen"));
 
     // An override made on A lets its key through on B; other keys stay limited.
     for key in ["vip", "plain"] {
-        assert_eq!(Http::new().statuses(3, &b.url("/v1/x"), &[("x-api-key", key)]).await, [200, 200, 429]);
+        assert_eq!(
+            Http::new()
+                .statuses(3, &b.url("/v1/x"), &[("x-api-key", key)])
+                .await,
+            [200, 200, 429]
+        );
     }
     let raise = json!({"limit": "per-key", "identity": "header:X-API-Key=vip", "rate": "50/s", "burst": 50, "ttl": "10m"});
     assert_eq!(api(&a, "POST", "/overrides", &raise).await.code(), 201);
@@ -368,7 +442,10 @@ async fn replicas_on_one_redis_enforce_each_others_entries() {
     drop(b);
     let c = TestProxy::start(&config);
     assert_eq!(get_key(&c, "/v1/x", "stolen").await.code(), 403);
-    assert_eq!(json_of(&api(&c, "GET", "/overrides", &Value::Null).await)["overrides"][0]["limit"], "per-key");
+    assert_eq!(
+        json_of(&api(&c, "GET", "/overrides", &Value::Null).await)["overrides"][0]["limit"],
+        "per-key"
+    );
 
     // Deleted on the new replica, lifted on A (where its limits answer again: B admitted
     // `stolen` twice before it saw the ban, so its bucket is empty).
@@ -376,7 +453,9 @@ async fn replicas_on_one_redis_enforce_each_others_entries() {
     assert_eq!(r.code(), 204, "{}", r.text());
     until(&a, "stolen", |s| s != 403, Duration::from_secs(1)).await;
     assert_eq!(
-        api(&a, "DELETE", &format!("/bans/{id}"), &Value::Null).await.code(),
+        api(&a, "DELETE", &format!("/bans/{id}"), &Value::Null)
+            .await
+            .code(),
         404
     );
 }
@@ -430,7 +509,10 @@ async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(r.code(), 201, "{}", r.text());
-    assert_eq!(json_of(&r)["identity"].as_str().unwrap().len(), "jwt:sub=blake3:".len() + 12);
+    assert_eq!(
+        json_of(&r)["identity"].as_str().unwrap().len(),
+        "jwt:sub=blake3:".len() + 12
+    );
     let deadline = Instant::now() + Duration::from_secs(2);
     while json_of(&api(&b, "GET", "/bans", &Value::Null).await)["bans"] == json!([]) {
         assert!(Instant::now() < deadline, "replica B never read the ban");
@@ -441,7 +523,11 @@ async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
 /// Until Redis decides `proxy`'s checks (its connection comes up in the background).
 async fn until_header(proxy: &TestProxy, key: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while get_key(proxy, "/v1/x", key).await.opt_header("ratelimit").is_none() {
+    while get_key(proxy, "/v1/x", key)
+        .await
+        .opt_header("ratelimit")
+        .is_none()
+    {
         assert!(Instant::now() < deadline, "Redis never answered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -15,7 +15,7 @@ use crate::state::State;
 pub(super) async fn post_ban(state: &State, call: &Call) -> Response<Body> {
     let req: NewBan = match body(call, "ban") {
         Ok(req) => req,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let runtime = state.runtime.load_full();
     let routes: Vec<&str> = runtime.routes.iter().map(|r| &*r.name).collect();
@@ -35,7 +35,7 @@ pub(super) async fn post_ban(state: &State, call: &Call) -> Response<Body> {
 pub(super) async fn post_override(state: &State, call: &Call) -> Response<Body> {
     let req: NewOverride = match body(call, "override") {
         Ok(req) => req,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let runtime = state.runtime.load_full();
     let limits: Vec<&crate::limiter::Limit> = runtime.limits().map(|l| &**l).collect();
@@ -91,13 +91,13 @@ pub(super) async fn delete(state: &State, kind: Kind, id: &str) -> Response<Body
 }
 
 /// The body as a `T`, or the 400 that says why it is not one.
-fn body<T: DeserializeOwned>(call: &Call, what: &str) -> Result<T, Response<Body>> {
+fn body<T: DeserializeOwned>(call: &Call, what: &str) -> Result<T, Box<Response<Body>>> {
     serde_json::from_slice(&call.body).map_err(|e| {
         let title = match e.classify() {
             serde_json::error::Category::Data => format!("The body is not a valid {what}"),
             _ => "The body is not valid JSON".to_owned(),
         };
-        problem(StatusCode::BAD_REQUEST, &title, &e.to_string())
+        Box::new(problem(StatusCode::BAD_REQUEST, &title, &e.to_string()))
     })
 }
 

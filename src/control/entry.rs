@@ -90,7 +90,9 @@ impl Matcher {
 /// digits; a host, method or path as it is.
 fn shown(source: &Source, value: &str, digest: &[u8; 32]) -> String {
     match source {
-        Source::Host | Source::Method | Source::Path | Source::Global => format!("{source}={value}"),
+        Source::Host | Source::Method | Source::Path | Source::Global => {
+            format!("{source}={value}")
+        }
         _ => {
             let hex = blake3::Hash::from_bytes(*digest).to_hex();
             format!("{source}=blake3:{}", &hex[..12])
@@ -401,9 +403,9 @@ fn numbers(
             Ok((tuning, None, Some(period)))
         }
         (Some(_), Some(_)) => Err("give `rate` or `quota`, not both".into()),
-        (None, None) => Err(
-            "give `rate` (and `burst`) for a token-bucket limit, or `quota` for a quota".into(),
-        ),
+        (None, None) => {
+            Err("give `rate` (and `burst`) for a token-bucket limit, or `quota` for a quota".into())
+        }
     }
 }
 

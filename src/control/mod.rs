@@ -22,8 +22,8 @@ pub use self::sync::run;
 use crate::identity::RequestView;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::{Limit, Tuning};
-use crate::Small;
 use crate::response::{fixed, Body};
+use crate::Small;
 
 /// The entries in force (and those expired but not yet swept: matching skips them).
 #[derive(Debug, Default, Clone)]
@@ -59,9 +59,9 @@ impl Table {
         view: &RequestView<'_>,
         now_ms: i64,
     ) -> Option<&Override> {
-        self.overrides.iter().find(|o| {
-            o.limit == limit && !o.span.expired(now_ms) && o.matcher.matches(view)
-        })
+        self.overrides
+            .iter()
+            .find(|o| o.limit == limit && !o.span.expired(now_ms) && o.matcher.matches(view))
     }
 
     /// The numbers `limit` counts `view` at, when an override applies (and fits the limit's
@@ -72,34 +72,30 @@ impl Table {
             .filter(|t| entry::fits(t, limit))
     }
 
-    /// A request on `route` (with `limits`), now: the answer when a ban refuses it, else the
-    /// numbers each of its limits counts it at (`None`: the limit's own).
-    pub fn apply(
-        &self,
-        view: &RequestView<'_>,
-        route: &str,
-        limits: &[Arc<Limit>],
-    ) -> Result<Small<Option<&Tuning>>, Response<Body>> {
+    /// The answer to `view`'s request on `route` when a ban in force refuses it.
+    pub fn refusal_of(&self, view: &RequestView<'_>, route: &str) -> Option<Response<Body>> {
         let now = entry::now_ms();
-        if let Some(ban) = self.ban_for(view, route, now) {
-            return Err(refusal(ban, now));
-        }
+        self.ban_for(view, route, now).map(|ban| refusal(ban, now))
+    }
+
+    /// The numbers each of `limits` counts `view` at now (`None`: the limit's own); empty
+    /// when there is no override at all.
+    pub fn tunings(&self, view: &RequestView<'_>, limits: &[Arc<Limit>]) -> Small<Option<&Tuning>> {
         if self.overrides.is_empty() {
-            return Ok(Small::new());
+            return Small::new();
         }
-        Ok(limits.iter().map(|l| self.tuning(l, view, now)).collect())
+        let now = entry::now_ms();
+        limits.iter().map(|l| self.tuning(l, view, now)).collect()
     }
 
     /// The entries expired at `now_ms`, and the table without them (`None`: none expired).
     fn without_expired(&self, now_ms: i64) -> Option<(Vec<Ban>, Vec<Override>, Table)> {
         let gone = |s: entry::Span| s.expired(now_ms);
-        if !self.bans.iter().any(|b| gone(b.span)) && !self.overrides.iter().any(|o| gone(o.span))
-        {
+        if !self.bans.iter().any(|b| gone(b.span)) && !self.overrides.iter().any(|o| gone(o.span)) {
             return None;
         }
         let (old_bans, bans) = self.bans.iter().cloned().partition(|b| gone(b.span));
-        let (old_overrides, overrides) =
-            self.overrides.iter().cloned().partition(|o| gone(o.span));
+        let (old_overrides, overrides) = self.overrides.iter().cloned().partition(|o| gone(o.span));
         Some((old_bans, old_overrides, Table { bans, overrides }))
     }
 }
@@ -274,7 +270,9 @@ impl Control {
         }
         for o in overrides {
             let by_us = match redis {
-                Some(r) => sync::delete(r, Kind::Override, &o.id).await.unwrap_or(false),
+                Some(r) => sync::delete(r, Kind::Override, &o.id)
+                    .await
+                    .unwrap_or(false),
                 None => true,
             };
             if by_us {

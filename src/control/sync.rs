@@ -52,7 +52,12 @@ fn keys(r: &RedisLimiter, kind: Kind) -> [String; 2] {
 }
 
 /// Store `record` as entry `id` of `kind`.
-pub(super) async fn put(r: &RedisLimiter, kind: Kind, id: &str, record: &str) -> Result<(), String> {
+pub(super) async fn put(
+    r: &RedisLimiter,
+    kind: Kind,
+    id: &str,
+    record: &str,
+) -> Result<(), String> {
     let [version, hash] = keys(r, kind);
     r.eval(WRITE, &[&version, &hash], &["put", id, record])
         .await
@@ -128,12 +133,11 @@ impl Control {
                     synced.failing = false;
                     tracing::info!(target: "tollgate::admin", "reading the operators' entries from Redis again");
                 }
-                Ok(()) => {}
                 Err(e) if !synced.failing => {
                     synced.failing = true;
                     tracing::warn!(target: "tollgate::admin", error = %e, "cannot read the operators' entries from Redis; enforcing the last ones read");
                 }
-                Err(_) => {}
+                Ok(()) | Err(_) => {}
             }
         }
         self.sweep(&mut synced, redis.map(|r| &**r)).await;

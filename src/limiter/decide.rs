@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use super::redis::RedisLimiter;
 use super::{
-    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small,
-    Verdict,
+    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small, Verdict,
 };
 use crate::identity::RequestView;
 
@@ -239,7 +238,8 @@ fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: loca
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
-    let mut local_verdicts = in_process(&local, &enforced, peer, now, Numbers::Fallback).into_iter();
+    let mut local_verdicts =
+        in_process(&local, &enforced, peer, now, Numbers::Fallback).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {
         r.fallback = true;

@@ -409,7 +409,8 @@ fn write_back_clamps(items: &[Item<'_>], slots: &mut [Slot<'_>], now: f64) {
             Slot::Peer(p) => p.get_mut(&item.peer).and_then(|m| m.overflow.as_mut()),
             Slot::Overflow(o) => o.as_mut(),
         };
-        if let Some(tat) = tat.filter(|t| **t - now > item.rate.window_us() + super::CLAMP_SLACK_US) {
+        if let Some(tat) = tat.filter(|t| **t - now > item.rate.window_us() + super::CLAMP_SLACK_US)
+        {
             *tat = clamped;
         }
     }

@@ -9,14 +9,18 @@ fn identities_are_shown_without_their_secret() {
     // Kept as a digest, read back alike.
     let back = Matcher::of_record(&m.record()).unwrap();
     assert_eq!(back, m);
-    assert!(!serde_json::to_string(&m.record()).unwrap().contains("abc123"));
+    assert!(!serde_json::to_string(&m.record())
+        .unwrap()
+        .contains("abc123"));
     let (_, shown) = Matcher::parse("10.0.0.0/8").unwrap();
     assert_eq!(shown, "10.0.0.0/8");
     let (_, shown) = Matcher::parse("192.0.2.7").unwrap();
     assert_eq!(shown, "192.0.2.7/32");
     let (_, shown) = Matcher::parse("path=/login/").unwrap();
     assert_eq!(shown, "path=/login", "not a secret: shown as compared");
-    assert!(Matcher::parse("cookie:sid=").unwrap_err().contains("empty value"));
+    assert!(Matcher::parse("cookie:sid=")
+        .unwrap_err()
+        .contains("empty value"));
     assert!(Matcher::parse("ip=1.2.3.4").is_err());
 }
 
@@ -69,12 +73,18 @@ fn records_round_trip() {
 #[test]
 fn override_numbers_follow_the_config_syntax() {
     let (t, burst, period) = numbers(Some("500/s"), None, None).unwrap();
-    assert_eq!((t.rate.per_sec, t.rate.burst, burst, period), (500.0, 500, Some(500), None));
+    assert_eq!(
+        (t.rate.per_sec, t.rate.burst, burst, period),
+        (500.0, 500, Some(500), None)
+    );
     let (t, _, _) = numbers(Some("10/min"), Some(40), None).unwrap();
     assert!((t.rate.per_sec - 10.0 / 60.0).abs() < 1e-12);
     assert_eq!(t.rate.burst, 40);
     let (t, burst, period) = numbers(None, None, Some("100000/day")).unwrap();
-    assert_eq!((t.quota, burst, period), (Some(100_000), None, Some(Period::Day)));
+    assert_eq!(
+        (t.quota, burst, period),
+        (Some(100_000), None, Some(Period::Day))
+    );
     assert!(numbers(None, Some(3), Some("5/day")).is_err());
     assert!(numbers(Some("1/s"), None, Some("5/day")).is_err());
     assert!(numbers(None, None, None).is_err());
@@ -83,6 +93,12 @@ fn override_numbers_follow_the_config_syntax() {
     let a = fresh(numbers(None, None, Some("5/day")).unwrap().0, "id1");
     let b = fresh(numbers(None, None, Some("5/day")).unwrap().0, "id1");
     assert!(a.fresh.is_some() && a == b);
-    assert_ne!(a, fresh(numbers(None, None, Some("5/day")).unwrap().0, "id2"));
-    assert_eq!(fresh(numbers(Some("1/s"), None, None).unwrap().0, "id1").fresh, None);
+    assert_ne!(
+        a,
+        fresh(numbers(None, None, Some("5/day")).unwrap().0, "id2")
+    );
+    assert_eq!(
+        fresh(numbers(Some("1/s"), None, None).unwrap().0, "id1").fresh,
+        None
+    );
 }
