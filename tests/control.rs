@@ -16,7 +16,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{config, sample, upstream_app, Http, MockUpstream, Reply, TestProxy};
+use common::{config, sample, upstream_app, BinaryProxy, Http, MockUpstream, Reply, TestProxy};
 use http_body_util::BodyExt;
 use redis_helpers::{RedisCluster, RedisServer};
 use serde_json::{json, Value};
@@ -52,7 +52,18 @@ async fn api_as(
     path: &str,
     body: &str,
 ) -> Reply {
-    let url = format!("http://{}/api/v1{path}", proxy.admin_addr());
+    api_at(proxy.admin_addr(), token, method, path, body).await
+}
+
+/// `api_as`, on the admin listener at `admin`.
+async fn api_at(
+    admin: std::net::SocketAddr,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Reply {
+    let url = format!("http://{admin}/api/v1{path}");
     let mut b = http::Request::builder().method(method).uri(url);
     if let Some(t) = token {
         b = b.header("authorization", format!("Bearer {t}"));
@@ -518,6 +529,99 @@ async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
         assert!(Instant::now() < deadline, "replica B never read the ban");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// With Redis gone, a replica keeps enforcing the entries it read, and refuses changes (503)
+/// rather than keep one no other replica would see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_the_last_entries_stay_in_force() {
+    let mut redis = RedisServer::start();
+    let (token, up) = (token_file(), MockUpstream::start());
+    let proxy = TestProxy::start(&yaml(&token, up.addr(), &redis_block(&redis.url())));
+    until_header(&proxy, "warm-up").await;
+    let ban = json!({"identity": "header:X-API-Key=kept", "ttl": "10m"});
+    assert_eq!(api(&proxy, "POST", "/bans", &ban).await.code(), 201);
+    redis.kill();
+    let other = json!({"identity": "header:X-API-Key=other", "ttl": "10m"});
+    let r = api(&proxy, "POST", "/bans", &other).await;
+    assert_eq!(r.code(), 503, "{}", r.text());
+    assert!(json_of(&r)["detail"]
+        .as_str()
+        .unwrap()
+        .contains("not stored"));
+    // Polls fail meanwhile (every 250 ms): the ban read before holds.
+    let deadline = Instant::now() + Duration::from_millis(800);
+    while Instant::now() < deadline {
+        assert_eq!(get_key(&proxy, "/v1/x", "kept").await.code(), 403);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        json_of(&api(&proxy, "GET", "/bans", &Value::Null).await)["bans"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// Every change is logged at info under `tollgate::admin`, with the ID, the identity redacted,
+/// the ttl and the reason; the secret is in no log line.
+#[tokio::test]
+async fn changes_are_logged_without_the_secret() {
+    let (token, up) = (token_file(), MockUpstream::start());
+    let proxy = BinaryProxy::start(&yaml(&token, up.addr(), ""));
+    let admin = proxy.admin_addr();
+    let post = |path: &'static str, body: Value| async move {
+        let r = api_at(admin, Some(TOKEN), "POST", path, &body.to_string()).await;
+        assert_eq!(r.code(), 201, "{}", r.text());
+        json_of(&r)["id"].as_str().unwrap().to_owned()
+    };
+    let brief = post(
+        "/bans",
+        json!({"identity": "cookie:sid=topsecret-1", "ttl": "1s", "reason": "INC-7"}),
+    )
+    .await;
+    let long = post(
+        "/bans",
+        json!({"identity": "bearer=topsecret-2", "ttl": "1h"}),
+    )
+    .await;
+    let raised = post("/overrides", json!({"limit": "per-key", "identity": "header:X-API-Key=topsecret-3", "rate": "9/s", "ttl": "1h", "reason": "launch"})).await;
+    let r = api_at(admin, Some(TOKEN), "DELETE", &format!("/bans/{long}"), "").await;
+    assert_eq!(r.code(), 204);
+    let wait = Duration::from_secs(5);
+    assert!(
+        proxy.wait_for_log("ban expired", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+    let logs = proxy.logs();
+    let line = |what: &str, id: &str| {
+        logs.iter()
+            .find(|l| l.contains(what) && l.contains(id))
+            .unwrap_or_else(|| panic!("no `{what}` line for {id}: {logs:#?}"))
+            .clone()
+    };
+    let created = line("ban created", &brief);
+    for part in [
+        "tollgate::admin",
+        "identity=cookie:sid=blake3:",
+        "ttl_s=1",
+        "reason=\"INC-7\"",
+    ] {
+        assert!(created.contains(part), "{part} in {created}");
+    }
+    assert!(line("ban deleted", &long).contains("identity=bearer=blake3:"));
+    assert!(line("ban expired", &brief).contains("INFO"));
+    let o = line("override created", &raised);
+    assert!(
+        o.contains("limit=per-key") && o.contains("rate=\"9/s\"") && o.contains("burst=9"),
+        "{o}"
+    );
+    assert!(
+        !logs.iter().any(|l| l.contains("topsecret")),
+        "a secret was logged: {logs:#?}"
+    );
 }
 
 /// Until Redis decides `proxy`'s checks (its connection comes up in the background).
