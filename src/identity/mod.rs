@@ -232,10 +232,11 @@ impl Exemption {
 /// The digest an operator's entry keeps of a `SOURCE=VALUE` value (an API key, a cookie):
 /// BLAKE3 in a context of its own, of the value as `Exemption::parse` normalises it.
 pub fn value_digest(value: &[u8]) -> [u8; 32] {
-    *blake3::Hasher::new_derive_key("tollgate 2026 operator entry value")
-        .update(value)
-        .finalize()
-        .as_bytes()
+    // The context's key is derived once, not per request.
+    static CONTEXT: std::sync::LazyLock<blake3::Hasher> = std::sync::LazyLock::new(|| {
+        blake3::Hasher::new_derive_key("tollgate 2026 operator entry value")
+    });
+    *CONTEXT.clone().update(value).finalize().as_bytes()
 }
 
 /// `path` without its one trailing slash (`/` stays `/`): the form exact `path` routes and
