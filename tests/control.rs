@@ -230,7 +230,7 @@ async fn a_ban_refuses_before_the_upstream_and_delete_lifts_it() {
 }
 
 #[tokio::test]
-async fn a_network_ban_holds_on_its_routes_only() {
+async fn a_network_ban_holds_on_its_routes_only_and_survives_a_reload() {
     let (token, up) = (token_file(), MockUpstream::start());
     let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
     let ban = json!({"identity": "127.0.0.0/8", "ttl": "10m", "routes": ["api"]});
@@ -239,6 +239,10 @@ async fn a_network_ban_holds_on_its_routes_only() {
     assert_eq!(json_of(&r)["identity"], "127.0.0.0/8");
     assert_eq!(get_key(&proxy, "/v1/x", "k").await.code(), 403);
     assert_eq!(get_key(&proxy, "/other", "k").await.code(), 200);
+    // A reload keeps it.
+    proxy.reload();
+    assert!(proxy.wait_for_generation(2, Duration::from_secs(5)).await);
+    assert_eq!(get_key(&proxy, "/v1/x", "k").await.code(), 403);
 }
 
 #[tokio::test]

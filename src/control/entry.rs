@@ -432,8 +432,12 @@ impl Override {
     /// The override `req` asks for, at `now_ms`; `limits` are the live config's limits.
     pub fn new(req: NewOverride, now_ms: i64, limits: &[&Limit]) -> Result<Self, String> {
         let Some(limit) = limits.iter().find(|l| *l.name == *req.limit) else {
-            let mut names: Vec<&str> = limits.iter().map(|l| &*l.name).collect();
-            names.dedup();
+            let mut names: Vec<&str> = Vec::new();
+            for l in limits {
+                if !names.contains(&&*l.name) {
+                    names.push(&l.name);
+                }
+            }
             return Err(format!(
                 "no limit is named `{}`; the limits are: {}",
                 req.limit,

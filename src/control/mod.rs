@@ -251,33 +251,42 @@ impl Control {
     }
 
     /// Drop the entries expired by now, logging each; in Redis too when `redis` is given
-    /// (logged by the replica whose delete took it out). Under the sync lock (`_synced`), so
+    /// (logged by the replica whose delete took it out). Under the sync lock (`synced`), so
     /// that no change is overwritten.
-    async fn sweep(&self, _synced: &mut sync::Synced, redis: Option<&RedisLimiter>) {
+    async fn sweep(&self, synced: &mut sync::Synced, redis: Option<&RedisLimiter>) {
         let Some((bans, overrides, rest)) = self.table.load().without_expired(entry::now_ms())
         else {
             return;
         };
         self.store(rest);
-        for b in bans {
-            let by_us = match redis {
-                Some(r) => sync::delete(r, Kind::Ban, &b.id).await.unwrap_or(false),
+        let expired = bans
+            .iter()
+            .map(|b| (Kind::Ban, b.id.as_str()))
+            .chain(overrides.iter().map(|o| (Kind::Override, o.id.as_str())));
+        let mut by_us = Vec::new();
+        for (kind, id) in expired {
+            by_us.push(match redis {
+                Some(r) => match sync::delete(r, kind, id).await {
+                    Ok(deleted) => deleted,
+                    Err(_) => {
+                        // Read everything again once Redis answers, and delete it then.
+                        synced.forget();
+                        false
+                    }
+                },
                 None => true,
-            };
-            if by_us {
-                log_ban("ban expired", &b);
-            }
+            });
         }
-        for o in overrides {
-            let by_us = match redis {
-                Some(r) => sync::delete(r, Kind::Override, &o.id)
-                    .await
-                    .unwrap_or(false),
-                None => true,
-            };
-            if by_us {
-                log_override("override expired", &o);
-            }
+        let (for_bans, for_overrides) = by_us.split_at(bans.len());
+        for (b, _) in bans.iter().zip(for_bans).filter(|(_, by_us)| **by_us) {
+            log_ban("ban expired", b);
+        }
+        for (o, _) in overrides
+            .iter()
+            .zip(for_overrides)
+            .filter(|(_, by_us)| **by_us)
+        {
+            log_override("override expired", o);
         }
     }
 }

@@ -41,6 +41,13 @@ pub(super) struct Synced {
     failing: bool,
 }
 
+impl Synced {
+    /// Read everything on the next poll, whatever the version says.
+    pub(super) fn forget(&mut self) {
+        self.version = None;
+    }
+}
+
 /// The version counter's key, and the hash of `kind`.
 fn keys(r: &RedisLimiter, kind: Kind) -> [String; 2] {
     let base = format!("{}control:{{tollgate}}:", r.key_prefix());
