@@ -95,7 +95,18 @@ impl Control {
         let [version, bans] = keys(r, Kind::Ban);
         let [_, overrides] = keys(r, Kind::Override);
         let now = r.command(::redis::cmd("GET").arg(&version)).await?;
-        let now = text(&now).unwrap_or_else(|| "0".to_owned());
+        let Some(now) = text(&now) else {
+            // No counter: no change was ever made (each one counts, in the same script), or
+            // Redis lost its data. Either way there is nothing to read, and a proxy whose API
+            // goes unused needs no more than GET (see the ACL in docs/operations.md).
+            if have == "0" {
+                return Ok(());
+            }
+            self.store(Table::default());
+            synced.from = from;
+            synced.version = Some("0".to_owned());
+            return Ok(());
+        };
         if now == have {
             return Ok(());
         }
