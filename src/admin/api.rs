@@ -156,6 +156,22 @@ fn index() -> Value {
             "query": "method=, host=, path=, header=NAME:VALUE (repeated), ip=",
             "does": "what the proxy would do with that request now, without counting it",
         },
+        { "method": "GET", "path": "/api/v1/bans", "does": "the operators' bans in force" },
+        {
+            "method": "POST",
+            "path": "/api/v1/bans",
+            "body": "{identity, ttl, reason?, routes?}",
+            "does": "ban an identity (exempt syntax) from every route or some, for ttl",
+        },
+        { "method": "DELETE", "path": "/api/v1/bans/ID", "does": "lift a ban" },
+        { "method": "GET", "path": "/api/v1/overrides", "does": "the operators' overrides in force" },
+        {
+            "method": "POST",
+            "path": "/api/v1/overrides",
+            "body": "{limit, identity, rate and burst? | quota, ttl, reason?}",
+            "does": "count an identity at other numbers on one limit, for ttl",
+        },
+        { "method": "DELETE", "path": "/api/v1/overrides/ID", "does": "end an override" },
     ] })
 }
 
