@@ -664,4 +664,20 @@ mod tests {
         }
         assert_eq!(admitted.load(Ordering::Relaxed), 500);
     }
+
+    #[test]
+    fn a_bucket_emptied_at_a_slow_rate_refills_at_a_faster_one() {
+        // Emptied at 1/min (burst 2: its tat is 2 minutes ahead), then counted at 100/s (tau
+        // 1 s): refused once, the clamp is written back, and a token is there 10 ms later.
+        let b = Buckets::new(1000);
+        let (slow, fast) = (rate(1.0 / 60.0, 2), rate(100.0, 100));
+        assert!(one(&b, 7, &slow, 0.0).admitted && one(&b, 7, &slow, 0.0).admitted);
+        let v = one(&b, 7, &fast, 0.0);
+        assert!(!v.admitted);
+        assert!((v.retry_after_us - 10_000.0).abs() < 1.0, "{v:?}");
+        assert!(one(&b, 7, &fast, 10_000.0).admitted);
+        // One token, then empty again: it refills at 100/s from the clamp on.
+        assert!(!one(&b, 7, &fast, 10_000.0).admitted);
+        assert!(one(&b, 7, &fast, 20_000.0).admitted);
+    }
 }
