@@ -26,35 +26,6 @@ pub(super) struct Call {
     pub body: Bytes,
 }
 
-impl Call {
-    /// The first value of query parameter `name`.
-    pub fn param(&self, name: &str) -> Option<&str> {
-        self.query
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of query parameter `name`, in order (`header=` may be repeated).
-    pub fn params<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.query
-            .iter()
-            .filter(move |(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body as JSON, or the 400 that says why it is not.
-    pub fn json(&self) -> Result<Value, Response<Body>> {
-        serde_json::from_slice(&self.body).map_err(|e| {
-            problem(
-                StatusCode::BAD_REQUEST,
-                "The body is not valid JSON",
-                &e.to_string(),
-            )
-        })
-    }
-}
-
 /// Serve one `/api/` request: off (404) without `admin.token_file`, 401 without its token.
 pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
     let token = state.runtime.load().settings.admin_token.clone();
