@@ -452,6 +452,22 @@ async fn replicas_on_one_redis_enforce_each_others_entries() {
     assert_eq!(api(&a, "POST", "/overrides", &raise).await.code(), 201);
     until_status(&b, "vip", 200, Duration::from_secs(1)).await;
     assert_eq!(get_key(&b, "/v1/x", "plain").await.code(), 429);
+    // `vip` spends its quota of 3 today (at 50/s its bucket gives a token every 20 ms, and
+    // may refuse in between): then the quota refuses it, until a quota override made on A
+    // (counted in Redis, in a bucket of its own) reaches B.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let r = get_key(&b, "/v1/x", "vip").await;
+        if r.code() == 429 && r.text().contains("'daily'") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}: {}", r.code(), r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let more = json!({"limit": "daily", "identity": "header:X-API-Key=vip", "quota": "100/day", "ttl": "10m"});
+    assert_eq!(api(&a, "POST", "/overrides", &more).await.code(), 201);
+    until_status(&b, "vip", 200, Duration::from_secs(1)).await;
+    until_status(&a, "vip", 200, Duration::from_secs(1)).await;
 
     // A replica started afresh on the same Redis refuses the banned key from its first request.
     drop(b);
