@@ -607,9 +607,30 @@ async fn changes_are_logged_without_the_secret() {
     )
     .await;
     let raised = post("/overrides", json!({"limit": "per-key", "identity": "header:X-API-Key=topsecret-3", "rate": "9/s", "ttl": "1h", "reason": "launch"})).await;
+    let banned = Http::new()
+        .get_with(
+            &proxy.url("/v1/x"),
+            &[("authorization", "Bearer topsecret-2")],
+        )
+        .await;
+    assert_eq!(banned.code(), 403);
     let r = api_at(admin, Some(TOKEN), "DELETE", &format!("/bans/{long}"), "").await;
     assert_eq!(r.code(), 204);
     let wait = Duration::from_secs(5);
+    assert!(
+        proxy.wait_for_log("status=403", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+    let access = proxy
+        .logs()
+        .into_iter()
+        .find(|l| l.contains("status=403"))
+        .unwrap();
+    assert!(
+        access.contains("route=api") && access.contains("outcome=operator-ban"),
+        "{access}"
+    );
     assert!(
         proxy.wait_for_log("ban expired", wait),
         "{:#?}",
