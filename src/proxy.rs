@@ -80,6 +80,8 @@ struct Trace<'a> {
     sent: Sent,
     /// The concurrency slots taken for the request.
     slots: limiter::concurrency::Guard,
+    /// Refused by an operator's ban (`control`), before any limit.
+    operator_ban: bool,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -211,7 +213,7 @@ async fn pipeline<'a>(
     };
     // Operators' bans and overrides (`control`): one atomic load while there are none.
     let control = state.control.active();
-    let tuned = match operators(state, control.as_deref(), &view, route) {
+    let tuned = match operators(state, control.as_deref(), &view, route, trace) {
         Ok(tuned) => tuned,
         Err(refused) => return Ok(*refused),
     };
@@ -322,6 +324,7 @@ fn operators<'t>(
     table: Option<&'t crate::control::Table>,
     view: &RequestView<'_>,
     route: &Route,
+    trace: &mut Trace<'_>,
 ) -> Result<limiter::Small<Option<&'t limiter::Tuning>>, Box<Response<Body>>> {
     let Some(table) = table else {
         return Ok(limiter::Small::new());
@@ -332,6 +335,7 @@ fn operators<'t>(
         };
         let banned = &state.metrics.admin_banned_requests;
         banned.get_or_create(&labels).inc();
+        trace.operator_ban = true;
         return Err(Box::new(refused));
     }
     Ok(table.tunings(view, &route.limits))
@@ -520,6 +524,9 @@ fn record(
             entry.upstream.extend_from_slice(t.as_str().as_bytes());
         }
         entry.upstream_time = Some(took);
+    }
+    if trace.operator_ban {
+        entry.outcome = "operator-ban";
     }
     let Some(decision) = &trace.decision else {
         return;

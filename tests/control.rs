@@ -452,6 +452,22 @@ async fn replicas_on_one_redis_enforce_each_others_entries() {
     assert_eq!(api(&a, "POST", "/overrides", &raise).await.code(), 201);
     until_status(&b, "vip", 200, Duration::from_secs(1)).await;
     assert_eq!(get_key(&b, "/v1/x", "plain").await.code(), 429);
+    // `vip` spends its quota of 3 today (at 50/s its bucket gives a token every 20 ms, and
+    // may refuse in between): then the quota refuses it, until a quota override made on A
+    // (counted in Redis, in a bucket of its own) reaches B.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let r = get_key(&b, "/v1/x", "vip").await;
+        if r.code() == 429 && r.text().contains("'daily'") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}: {}", r.code(), r.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let more = json!({"limit": "daily", "identity": "header:X-API-Key=vip", "quota": "100/day", "ttl": "10m"});
+    assert_eq!(api(&a, "POST", "/overrides", &more).await.code(), 201);
+    until_status(&b, "vip", 200, Duration::from_secs(1)).await;
+    until_status(&a, "vip", 200, Duration::from_secs(1)).await;
 
     // A replica started afresh on the same Redis refuses the banned key from its first request.
     drop(b);
@@ -591,9 +607,30 @@ async fn changes_are_logged_without_the_secret() {
     )
     .await;
     let raised = post("/overrides", json!({"limit": "per-key", "identity": "header:X-API-Key=topsecret-3", "rate": "9/s", "ttl": "1h", "reason": "launch"})).await;
+    let banned = Http::new()
+        .get_with(
+            &proxy.url("/v1/x"),
+            &[("authorization", "Bearer topsecret-2")],
+        )
+        .await;
+    assert_eq!(banned.code(), 403);
     let r = api_at(admin, Some(TOKEN), "DELETE", &format!("/bans/{long}"), "").await;
     assert_eq!(r.code(), 204);
     let wait = Duration::from_secs(5);
+    assert!(
+        proxy.wait_for_log("status=403", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+    let access = proxy
+        .logs()
+        .into_iter()
+        .find(|l| l.contains("status=403"))
+        .unwrap();
+    assert!(
+        access.contains("route=api") && access.contains("outcome=operator-ban"),
+        "{access}"
+    );
     assert!(
         proxy.wait_for_log("ban expired", wait),
         "{:#?}",
