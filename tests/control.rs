@@ -677,3 +677,62 @@ async fn until_header(proxy: &TestProxy, key: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `GET /api/v1/explain` for API key `key` on `/v1/x`.
+async fn explain(proxy: &TestProxy, key: &str) -> Value {
+    let r = api(
+        proxy,
+        "GET",
+        &format!("/explain?path=/v1/x&header=X-API-Key:{key}"),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(r.code(), 200, "{}", r.text());
+    json_of(&r)
+}
+
+#[tokio::test]
+async fn explain_shows_the_override_and_the_ban_in_force() {
+    let (token, up) = (token_file(), MockUpstream::start());
+    let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
+    assert_eq!(
+        Http::new()
+            .statuses(3, &proxy.url("/v1/x"), &[("x-api-key", "big")])
+            .await,
+        [200, 200, 429]
+    );
+    let before = explain(&proxy, "big").await;
+    assert_eq!(before["decision"]["outcome"], "limited", "{before}");
+    assert!(before["limits"][0].get("override").is_none(), "{before}");
+    let raise = json!({"limit": "per-key", "identity": "header:X-API-Key=big", "rate": "100/s", "burst": 100, "ttl": "5m", "reason": "launch"});
+    let made = json_of(&api(&proxy, "POST", "/overrides", &raise).await);
+    // The override's numbers judge the same bucket: emptied at 1/min, it is an empty bucket
+    // of 100 at 100/s, a token away from admitting.
+    let after = explain(&proxy, "big").await;
+    let per_key = &after["limits"][0];
+    assert_eq!(per_key["override"]["id"], made["id"], "{after}");
+    assert_eq!(per_key["override"]["rate"], "100/s");
+    assert_eq!(per_key["now"]["limit"], 100, "{after}");
+    assert!(
+        per_key["retry_after_s"].as_f64().unwrap() <= 0.011,
+        "{after}"
+    );
+    assert!(!after.to_string().contains("=big"), "no secret: {after}");
+    // Another key is judged by the limit's own numbers.
+    let other = explain(&proxy, "small").await;
+    assert!(other["limits"][0].get("override").is_none(), "{other}");
+    assert_eq!(other["limits"][0]["now"]["limit"], 2, "{other}");
+    // An operator's ban answers first: 403, with the ban and its time left.
+    let ban = json!({"identity": "header:X-API-Key=big", "ttl": "10m", "reason": "abuse"});
+    let banned = json_of(&api(&proxy, "POST", "/bans", &ban).await);
+    let e = explain(&proxy, "big").await;
+    assert_eq!(e["decision"]["outcome"], "operator_ban", "{e}");
+    assert_eq!(e["decision"]["status"], 403);
+    assert_eq!(e["operator_ban"]["id"], banned["id"]);
+    let left = e["decision"]["retry_after_s"].as_f64().unwrap();
+    assert!((590.0..=600.0).contains(&left), "{e}");
+    assert_eq!(
+        explain(&proxy, "small").await["decision"]["outcome"],
+        "admitted"
+    );
+}

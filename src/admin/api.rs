@@ -158,7 +158,8 @@ async fn explain(state: &State, call: &Call) -> Response<Body> {
         *state.generation.borrow()
     );
     let now = state.clock.now_us();
-    match crate::explain::explain(&runtime, &query, now, source).await {
+    let control = state.control.active();
+    match crate::explain::explain(&runtime, control.as_deref(), &query, now, source).await {
         Ok(e) => json_response(StatusCode::OK, &e),
         Err(e) => problem(StatusCode::BAD_REQUEST, "Bad explain query", &e),
     }

@@ -81,7 +81,7 @@ fn from_config(config: &Path, query: &Query) -> Result<(Explanation, String), St
             config.display()
         );
         let now = crate::limiter::local::Clock::new().now_us();
-        let mut e = explain(&runtime, query, now, source).await?;
+        let mut e = explain(&runtime, None, query, now, source).await?;
         if redis {
             "redis (not asked)".clone_into(&mut e.backend);
         }

@@ -36,6 +36,8 @@ pub enum Verdict {
     NoRoute,
     /// Screening refuses the request before routing.
     Refused,
+    /// An operator's ban (`/api/v1/bans`) refuses the client: 403, before any limit.
+    OperatorBan,
 }
 
 impl Decision {
@@ -58,6 +60,17 @@ impl Decision {
             retry_after_s: None,
             status: Some(e.status().as_u16()),
             reason: format!("refused before routing: {e}"),
+        }
+    }
+
+    /// An operator's ban refuses the request before any limit: `403`.
+    pub(super) fn operator_ban(ban: &crate::control::BanView) -> Self {
+        Self {
+            outcome: Verdict::OperatorBan,
+            limit: None,
+            retry_after_s: Some(ban.times.ttl_left_s as f64),
+            status: Some(403),
+            reason: format!("refused by an operator's ban {} ({})", ban.id, ban.reason),
         }
     }
 
@@ -148,6 +161,7 @@ mod tests {
             } else {
                 2.0
             },
+            overridden: None,
         }
     }
 

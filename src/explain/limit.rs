@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::identity::{ClientId, Exemption, RequestView};
 use crate::limiter::peek::{self, Peeked};
 use crate::limiter::redis::RedisLimiter;
-use crate::limiter::{FailurePolicy, Limit, Rate};
+use crate::limiter::{FailurePolicy, Limit, Rate, Tuning};
 
 /// Hex digits of the identity's digest shown: enough to tell clients apart and to find them
 /// in the logs (which print the whole digest), never the raw value.
@@ -51,6 +51,10 @@ pub struct LimitExplained {
     pub outcome: Outcome,
     /// Seconds until a request of `cost` would be admitted: 0 when it is now.
     pub retry_after_s: f64,
+    /// The operator's override in force for this identity (as `GET /api/v1/overrides` lists
+    /// it): its numbers replace the limit's in `now` and the outcome.
+    #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
+    pub overridden: Option<serde_json::Value>,
 }
 
 /// What kind of limit, with its numbers.
@@ -150,7 +154,12 @@ pub enum Outcome {
 /// apply to it (the limit's, or its fallback's when Redis did not answer). Anything else that
 /// applies to one identity (a ban, other numbers) is one more step between the identity and
 /// the judgement.
-pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) -> LimitExplained {
+pub(super) async fn explain(
+    limit: &Limit,
+    view: &RequestView<'_>,
+    at: &At<'_>,
+    tuned: Option<(&Tuning, serde_json::Value)>,
+) -> LimitExplained {
     let mut out = describe(limit);
     if let Some(i) = view.exemption(&limit.exempt) {
         out.exempt = Some(Exempted {
@@ -160,7 +169,11 @@ pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) 
         out.outcome = Outcome::Exempt;
         return out;
     }
-    let client = view.resolve(&limit.key);
+    let mut client = view.resolve(&limit.key);
+    // A quota override counts in a bucket of its own, as the request path does.
+    if let Some(salt) = tuned.as_ref().and_then(|(t, _)| t.fresh) {
+        client = ClientId(client.0 ^ salt);
+    }
     let alternative = view.alternative(&limit.key);
     let mut hex = client.hex();
     hex.truncate(CLIENT_HEX);
@@ -169,10 +182,19 @@ pub(super) async fn explain(limit: &Limit, view: &RequestView<'_>, at: &At<'_>) 
         source: alternative.map_or_else(|| "anonymous".to_owned(), |i| out.key[i].clone()),
         client: hex,
     });
-    let Some((peeked, store)) = read(limit, client, at, &mut out).await else {
+    let Some((mut peeked, store)) = read(limit, client, at, &mut out).await else {
         return out;
     };
-    let numbers = Numbers::of(limit, store == LOCAL_FALLBACK);
+    let fallback = store == LOCAL_FALLBACK;
+    let mut numbers = Numbers::of(limit, fallback);
+    // The `local` failure policy keeps the limit's own numbers, not the override's.
+    if let (Some((t, view)), false) = (tuned, fallback) {
+        numbers.rate = &t.rate;
+        if let (Some(w), Some(count)) = (&mut peeked.window, t.quota) {
+            w.count = count;
+        }
+        out.overridden = Some(view);
+    }
     judge(limit, &numbers, &peeked, store, &mut out);
     out
 }
@@ -337,6 +359,7 @@ fn describe(limit: &Limit) -> LimitExplained {
         error: None,
         outcome: Outcome::Admitted,
         retry_after_s: 0.0,
+        overridden: None,
     }
 }
 

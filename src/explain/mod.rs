@@ -137,6 +137,10 @@ pub struct Explanation {
     /// The route the request matches; `None` when none does (or screening refused it).
     pub route: Option<String>,
     pub decision: Decision,
+    /// An operator's ban in force for the client on this route (as `GET /api/v1/bans` lists
+    /// it): the request is refused before any limit is asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_ban: Option<serde_json::Value>,
     /// The route's limits in route order (empty without a route).
     pub limits: Vec<LimitExplained>,
 }
@@ -160,6 +164,7 @@ pub struct Asked {
 /// request.
 pub(crate) async fn explain(
     rt: &Runtime,
+    control: Option<&crate::control::Table>,
     query: &Query,
     now_us: f64,
     source: String,
@@ -171,6 +176,7 @@ pub(crate) async fn explain(
         request: asked(&req, peer),
         route: None,
         decision: Decision::no_route(),
+        operator_ban: None,
         limits: Vec::new(),
     };
     let max_uri = (rt.settings.listeners.first()).map_or(8 << 10, |l| l.settings.max_uri_bytes);
@@ -195,20 +201,26 @@ pub(crate) async fn explain(
         now_us,
         peer: crate::limiter::local::Peer::of(client_ip),
     };
-    out.limits = limits(rt, route, &req, client_ip, &at).await?;
-    out.decision = decide(&out.limits);
+    let (limits, ban) = limits(rt, control, route, &req, client_ip, &at).await?;
+    out.limits = limits;
+    out.decision = match &ban {
+        Some(ban) => Decision::operator_ban(ban),
+        None => decide(&out.limits),
+    };
+    out.operator_ban = ban.and_then(|b| serde_json::to_value(b).ok());
     Ok(out)
 }
 
 /// Each of `route`'s limits explained for `req` from `client_ip`, reading identities as the
-/// request path does.
+/// request path does, with the operators' override of each and their ban in force, if any.
 async fn limits(
     rt: &Runtime,
+    control: Option<&crate::control::Table>,
     route: &Route,
     req: &Request<()>,
     client_ip: IpAddr,
     at: &limit::At<'_>,
-) -> Result<Vec<LimitExplained>, String> {
+) -> Result<(Vec<LimitExplained>, Option<crate::control::BanView>), String> {
     // A case-insensitive route's limits read the path lower-cased.
     let folded;
     let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
@@ -226,11 +238,21 @@ async fn limits(
         client_ip,
         jwt: jwt.as_ref(),
     };
+    let now_ms = crate::control::entry::now_ms();
+    let ban = control.and_then(|c| {
+        c.ban_for(&view, &route.name, now_ms)
+            .map(|b| b.view(now_ms))
+    });
     let mut out = Vec::with_capacity(route.limits.len());
     for l in &route.limits {
-        out.push(limit::explain(l, &view, at).await);
+        let tuned = control.and_then(|c| {
+            let o = c.override_for(&l.name, &view, now_ms)?;
+            let t = c.tuning(l, &view, now_ms)?;
+            Some((t, serde_json::to_value(o.view(now_ms)).ok()?))
+        });
+        out.push(limit::explain(l, &view, at, tuned).await);
     }
-    Ok(out)
+    Ok((out, ban))
 }
 
 /// The request's parts as explained.

@@ -26,6 +26,7 @@ pub fn render(e: &Explanation) -> String {
         Verdict::Exempt => "EXEMPT",
         Verdict::NoRoute => "NO ROUTE",
         Verdict::Refused => "REFUSED",
+        Verdict::OperatorBan => "BANNED",
     };
     let _ = match &d.limit {
         Some(limit) => write!(out, "decision: {word} by {limit}: {}", d.reason),
@@ -38,6 +39,9 @@ pub fn render(e: &Explanation) -> String {
         let _ = write!(out, " [{status}]");
     }
     out.push('\n');
+    if let Some(ban) = &e.operator_ban {
+        let _ = writeln!(out, "operator ban: {}", entry(ban));
+    }
     for l in &e.limits {
         limit(&mut out, l);
     }
@@ -52,6 +56,9 @@ fn limit(out: &mut String, l: &LimitExplained) {
     }
     if let Some(i) = &l.identity {
         let _ = writeln!(out, "  identity: {} -> {}", i.source, i.client);
+    }
+    if let Some(o) = &l.overridden {
+        let _ = writeln!(out, "  override: {}", entry(o));
     }
     state(out, l);
     if let Some(err) = &l.error {
@@ -159,4 +166,30 @@ fn state(out: &mut String, l: &LimitExplained) {
 fn seconds(s: f64) -> String {
     let text = format!("{s:.3}");
     format!("{} s", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// An operator's entry in one line: its id, identity, numbers, reason and time left.
+fn entry(v: &serde_json::Value) -> String {
+    let field = |k: &str| match v.get(k) {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    let mut line = format!(
+        "{} for {}",
+        field("id").unwrap_or_default(),
+        field("identity").unwrap_or_default()
+    );
+    for (key, label) in [("rate", "rate"), ("burst", "burst"), ("quota", "quota")] {
+        if let Some(x) = field(key) {
+            let _ = write!(line, ", {label} {x}");
+        }
+    }
+    if let Some(r) = field("reason").filter(|r| !r.is_empty()) {
+        let _ = write!(line, " ({r})");
+    }
+    if let Some(t) = field("ttl_left_s") {
+        let _ = write!(line, ", {t} s left");
+    }
+    line
 }
