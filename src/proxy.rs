@@ -80,6 +80,8 @@ struct Trace<'a> {
     sent: Sent,
     /// The concurrency slots taken for the request.
     slots: limiter::concurrency::Guard,
+    /// The candidate config's concurrency slots (see `candidate`), held as long as `slots`.
+    candidate_slots: limiter::concurrency::Guard,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -134,6 +136,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     res.headers_mut().insert(id_header.clone(), request_id);
     record(state, &trace, res.status(), started, &mut entry);
     let mut slots = std::mem::take(&mut trace.slots);
+    slots.join(std::mem::take(&mut trace.candidate_slots));
     let mut tunnel = trace.tunnel.take();
     // A WebSocket holds its slots until the tunnel closes.
     if let Some(t) = &mut tunnel {
@@ -176,7 +179,13 @@ async fn pipeline<'a>(
 ) -> Result<Response<Body>, ProxyError> {
     screen::screen(&mut req, conn.max_uri_bytes)?;
     let settings = &*rt.settings;
-    let route = rt.find(&req).ok_or(ProxyError::NoRoute)?;
+    let Some(route) = rt.find(&req) else {
+        if let Some(c) = &rt.candidate {
+            let now_us = state.clock.at_us(started);
+            trace.candidate_slots = c.evaluate_unrouted(settings, conn.peer.ip(), &req, now_us);
+        }
+        return Err(ProxyError::NoRoute);
+    };
     trace.route = Some(route);
     // A request without a body (every GET) declares nothing worth a header lookup.
     if !req.body().is_end_stream()
@@ -225,6 +234,10 @@ async fn pipeline<'a>(
             .metrics
             .backend_seconds
             .observe(asked.elapsed().as_secs_f64());
+    }
+    if let Some(c) = &rt.candidate {
+        // Beside the live decision, whatever it was; it never changes the answer.
+        trace.candidate_slots = c.evaluate(&req, client_ip, now_us);
     }
     let decision = trace.decision.insert(decision);
     if let Some(rejected) = decision.rejected_by() {
