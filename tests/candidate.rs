@@ -257,3 +257,38 @@ async fn a_redis_candidate_is_decided_in_process_at_its_per_replica_share() {
     assert_eq!(decisions(&text, "c", "fleet", "limited"), 3);
     assert_eq!(decisions(&text, "c", "fleet", "without_backend"), 0);
 }
+
+/// A candidate concurrency slot is held for the request's lifetime, as a live one is: while a
+/// slow request is in flight the candidate would refuse the client's next one, and once its
+/// response is done, admit it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_concurrency_slot_is_held_while_the_request_is_in_flight() {
+    let upstream = MockUpstream::start();
+    let candidate = CandidateFile::new(&candidate_yaml(
+        "  - name: c\n    upstream: app\n    limits:\n      - { name: one, concurrency: 1, key: [ip] }\n",
+    ));
+    let routes = route("all", "/", "loose", "1000/s", 1000);
+    let proxy = TestProxy::start(&live(&upstream, &candidate, &routes));
+    let slow = tokio::spawn({
+        let url = proxy.url("/slow/500");
+        async move { Http::new().get(&url).await.code() }
+    });
+    assert!(
+        upstream.wait_for(1, Duration::from_secs(5)),
+        "the slow request reaches the upstream"
+    );
+    let http = Http::new();
+    assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200], "never enforced");
+    assert_eq!(slow.await.unwrap(), 200);
+    // Its client is gone: once its connection is closed, its response (and slot) is done.
+    let text = wait_until(&proxy, "the slow request's connection to close", |t| {
+        find_sample::<u64>(t, "tollgate_open_connections") == Some(1)
+    })
+    .await;
+    assert_eq!(decisions(&text, "c", "one", "admitted"), 1);
+    assert_eq!(decisions(&text, "c", "one", "limited"), 1);
+    assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200]);
+    let text = scrape(&proxy).await;
+    assert_eq!(decisions(&text, "c", "one", "admitted"), 2);
+    assert_eq!(decisions(&text, "c", "one", "limited"), 1);
+}
