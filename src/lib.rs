@@ -56,7 +56,7 @@ pub mod access_log;
 pub(crate) mod admin;
 pub mod app;
 pub(crate) mod body;
-pub(crate) mod candidate;
+pub mod candidate;
 pub(crate) mod buffer;
 pub mod cli;
 pub mod config;
