@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::candidate::Candidate;
+use tollgate::limiter::concurrency::Guard;
 use tollgate::limiter::local::Clock;
 
 const CANDIDATE: &str = "listeners: [{address: 127.0.0.1:0}]
@@ -25,13 +26,14 @@ fn evaluate(c: &mut Criterion) {
     let candidate = Candidate::build(Arc::new(settings), None, &state.metrics);
     let clock = Clock::new();
     let ip = "203.0.113.9".parse().unwrap();
+    let mut slots = Guard::default();
     let hit = http::Request::get("/api/users/42").body(()).unwrap();
     c.bench_function("candidate evaluate, 2 limits (ip + global)", |b| {
-        b.iter(|| black_box(candidate.evaluate(black_box(&hit), ip, clock.now_us())));
+        b.iter(|| candidate.evaluate(black_box(&hit), ip, clock.now_us(), &mut slots));
     });
     let miss = http::Request::get("/static/app.js").body(()).unwrap();
     c.bench_function("candidate evaluate, no candidate route", |b| {
-        b.iter(|| black_box(candidate.evaluate(black_box(&miss), ip, clock.now_us())));
+        b.iter(|| candidate.evaluate(black_box(&miss), ip, clock.now_us(), &mut slots));
     });
 }
 

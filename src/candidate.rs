@@ -133,16 +133,16 @@ impl Candidate {
         out
     }
 
-    /// Decide `req` (already screened) against the candidate and count the outcome; the
-    /// returned guard holds its concurrency slots for as long as the request lives.
+    /// Decide `req` (already screened) against the candidate and count the outcome. Its
+    /// concurrency slots join `slots`, the request's, to be held as long as the request lives.
     /// `client_ip` is the live config's view of the client (its `trusted_proxies`).
-    pub fn evaluate<B>(&self, req: &Request<B>, client_ip: IpAddr, now_us: f64) -> Guard {
+    pub fn evaluate<B>(&self, req: &Request<B>, client_ip: IpAddr, now_us: f64, slots: &mut Guard) {
         let Some(route) = self.settings.table.find(req).and_then(|i| self.routes.get(i)) else {
             self.unrouted.inc();
-            return Guard::default();
+            return;
         };
         if route.limits.is_empty() {
-            return Guard::default();
+            return;
         }
         let folded;
         let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
@@ -160,9 +160,7 @@ impl Candidate {
             client_ip,
             jwt: jwt.as_ref(),
         };
-        let (decision, slots) = decide(&route.limits, &view, now_us);
-        route.counters.decided(&decision);
-        slots
+        decide(route, &view, now_us, slots);
     }
 
     /// `evaluate` for a request the live config has no route for: its client address is
@@ -173,42 +171,48 @@ impl Candidate {
         peer: IpAddr,
         req: &Request<B>,
         now_us: f64,
-    ) -> Guard {
+        slots: &mut Guard,
+    ) {
         let client_ip = identity::client_ip_from(
             peer,
             req.headers(),
             &live.trusted_proxies,
             live.client_ip_header,
         );
-        self.evaluate(req, client_ip, now_us)
+        self.evaluate(req, client_ip, now_us, slots);
     }
 }
 
-/// The live proxy's decision for one route, in process: concurrency slots first, then the
-/// rate limits (as `proxy::decide`). The in-process store never waits: each future is ready
-/// on its first poll.
-fn decide(limits: &[Arc<Limit>], view: &RequestView<'_>, now_us: f64) -> (Decision, Guard) {
-    let mut slots = Guard::default();
-    let mut taken = limiter::Small::new();
+/// Decide the request on `route` in process and count it, as the live proxy decides:
+/// concurrency slots first (they join `slots`), then the rate limits. The in-process store never
+/// waits: each future is ready on its first poll. Nothing is returned, so the decision is not
+/// copied out.
+fn decide(route: &Route, view: &RequestView<'_>, now_us: f64, slots: &mut Guard) {
+    let limits = &route.limits[..];
     if concurrency::any(limits) {
-        (slots, taken) = concurrency::acquire(None, limits, view)
+        let (held, taken) = concurrency::acquire(None, limits, view)
             .now_or_never()
             .unwrap_or_default();
+        let refused = taken
+            .iter()
+            .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed));
+        let mut decision = Decision {
+            results: taken.into_iter().collect(),
+        };
+        if !refused {
+            let rates = limiter::decide(None, None, limits, view, now_us).now_or_never();
+            decision.results.extend(rates.unwrap_or_default().results);
+        }
+        route.counters.decided(&decision);
+        // Refused: the slots taken are given back at once, as the live ones are.
+        if decision.rejected_by().is_none() {
+            slots.join(held);
+        }
+        return;
     }
-    let refused = |r: &limiter::LimitResult| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed);
-    if taken.iter().any(refused) {
-        let results = taken.into_iter().collect();
-        return (Decision { results }, Guard::default());
+    if let Some(decision) = limiter::decide(None, None, limits, view, now_us).now_or_never() {
+        route.counters.decided(&decision);
     }
-    let mut decision = limiter::decide(None, None, limits, view, now_us)
-        .now_or_never()
-        .unwrap_or_default();
-    decision.results.extend(taken);
-    if decision.rejected_by().is_some() {
-        // Refused by a rate limit: its slots are given back at once, as the live ones are.
-        slots = Guard::default();
-    }
-    (decision, slots)
 }
 
 /// `spec` as the candidate counts it: without its ban, and, when the candidate's limits are

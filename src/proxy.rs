@@ -78,10 +78,8 @@ struct Trace<'a> {
     /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
     bytes_in: u64,
     sent: Sent,
-    /// The concurrency slots taken for the request.
+    /// The concurrency slots taken for the request (the candidate config's too).
     slots: limiter::concurrency::Guard,
-    /// The candidate config's concurrency slots (see `candidate`), held as long as `slots`.
-    candidate_slots: limiter::concurrency::Guard,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -136,7 +134,6 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     res.headers_mut().insert(id_header.clone(), request_id);
     record(state, &trace, res.status(), started, &mut entry);
     let mut slots = std::mem::take(&mut trace.slots);
-    slots.join(std::mem::take(&mut trace.candidate_slots));
     let mut tunnel = trace.tunnel.take();
     // A WebSocket holds its slots until the tunnel closes.
     if let Some(t) = &mut tunnel {
@@ -182,7 +179,7 @@ async fn pipeline<'a>(
     let Some(route) = rt.find(&req) else {
         if let Some(c) = &rt.candidate {
             let now_us = state.clock.at_us(started);
-            trace.candidate_slots = c.evaluate_unrouted(settings, conn.peer.ip(), &req, now_us);
+            c.evaluate_unrouted(settings, conn.peer.ip(), &req, now_us, &mut trace.slots);
         }
         return Err(ProxyError::NoRoute);
     };
@@ -235,14 +232,16 @@ async fn pipeline<'a>(
             .backend_seconds
             .observe(asked.elapsed().as_secs_f64());
     }
-    if let Some(c) = &rt.candidate {
-        // Beside the live decision, whatever it was; it never changes the answer.
-        trace.candidate_slots = c.evaluate(&req, client_ip, now_us);
-    }
     let decision = trace.decision.insert(decision);
+    // The candidate config decides beside the live decision, whatever it was (its slots join
+    // the request's); it never changes the answer.
+    let candidate = rt.candidate.as_deref();
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
+        if let Some(c) = candidate {
+            c.evaluate(&req, client_ip, now_us, &mut trace.slots);
+        }
         if rejected.outcome == Outcome::FailedClosed {
             let limit = route.limits[rejected.index].name.clone();
             return Err(ProxyError::LimiterUnavailable { limit });
@@ -253,6 +252,9 @@ async fn pipeline<'a>(
             decision,
             settings.headers,
         ));
+    }
+    if let Some(c) = candidate {
+        c.evaluate(&req, client_ip, now_us, &mut trace.slots);
     }
     let mut res = match &route.action {
         Action::Forward(upstream) => {

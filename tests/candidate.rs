@@ -292,3 +292,35 @@ async fn a_candidate_concurrency_slot_is_held_while_the_request_is_in_flight() {
     assert_eq!(decisions(&text, "c", "one", "admitted"), 2);
     assert_eq!(decisions(&text, "c", "one", "limited"), 1);
 }
+
+/// A candidate needs no listeners, and its listeners and admin are not even compiled (a
+/// missing certificate or token file there is no error); it cannot name a candidate itself.
+/// Its path is relative to the main config's directory.
+#[test]
+fn a_candidate_ignores_listeners_and_admin_and_names_no_candidate() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("tollgate.yaml");
+    std::fs::write(&main, config("candidate: c.yaml\n")).unwrap();
+    let write = |yaml: &str| std::fs::write(dir.path().join("c.yaml"), yaml).unwrap();
+    write(&format!(
+        "listeners:\n  - address: 127.0.0.1:0\n    tls: {{ cert: /no/such.pem, key: /no/such.key }}\nadmin: {{ address: 127.0.0.1:0, token_file: /no/such/token }}\n{}",
+        candidate_yaml(&route("c", "/", "lc", "1/s", 1))
+    ));
+    let settings = tollgate::config::load(&main).expect("the live config loads");
+    let candidate = settings.candidate.as_ref().expect("a candidate");
+    assert_eq!(candidate.path, dir.path().join("c.yaml"));
+    let loaded = candidate.settings.as_ref().expect("the candidate loads");
+    assert!(loaded.listeners.is_empty() && loaded.admin.is_none());
+    assert_eq!(&*loaded.routes[0].name, "c");
+
+    write("candidate: other.yaml\n");
+    let settings = tollgate::config::load(&main).expect("the live config still loads");
+    let e = settings.candidate_error().expect("the candidate is refused");
+    assert_eq!(e.file, dir.path().join("c.yaml").display().to_string());
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert_eq!(
+        e.problems[0].message,
+        "a candidate config cannot name a candidate of its own"
+    );
+    assert_eq!(e.problems[0].at, Some((1, 12)));
+}

@@ -308,11 +308,10 @@ beside_bucket() {
 # Scenario 1c: scenario 1's tollgate with a candidate config beside it (two limits on its one
 # route, per client and `global`, never reached, so each request takes a token of both), in
 # alternating rounds beside the same tollgate without one ("tollgate (local)").
-# candidate_run NAME SCENARIO TARGET LIMITER: one forwarded run with the candidate, as TARGET.
-candidate_run() {
-    local dir=$TMP/$1-candidate
-    mkdir -p "$dir"
-    cat >"$dir/candidate.yaml" <<'YAML'
+# write_candidate DIR: that candidate config, DIR/candidate.yaml (callgrind's CANDIDATE=on too).
+write_candidate() {
+    mkdir -p "$1"
+    cat >"$1/candidate.yaml" <<'YAML'
 upstreams:
   backend:
     targets: [127.0.0.1:9]
@@ -324,6 +323,10 @@ routes:
       - { name: candidate-ip, rate: 1000000/s, burst: 1000000, key: [ip] }
       - { name: candidate-everyone, rate: 1000000/s, burst: 1000000, key: [global] }
 YAML
+}
+# candidate_run NAME SCENARIO TARGET LIMITER: one forwarded run with the candidate, as TARGET.
+candidate_run() {
+    write_candidate "$TMP/$1-candidate"
     # shellcheck disable=SC2034 # tollgate_config's
     local TOLLGATE_TOP="candidate: candidate.yaml"
     tollgate_measures "$1-candidate" "$4" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "$3"
