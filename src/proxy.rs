@@ -177,11 +177,7 @@ async fn pipeline<'a>(
     screen::screen(&mut req, conn.max_uri_bytes)?;
     let settings = &*rt.settings;
     let Some(route) = rt.find(&req) else {
-        if let Some(c) = &rt.candidate {
-            let now_us = state.clock.at_us(started);
-            c.evaluate_unrouted(settings, conn.peer.ip(), &req, now_us, &mut trace.slots);
-        }
-        return Err(ProxyError::NoRoute);
+        return Err(unrouted(state, rt, conn, &req, started, &mut trace.slots));
     };
     trace.route = Some(route);
     // A request without a body (every GET) declares nothing worth a header lookup.
@@ -233,15 +229,10 @@ async fn pipeline<'a>(
             .observe(asked.elapsed().as_secs_f64());
     }
     let decision = trace.decision.insert(decision);
-    // The candidate config decides beside the live decision, whatever it was (its slots join
-    // the request's); it never changes the answer.
-    let candidate = rt.candidate.as_deref();
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
-        if let Some(c) = candidate {
-            c.evaluate(&req, client_ip, now_us, &mut trace.slots);
-        }
+        beside(rt, &req, client_ip, now_us, &mut trace.slots);
         if rejected.outcome == Outcome::FailedClosed {
             let limit = route.limits[rejected.index].name.clone();
             return Err(ProxyError::LimiterUnavailable { limit });
@@ -253,9 +244,7 @@ async fn pipeline<'a>(
             settings.headers,
         ));
     }
-    if let Some(c) = candidate {
-        c.evaluate(&req, client_ip, now_us, &mut trace.slots);
-    }
+    beside(rt, &req, client_ip, now_us, &mut trace.slots);
     let mut res = match &route.action {
         Action::Forward(upstream) => {
             let down = downstream(conn, settings, route, client_ip, request_id);
@@ -298,6 +287,37 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// The candidate config's decision of the request (see `candidate`), beside the live one,
+/// whatever that was; it never changes the answer. Its slots join `slots`, the request's.
+#[inline]
+fn beside<B>(
+    rt: &Runtime,
+    req: &Request<B>,
+    client_ip: std::net::IpAddr,
+    now_us: f64,
+    slots: &mut limiter::concurrency::Guard,
+) {
+    if let Some(c) = &rt.candidate {
+        c.evaluate(req, client_ip, now_us, slots);
+    }
+}
+
+/// A request the live config has no route for: the candidate config may have one.
+fn unrouted<B>(
+    state: &State,
+    rt: &Runtime,
+    conn: &ClientConn,
+    req: &Request<B>,
+    started: Instant,
+    slots: &mut limiter::concurrency::Guard,
+) -> ProxyError {
+    if let Some(c) = &rt.candidate {
+        let now_us = state.clock.at_us(started);
+        c.evaluate_unrouted(&rt.settings, conn.peer.ip(), req, now_us, slots);
+    }
+    ProxyError::NoRoute
 }
 
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a

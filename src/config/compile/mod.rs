@@ -62,14 +62,7 @@ pub enum Role {
 pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let mut p = Problems::default();
     let live = role == Role::Live;
-    let listeners = if live {
-        listeners::listeners(&raw.listeners, &raw.positions.listeners, &mut p)
-    } else {
-        Vec::new()
-    };
-    let admin = (raw.admin.as_ref())
-        .filter(|_| live)
-        .and_then(|a| p.take("admin.address", parse_addr(&a.address)));
+    let (listeners, admin) = front(raw, live, &mut p);
     let trusted_proxies: Vec<IpNet> = raw
         .trusted_proxies
         .iter()
@@ -164,6 +157,17 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         inputs_digest: [0; 32],
         candidate: None,
     })
+}
+
+/// The listeners and the admin address: a candidate's are ignored, so not compiled (their
+/// certificate files are not read).
+fn front(raw: &file::File, live: bool, p: &mut Problems) -> (Vec<Listener>, Option<SocketAddr>) {
+    if !live {
+        return (Vec::new(), None);
+    }
+    let listeners = listeners::listeners(&raw.listeners, &raw.positions.listeners, p);
+    let admin = (raw.admin.as_ref()).and_then(|a| p.take("admin.address", parse_addr(&a.address)));
+    (listeners, admin)
 }
 
 /// `admin.token_file`'s token, read on every load and reload (so rotating it needs no restart).
