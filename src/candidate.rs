@@ -93,12 +93,17 @@ impl Candidate {
                 let limits: Vec<Arc<Limit>> = (spec.limits.iter())
                     .map(|l| {
                         let l = in_process(l, shared);
-                        crate::runtime::limit(&l, old.get(&*l.name).map(|o| &***o), &settings.limiter)
+                        crate::runtime::limit(
+                            &l,
+                            old.get(&*l.name).map(|o| &***o),
+                            &settings.limiter,
+                        )
                     })
                     .collect();
                 Route {
                     name: spec.name.clone(),
-                    counters: metrics.candidate_counters(&spec.name, limits.iter().map(|l| &*l.name)),
+                    counters: metrics
+                        .candidate_counters(&spec.name, limits.iter().map(|l| &*l.name)),
                     limits,
                     fold_path: spec.fold_path,
                 }
@@ -129,7 +134,12 @@ impl Candidate {
             }
         }
         let none: Arc<str> = Arc::from("");
-        out.push((none.clone(), none, CandidateOutcome::no_route, self.unrouted.get()));
+        out.push((
+            none.clone(),
+            none,
+            CandidateOutcome::no_route,
+            self.unrouted.get(),
+        ));
         out
     }
 
@@ -137,7 +147,12 @@ impl Candidate {
     /// concurrency slots join `slots`, the request's, to be held as long as the request lives.
     /// `client_ip` is the live config's view of the client (its `trusted_proxies`).
     pub fn evaluate<B>(&self, req: &Request<B>, client_ip: IpAddr, now_us: f64, slots: &mut Guard) {
-        let Some(route) = self.settings.table.find(req).and_then(|i| self.routes.get(i)) else {
+        let Some(route) = self
+            .settings
+            .table
+            .find(req)
+            .and_then(|i| self.routes.get(i))
+        else {
             self.unrouted.inc();
             return;
         };

@@ -107,7 +107,13 @@ impl Runtime {
             let limits: Vec<Arc<Limit>> = spec
                 .limits
                 .iter()
-                .map(|l| limit(l, old_limits.get(&*l.name).map(|o| &***o), &settings.limiter))
+                .map(|l| {
+                    limit(
+                        l,
+                        old_limits.get(&*l.name).map(|o| &***o),
+                        &settings.limiter,
+                    )
+                })
                 .collect();
             let action = match &spec.action {
                 ActionSpec::Forward(u) => Action::Forward(
@@ -159,7 +165,11 @@ impl Runtime {
 
 /// The live limit of `spec`, keeping `old`'s buckets, bans and slots where their spec is the
 /// same (`old`: the limit of that name in the runtime being replaced).
-pub(crate) fn limit(spec: &LimitSpec, old: Option<&Limit>, limiter: &LimiterSettings) -> Arc<Limit> {
+pub(crate) fn limit(
+    spec: &LimitSpec,
+    old: Option<&Limit>,
+    limiter: &LimiterSettings,
+) -> Arc<Limit> {
     let (max_buckets, per_peer) = (limiter.max_buckets, limiter.max_buckets_per_peer);
     // The exhaustion policy's per-address cap, where one address can mint identities (see
     // `limiter::local`).

@@ -102,7 +102,8 @@ async fn send(http: &Http, url: &str, n: usize) -> Vec<u16> {
 async fn a_strict_candidate_counts_what_it_would_limit_and_changes_nothing() {
     let upstream = MockUpstream::start();
     let candidate = CandidateFile::new(&candidate_yaml(
-        &(route("c-api", "/api/", "three", "1/min", 3) + &route("c-strict", "/strict/", "hundred", "1000/s", 100)),
+        &(route("c-api", "/api/", "three", "1/min", 3)
+            + &route("c-strict", "/strict/", "hundred", "1000/s", 100)),
     ));
     let routes = route("api", "/api/", "loose", "1000/s", 1000)
         + &route("strict", "/strict/", "tight", "1/min", 1)
@@ -111,10 +112,18 @@ async fn a_strict_candidate_counts_what_it_would_limit_and_changes_nothing() {
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/api/x"), 10).await, [200; 10]);
     let strict = send(&http, &proxy.url("/strict/x"), 5).await;
-    assert_eq!(strict, [200, 429, 429, 429, 429], "the live limit still decides");
+    assert_eq!(
+        strict,
+        [200, 429, 429, 429, 429],
+        "the live limit still decides"
+    );
     assert_eq!(send(&http, &proxy.url("/other/x"), 2).await, [200; 2]);
     assert!(upstream.wait_for(13, Duration::from_secs(5)));
-    assert_eq!(upstream.count(), 13, "every request the live config admits is forwarded");
+    assert_eq!(
+        upstream.count(),
+        13,
+        "every request the live config admits is forwarded"
+    );
     let text = scrape(&proxy).await;
     assert_eq!(decisions(&text, "c-api", "three", "admitted"), 3);
     assert_eq!(decisions(&text, "c-api", "three", "limited"), 7);
@@ -132,7 +141,10 @@ async fn a_strict_candidate_counts_what_it_would_limit_and_changes_nothing() {
     assert_eq!(live("api", "loose", "admitted"), 10);
     assert_eq!(live("api", "loose", "limited"), 0);
     assert_eq!(live("strict", "tight", "limited"), 4);
-    assert_eq!(sample::<u64>(&text, "tollgate_candidate_last_reload_successful"), 1);
+    assert_eq!(
+        sample::<u64>(&text, "tollgate_candidate_last_reload_successful"),
+        1
+    );
     // Responses carry the live limit's headers only.
     let r = http.get(&proxy.url("/api/x")).await;
     assert_eq!(r.code(), 200);
@@ -145,7 +157,9 @@ async fn a_strict_candidate_counts_what_it_would_limit_and_changes_nothing() {
 async fn an_edited_candidate_is_reloaded_and_keeps_the_buckets_of_unchanged_limits() {
     let upstream = MockUpstream::start();
     let a = route("a", "/a/", "la", "1/min", 2);
-    let candidate = CandidateFile::new(&candidate_yaml(&(a.clone() + &route("b", "/b/", "lb", "1/min", 3))));
+    let candidate = CandidateFile::new(&candidate_yaml(
+        &(a.clone() + &route("b", "/b/", "lb", "1/min", 3)),
+    ));
     let routes = route("all", "/", "loose", "1000/s", 1000);
     let proxy = TestProxy::start(&live(&upstream, &candidate, &routes));
     let http = Http::new();
@@ -153,7 +167,10 @@ async fn an_edited_candidate_is_reloaded_and_keeps_the_buckets_of_unchanged_limi
     assert_eq!(send(&http, &proxy.url("/b/"), 3).await, [200; 3]);
     let text = scrape(&proxy).await;
     assert_eq!(
-        [decisions(&text, "a", "la", "admitted"), decisions(&text, "a", "la", "limited")],
+        [
+            decisions(&text, "a", "la", "admitted"),
+            decisions(&text, "a", "la", "limited")
+        ],
         [2, 1]
     );
     assert_eq!(decisions(&text, "b", "lb", "admitted"), 3);
@@ -170,12 +187,18 @@ async fn an_edited_candidate_is_reloaded_and_keeps_the_buckets_of_unchanged_limi
     let text = scrape(&proxy).await;
     // `la` is unchanged: its bucket is still empty.
     assert_eq!(
-        [decisions(&text, "a", "la", "admitted"), decisions(&text, "a", "la", "limited")],
+        [
+            decisions(&text, "a", "la", "admitted"),
+            decisions(&text, "a", "la", "limited")
+        ],
         [2, 4]
     );
     // `lb` changed: a new bucket of 5.
     assert_eq!(
-        [decisions(&text, "b", "lb", "admitted"), decisions(&text, "b", "lb", "limited")],
+        [
+            decisions(&text, "b", "lb", "admitted"),
+            decisions(&text, "b", "lb", "limited")
+        ],
         [8, 1]
     );
     assert_eq!(upstream.count(), 15);
@@ -193,10 +216,22 @@ async fn a_broken_candidate_leaves_the_live_config_serving_and_is_reported() {
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/x"), 2).await, [200; 2]);
     let text = scrape(&proxy).await;
-    assert_eq!(sample::<u64>(&text, "tollgate_candidate_last_reload_successful"), 0);
-    assert_eq!(sample::<u64>(&text, "tollgate_candidate_loads_total{result=\"failed\"}"), 1);
-    assert_eq!(sample::<u64>(&text, "tollgate_config_last_reload_successful"), 1);
-    assert!(!text.contains("tollgate_candidate_decisions_total{"), "no candidate: {text}");
+    assert_eq!(
+        sample::<u64>(&text, "tollgate_candidate_last_reload_successful"),
+        0
+    );
+    assert_eq!(
+        sample::<u64>(&text, "tollgate_candidate_loads_total{result=\"failed\"}"),
+        1
+    );
+    assert_eq!(
+        sample::<u64>(&text, "tollgate_config_last_reload_successful"),
+        1
+    );
+    assert!(
+        !text.contains("tollgate_candidate_decisions_total{"),
+        "no candidate: {text}"
+    );
 
     candidate.rewrite(&candidate_yaml(&route("c", "/", "lc", "1/min", 1)));
     wait_until(&proxy, "the fixed candidate loads", |t| {
@@ -209,7 +244,10 @@ async fn a_broken_candidate_leaves_the_live_config_serving_and_is_reported() {
         find_sample::<u64>(t, "tollgate_candidate_loads_total{result=\"failed\"}") == Some(2)
     })
     .await;
-    assert_eq!(sample::<u64>(&text, "tollgate_candidate_last_reload_successful"), 0);
+    assert_eq!(
+        sample::<u64>(&text, "tollgate_candidate_last_reload_successful"),
+        0
+    );
     // The previous candidate goes on, with its bucket: the next request is over its limit.
     assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200]);
     let text = scrape(&proxy).await;
@@ -231,7 +269,12 @@ fn check_names_the_candidate_file_line_and_column() {
     );
     let out = check("tests/fixtures/candidate/live.yaml");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.contains("candidate tests/fixtures/candidate/strict.yaml (evaluated, never enforced):\nroute api-strict: * /api/* -> upstream app\n  limit per-ip: 1/s, burst 2, key [ip], on_failure open\n"),
         "{stdout}"
@@ -253,7 +296,11 @@ async fn a_redis_candidate_is_decided_in_process_at_its_per_replica_share() {
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/x"), 5).await, [200; 5]);
     let text = scrape(&proxy).await;
-    assert_eq!(decisions(&text, "c", "fleet", "admitted"), 2, "burst 4 / 2 replicas");
+    assert_eq!(
+        decisions(&text, "c", "fleet", "admitted"),
+        2,
+        "burst 4 / 2 replicas"
+    );
     assert_eq!(decisions(&text, "c", "fleet", "limited"), 3);
     assert_eq!(decisions(&text, "c", "fleet", "without_backend"), 0);
 }
@@ -278,7 +325,11 @@ async fn a_candidate_concurrency_slot_is_held_while_the_request_is_in_flight() {
         "the slow request reaches the upstream"
     );
     let http = Http::new();
-    assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200], "never enforced");
+    assert_eq!(
+        send(&http, &proxy.url("/x"), 1).await,
+        [200],
+        "never enforced"
+    );
     assert_eq!(slow.await.unwrap(), 200);
     // Its client is gone: once its connection is closed, its response (and slot) is done.
     let text = wait_until(&proxy, "the slow request's connection to close", |t| {
@@ -315,7 +366,9 @@ fn a_candidate_ignores_listeners_and_admin_and_names_no_candidate() {
 
     write("candidate: other.yaml\n");
     let settings = tollgate::config::load(&main).expect("the live config still loads");
-    let e = settings.candidate_error().expect("the candidate is refused");
+    let e = settings
+        .candidate_error()
+        .expect("the candidate is refused");
     assert_eq!(e.file, dir.path().join("c.yaml").display().to_string());
     assert_eq!(e.problems.len(), 1, "{e}");
     assert_eq!(

@@ -64,7 +64,10 @@ impl CandidateCounters {
     /// The counts so far of limit `index` (route order), by outcome.
     pub fn counts(&self, index: usize) -> impl Iterator<Item = (CandidateOutcome, u64)> + '_ {
         let counters = self.0.get(index).into_iter().flatten();
-        OUTCOMES.iter().zip(counters).map(|(o, c)| ((*o).into(), c.get()))
+        OUTCOMES
+            .iter()
+            .zip(counters)
+            .map(|(o, c)| ((*o).into(), c.get()))
     }
 }
 

@@ -123,7 +123,10 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     if live {
         whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
     } else if raw.candidate.is_some() {
-        p.add("candidate", "a candidate config cannot name a candidate of its own");
+        p.add(
+            "candidate",
+            "a candidate config cannot name a candidate of its own",
+        );
     }
     if !p.0.is_empty() {
         return Err(p.0);
