@@ -259,3 +259,38 @@ fn lower_path(uri: &http::Uri) -> Option<http::Uri> {
     parts.path_and_query = Some(http::uri::PathAndQuery::try_from(pq).ok()?);
     http::Uri::from_parts(parts).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the accessor for the admin and dashboards reads is what the metric counts.
+    #[test]
+    fn decisions_read_back_what_was_counted() {
+        let yaml = "listeners: [{address: 127.0.0.1:0}]\nroutes:\n  - { name: api, match: { path_prefix: /api/ }, respond: { status: 200 }, limits: [{ name: two, rate: 1/min, burst: 2, key: [ip] }] }\n";
+        let settings = crate::config::parse(yaml).expect("a candidate");
+        let metrics = Metrics::new();
+        let candidate = Candidate::build(Arc::new(settings), None, &metrics);
+        let ip = "192.0.2.1".parse().unwrap();
+        let mut slots = Guard::default();
+        for path in ["/api/a", "/api/b", "/api/c", "/other"] {
+            let req = Request::get(path).body(()).unwrap();
+            candidate.evaluate(&req, ip, 0.0, &mut slots);
+        }
+        let counts: Vec<(String, String, CandidateOutcome, u64)> = (candidate.decisions())
+            .into_iter()
+            .filter(|d| d.3 > 0)
+            .map(|(r, l, o, n)| (r.to_string(), l.to_string(), o, n))
+            .collect();
+        let row = |r: &str, l: &str, o, n| (r.to_owned(), l.to_owned(), o, n);
+        assert_eq!(
+            counts,
+            [
+                row("api", "two", CandidateOutcome::admitted, 2),
+                row("api", "two", CandidateOutcome::limited, 1),
+                row("", "", CandidateOutcome::no_route, 1),
+            ]
+        );
+        assert!(slots.is_empty(), "no concurrency limit, no slot");
+    }
+}
