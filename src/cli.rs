@@ -163,11 +163,27 @@ pub fn man(out: &mut dyn std::io::Write) -> std::io::Result<()> {
     clap_mangen::Man::new(Cli::command()).render(out)
 }
 
-/// A one-line summary of every route and limit, as `tollgate check` prints it.
+/// A one-line summary of every route and limit, as `tollgate check` prints it (the
+/// candidate config's too).
 pub fn summary(s: &Settings) -> String {
     let mut out = String::new();
     let listeners: Vec<String> = s.listeners.iter().map(|l| l.address.to_string()).collect();
     let _ = writeln!(out, "listeners: {}", listeners.join(", "));
+    routes_summary(s, &mut out);
+    if let Some(c) = &s.candidate {
+        if let Ok(candidate) = &c.settings {
+            let _ = writeln!(
+                out,
+                "candidate {} (evaluated, never enforced):",
+                c.path.display()
+            );
+            routes_summary(candidate, &mut out);
+        }
+    }
+    out
+}
+
+fn routes_summary(s: &Settings, out: &mut String) {
     let any = Matcher::default();
     for (i, r) in s.routes.iter().enumerate() {
         let m = s.table.matcher(i).unwrap_or(&any);
@@ -211,7 +227,6 @@ pub fn summary(s: &Settings) -> String {
             );
         }
     }
-    out
 }
 
 /// A rate in the largest-count unit that shows it without a leading `0.`.

@@ -36,7 +36,9 @@
 //!   WebSocket tunnels. `metrics`: the Prometheus registry, served in the format the
 //!   scraper asks for. `response`: 429 and the error responses.
 //! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
-//!   the Redis client and metric handles reused where their spec is unchanged).
+//!   the Redis client and metric handles reused where their spec is unchanged). `candidate`:
+//!   the `candidate:` config's routes and limits, with buckets of their own, decided beside the
+//!   live ones on every request and counted, never enforced.
 //! - `control`: operators' bans and overrides from the admin API, enforced on every replica
 //!   (kept in Redis and polled with `backend: redis`, in memory otherwise).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
@@ -55,6 +57,7 @@ pub(crate) mod admin;
 pub mod app;
 pub(crate) mod body;
 pub(crate) mod buffer;
+pub mod candidate;
 pub mod cli;
 pub mod config;
 pub mod control;

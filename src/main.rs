@@ -22,6 +22,12 @@ fn main() -> ExitCode {
     init_logging(&opts);
     match command {
         Command::Check => match tollgate::config::load(&cli.config) {
+            Ok(snapshot) if snapshot.candidate_error().is_some() => {
+                if let Some(e) = snapshot.candidate_error() {
+                    eprintln!("{e}");
+                }
+                ExitCode::FAILURE
+            }
             Ok(snapshot) => {
                 print!("{}", tollgate::cli::summary(&snapshot));
                 println!("{}: ok", cli.config.display());

@@ -17,11 +17,13 @@ use crate::config::settings::UpstreamSpec;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limit;
 use crate::sharded;
+pub use candidate::{CandidateCounters, CandidateLabels, CandidateOutcome};
 pub use format::Format;
 pub use route::{DecisionLabels, RequestLabels, RouteCounters, RouteLabels};
 use upstream::Targets;
 pub use upstream::{AttemptResult, RetryReason, TargetSample, UpstreamHandles};
 
+mod candidate;
 mod format;
 mod process;
 mod route;
@@ -145,6 +147,10 @@ pub struct Metrics {
     breaker_open: Gauge,
     /// Requests refused by an operator's ban (`control`), by route.
     pub admin_banned_requests: Family<RouteLabels, Counter>,
+    /// The candidate config's decisions (see `candidate`): for the admin and dashboards.
+    pub candidate_decisions: Family<CandidateLabels, sharded::Counter>,
+    candidate_loads: Family<ReloadLabels, Counter>,
+    candidate_ok: Gauge,
 }
 
 fn latency_histogram() -> sharded::Histogram {
@@ -195,10 +201,14 @@ impl Metrics {
             redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
             admin_banned_requests: Family::default(),
+            candidate_decisions: Family::default(),
+            candidate_loads: Family::default(),
+            candidate_ok: Gauge::default(),
         };
         m.registry.register_collector(Box::new(process::Process));
         m.register();
         m.register_bans();
+        m.register_candidate();
         // Both series exist from the start, at 0, and generation 1 is the config started with.
         for result in [ReloadResult::ok, ReloadResult::failed] {
             let _ = m.reloads.get_or_create(&ReloadLabels { result });

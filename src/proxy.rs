@@ -78,7 +78,7 @@ struct Trace<'a> {
     /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
     bytes_in: u64,
     sent: Sent,
-    /// The concurrency slots taken for the request.
+    /// The concurrency slots taken for the request (the candidate config's too).
     slots: limiter::concurrency::Guard,
     /// Refused by an operator's ban (`control`), before any limit.
     operator_ban: bool,
@@ -178,7 +178,9 @@ async fn pipeline<'a>(
 ) -> Result<Response<Body>, ProxyError> {
     screen::screen(&mut req, conn.max_uri_bytes)?;
     let settings = &*rt.settings;
-    let route = rt.find(&req).ok_or(ProxyError::NoRoute)?;
+    let Some(route) = rt.find(&req) else {
+        return Err(unrouted(state, rt, conn, &req, started, &mut trace.slots));
+    };
     trace.route = Some(route);
     // A request without a body (every GET) declares nothing worth a header lookup.
     if !req.body().is_end_stream()
@@ -232,6 +234,7 @@ async fn pipeline<'a>(
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
+        beside(rt, &req, client_ip, now_us, &mut trace.slots);
         if rejected.outcome == Outcome::FailedClosed {
             let limit = route.limits[rejected.index].name.clone();
             return Err(ProxyError::LimiterUnavailable { limit });
@@ -243,6 +246,7 @@ async fn pipeline<'a>(
             settings.headers,
         ));
     }
+    beside(rt, &req, client_ip, now_us, &mut trace.slots);
     let mut res = match &route.action {
         Action::Forward(upstream) => {
             let down = downstream(conn, settings, route, client_ip, request_id);
@@ -285,6 +289,37 @@ async fn pipeline<'a>(
         settings.headers,
     );
     Ok(res)
+}
+
+/// The candidate config's decision of the request (see `candidate`), beside the live one,
+/// whatever that was; it never changes the answer. Its slots join `slots`, the request's.
+#[inline]
+fn beside<B>(
+    rt: &Runtime,
+    req: &Request<B>,
+    client_ip: std::net::IpAddr,
+    now_us: f64,
+    slots: &mut limiter::concurrency::Guard,
+) {
+    if let Some(c) = &rt.candidate {
+        c.evaluate(req, client_ip, now_us, slots);
+    }
+}
+
+/// A request the live config has no route for: the candidate config may have one.
+fn unrouted<B>(
+    state: &State,
+    rt: &Runtime,
+    conn: &ClientConn,
+    req: &Request<B>,
+    started: Instant,
+    slots: &mut limiter::concurrency::Guard,
+) -> ProxyError {
+    if let Some(c) = &rt.candidate {
+        let now_us = state.clock.at_us(started);
+        c.evaluate_unrouted(&rt.settings, conn.peer.ip(), req, now_us, slots);
+    }
+    ProxyError::NoRoute
 }
 
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a

@@ -22,7 +22,7 @@ use notify::event::{AccessKind, AccessMode, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{inputs_digest, load, referenced_files, ConfigError, Settings};
+use crate::config::{inputs_digest_at, load, referenced_files, ConfigError, Settings};
 use crate::metrics::ReloadResult;
 use crate::runtime::Runtime;
 use crate::state::State;
@@ -185,7 +185,7 @@ async fn run(
             return;
         }
         let trigger = edit.trigger;
-        let now = inputs_digest(&std::fs::read_to_string(path).unwrap_or_default());
+        let now = inputs_digest_at(path, &std::fs::read_to_string(path).unwrap_or_default());
         if trigger == Trigger::FileEvent && now == seen {
             continue;
         }
@@ -274,8 +274,18 @@ impl Edit {
 /// Also watch the directories of certificates and keys, so a renewed certificate is picked
 /// up without touching the config (a watch added twice is harmless).
 fn watch_inputs(watcher: &mut notify::RecommendedWatcher, settings: &Settings) {
-    // The same list the inputs digest covers: the files the config's own text names.
-    for file in referenced_files(&settings.source) {
+    // The same list the inputs digest covers: the files the config's own text names, and the
+    // candidate config with the files it names.
+    let candidate = settings.candidate.as_ref();
+    let candidate_files = candidate
+        .and_then(|c| c.settings.as_ref().ok())
+        .map(|c| referenced_files(&c.source))
+        .unwrap_or_default();
+    let files = referenced_files(&settings.source).into_iter();
+    for file in files
+        .chain(candidate.map(|c| c.path.clone()))
+        .chain(candidate_files)
+    {
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
         }

@@ -15,7 +15,7 @@ use http::Request;
 
 use crate::body::BodyLimits;
 use crate::buffer::{Budget, Store};
-use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
+use crate::config::settings::{ActionSpec, Backend, LimitSpec, LimiterSettings, Respond, Settings};
 use crate::forward::Upstream;
 use crate::limiter::local::Buckets;
 use crate::limiter::redis::RedisLimiter;
@@ -36,6 +36,8 @@ pub struct Runtime {
     pub redis: Option<Arc<RedisLimiter>>,
     /// Where buffered bodies go, with the proxy-wide memory budget.
     pub store: Store,
+    /// The candidate config evaluated beside this one, never enforcing (`candidate:`).
+    pub candidate: Option<Arc<crate::candidate::Candidate>>,
 }
 
 /// A route, live.
@@ -100,40 +102,16 @@ impl Runtime {
         let old_limits: HashMap<&str, &Arc<Limit>> = previous
             .map(|p| p.limits().map(|l| (&*l.name, l)).collect())
             .unwrap_or_default();
-        let (max_buckets, per_peer) = (
-            settings.limiter.max_buckets,
-            settings.limiter.max_buckets_per_peer,
-        );
         let mut routes = Vec::with_capacity(settings.routes.len());
         for spec in &settings.routes {
             let limits: Vec<Arc<Limit>> = spec
                 .limits
                 .iter()
                 .map(|l| {
-                    // The exhaustion policy's per-address cap, where one address can mint
-                    // identities (see `limiter::local`).
-                    let capped = (!l.key.one_per_address()).then_some(per_peer);
-                    let local = match old_limits.get(&*l.name) {
-                        Some(old)
-                            if old.rate == l.rate
-                                && old.local.quota() == l.quota.as_ref()
-                                && old.local.has_caps(max_buckets, capped) =>
-                        {
-                            old.local.clone()
-                        }
-                        _ => Arc::new(
-                            match capped {
-                                Some(n) => Buckets::capped_per_peer(max_buckets, n),
-                                None => Buckets::new(max_buckets),
-                            }
-                            .with_quota(l.quota.clone()),
-                        ),
-                    };
-                    let previous = old_limits.get(&*l.name).map(|o| &***o);
-                    Arc::new(
-                        Limit::new(l, local)
-                            .with_bans(l, previous, max_buckets)
-                            .with_slots(previous),
+                    limit(
+                        l,
+                        old_limits.get(&*l.name).map(|o| &***o),
+                        &settings.limiter,
                     )
                 })
                 .collect();
@@ -162,12 +140,14 @@ impl Runtime {
             });
         }
         let store = store(&settings, previous);
+        let candidate = crate::candidate::build(&settings, previous, metrics);
         Ok(Self {
             store,
             settings: Arc::new(settings),
             routes,
             upstreams,
             redis,
+            candidate,
         })
     }
 
@@ -181,6 +161,40 @@ impl Runtime {
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         self.routes.iter().flat_map(|r| r.limits.iter())
     }
+}
+
+/// The live limit of `spec`, keeping `old`'s buckets, bans and slots where their spec is the
+/// same (`old`: the limit of that name in the runtime being replaced).
+pub(crate) fn limit(
+    spec: &LimitSpec,
+    old: Option<&Limit>,
+    limiter: &LimiterSettings,
+) -> Arc<Limit> {
+    let (max_buckets, per_peer) = (limiter.max_buckets, limiter.max_buckets_per_peer);
+    // The exhaustion policy's per-address cap, where one address can mint identities (see
+    // `limiter::local`).
+    let capped = (!spec.key.one_per_address()).then_some(per_peer);
+    let local = match old {
+        Some(old)
+            if old.rate == spec.rate
+                && old.local.quota() == spec.quota.as_ref()
+                && old.local.has_caps(max_buckets, capped) =>
+        {
+            old.local.clone()
+        }
+        _ => Arc::new(
+            match capped {
+                Some(n) => Buckets::capped_per_peer(max_buckets, n),
+                None => Buckets::new(max_buckets),
+            }
+            .with_quota(spec.quota.clone()),
+        ),
+    };
+    Arc::new(
+        Limit::new(spec, local)
+            .with_bans(spec, old, max_buckets)
+            .with_slots(old),
+    )
 }
 
 /// Where `settings` buffer bodies. The memory budget is `previous`'s when its cap is the same:

@@ -27,6 +27,7 @@ callgrind [tollgate|bare] [fwd|rej|redis]   (defaults: tollgate fwd)
     ACCESS_LOG [false]  tollgate's --access-log; `file`: a file in the run's temp dir
     EXTRA             further limits of the route as YAML lines, e.g. compare's scenario 3d:
                       EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
+    CANDIDATE [off]   `on`: with compare's scenario 1c candidate config beside the live one
 TXT
 }
 
@@ -67,10 +68,16 @@ run_callgrind() {
         limiter=$(redis_limiter)
     fi
     port=$(free_port)
+    local top=
+    if [ "${CANDIDATE:-off}" = on ]; then
+        write_candidate "$TMP"
+        top="candidate: candidate.yaml"
+    fi
     TOLLGATE_HEADERS=${HEADERS:-true} TOLLGATE_EXTRA=${EXTRA:-} \
         tollgate_config "$TMP/callgrind.yaml" "$port" "$limiter" "${limit[@]}"
     # The route's limits are the last lines of the config.
     [ "${LIMITS:-on}" != off ] || sed -i '/^    limits:/,$d' "$TMP/callgrind.yaml"
+    [ -z "$top" ] || echo "$top" >>"$TMP/callgrind.yaml"
     name=$what-$mode
     rm -f "$out/$name.out"*
     access=${ACCESS_LOG:-false}

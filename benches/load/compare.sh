@@ -18,7 +18,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                    rate limit), every scenario: a Markdown table of req/s, p99, CPU, system
                    calls and context switches per request (perf stat over each wrk warm-up)
                    with ratios, written to RESULTS. Scenarios (SCENARIOS names them):
-                   baseline (the backend alone), forwarded (1), rejected (2), redis (3: one
+                   baseline (the backend alone), forwarded (1), candidate (1c: forwarded
+                   with a candidate config of two limits beside the live one), rejected (2), redis (3: one
                    redis-server, beside the local limiter), cluster (3c: a 3-master Redis
                    Cluster), slots (3d: a per-client and a `global` limit, two cluster slots per
                    request), redis-quota (3e: a calendar quota on one redis-server, beside its
@@ -34,8 +35,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
     TOLLGATE_BUFFERING [unset]  `true` or `false`: the route's request and response buffering
                       (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
-    SCENARIOS [baseline forwarded rejected redis cluster slots redis-quota redis-concurrency
-               keys h2 fixed]
+    SCENARIOS [baseline forwarded candidate rejected redis cluster slots redis-quota
+               redis-concurrency keys h2 fixed]
     LOGS [off]        off: every proxy's access log off; file: every proxy logs every request
                       to a file (tollgate --access-log FILE; nginx access_log FILE, and a
                       second nginx with buffer=64k flush=1s; HAProxy option httplog to its
@@ -43,7 +44,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                       with each proxy's logged/off ratio
     PEERS [haproxy caddy]  the peers measured beside nginx and tollgate (empty: none)
     ROUNDS [1]        measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
-                      (and tollgate with Redis and in process in 3, 3c, 3d, 3e, 3f), alternating which
+                      (and tollgate with Redis and in process in 3, 3c, 3d, 3e, 3f, with and
+                      without a candidate in 1c), alternating which
                       goes first; ratios are taken between the medians, each round's listed
     TOLLGATE_BIN      the tollgate binary [target/release/tollgate, built when missing or older
                       than src/, Cargo.toml or Cargo.lock]
@@ -60,7 +62,7 @@ run_compare() {
     export KEYS # for keys.lua
     TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
     FIXED_RPS=${FIXED_RPS:-900}
-    SCENARIOS=${SCENARIOS:-baseline forwarded rejected redis cluster slots redis-quota redis-concurrency keys h2 fixed}
+    SCENARIOS=${SCENARIOS:-baseline forwarded candidate rejected redis cluster slots redis-quota redis-concurrency keys h2 fixed}
     # Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
     TOLLGATE_EXTRA=
     # The kind of tollgate's limit in place of its token bucket (scenarios 3e and 3f set it).
@@ -303,6 +305,33 @@ beside_bucket() {
         "$scen" "tollgate (local)"
 }
 
+# Scenario 1c: scenario 1's tollgate with a candidate config beside it (two limits on its one
+# route, per client and `global`, never reached, so each request takes a token of both), in
+# alternating rounds beside the same tollgate without one ("tollgate (local)").
+# write_candidate DIR: that candidate config, DIR/candidate.yaml (callgrind's CANDIDATE=on too).
+write_candidate() {
+    mkdir -p "$1"
+    cat >"$1/candidate.yaml" <<'YAML'
+upstreams:
+  backend:
+    targets: [127.0.0.1:9]
+routes:
+  - name: all
+    match: { path_prefix: / }
+    upstream: backend
+    limits:
+      - { name: candidate-ip, rate: 1000000/s, burst: 1000000, key: [ip] }
+      - { name: candidate-everyone, rate: 1000000/s, burst: 1000000, key: [global] }
+YAML
+}
+# candidate_run NAME SCENARIO TARGET LIMITER: one forwarded run with the candidate, as TARGET.
+candidate_run() {
+    write_candidate "$TMP/$1-candidate"
+    # shellcheck disable=SC2034 # tollgate_config's
+    local TOLLGATE_TOP="candidate: candidate.yaml"
+    tollgate_measures "$1-candidate" "$4" "${FWD_TOLLGATE[@]}" measure_wrk "$2" "$3"
+}
+
 KEYS_ARGS=("X-API-Key: probe" "$CONF/keys.lua")
 keys_scen() { sc "4 $((KEYS / 1000))k keys"; }
 keys_nginx() { nginx_measures nginx-keys nginx "${KEY_NGINX[@]}" measure_wrk "$(keys_scen)" "${KEYS_ARGS[@]}"; }
@@ -361,6 +390,14 @@ compare_pass() {
     if compare_want forwarded; then
         rounds "$(line_up forwarded)"
         versus "$(sc "1 forwarded")" "$(sc "1 forwarded")" forwarded
+    fi
+
+    if compare_want candidate; then
+        rounds "local_run candidate_run" tollgate-cand "$(sc "1c forwarded with a candidate")" \
+            "tollgate (candidate)" "$LOCAL"
+        ratio "$(sc "1c forwarded with a candidate"), tollgate-candidate/tollgate" \
+            "$(sc "1c forwarded with a candidate")" "tollgate (candidate)" \
+            "$(sc "1c forwarded with a candidate")" "tollgate (local)"
     fi
 
     if compare_want rejected; then
@@ -487,7 +524,7 @@ compare_report() {
         "$(! peer_wanted caddy || echo "Caddy $(caddy version | awk '{print $1}')")."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
-        "$ROUNDS round(s) of scenarios 1, 2, 3, 3c, 3d, 3e, 3f, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
+        "$ROUNDS round(s) of scenarios 1, 1c, 2, 3, 3c, 3d, 3e, 3f, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default};" \
         "access logs: $LOGS (\", logged\": every proxy logs every request to a file)."
     echo

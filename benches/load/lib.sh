@@ -213,7 +213,7 @@ client_defaults() {
 # kind as one YAML mapping entry in their place (`quota: 1000000000/day`, `concurrency:
 # 100000`); TOLLGATE_EXTRA [none] adds further limits to the route, as YAML lines;
 # TOLLGATE_BUFFERING [unset: the binary's default] sets the route's request and response
-# buffering.
+# buffering; TOLLGATE_TOP [none] adds top-level keys, as YAML lines.
 tollgate_config() {
     local buffering="    # buffering: the binary's default"
     local limit="        rate: $4
@@ -224,7 +224,7 @@ tollgate_config() {
     [ -z "${TOLLGATE_LIMIT:-}" ] || limit="        $TOLLGATE_LIMIT"
     fill "$CONF/tollgate.yaml.in" "$1" PORT="$2" BACKEND_PORT="$BACKEND_PORT" LIMITER="$3" \
         HEADERS="${TOLLGATE_HEADERS:-true}" LIMIT="$limit" KEY="$6" \
-        EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering"
+        EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering" TOP="${TOLLGATE_TOP:-}"
 }
 
 # --- binaries -------------------------------------------------------------------------------

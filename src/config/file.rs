@@ -48,6 +48,10 @@ pub struct File {
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,
+    /// A config file evaluated beside this one on every request, never enforced (its
+    /// routes, limits, identity and limiter settings count; its listeners and admin do not).
+    /// Relative to this file's directory.
+    pub candidate: Option<String>,
 }
 
 /// Original indices of `listeners` and `routes` items (identity when nothing was left out).

@@ -16,7 +16,8 @@ pub mod values;
 pub(crate) mod yaml;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use settings::Settings;
 
@@ -63,30 +64,89 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Read, parse and compile the file at `path`.
+/// Read, parse and compile the file at `path`, and the candidate config it names (which
+/// loads or fails on its own: see `CandidateLoad`).
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: name.clone(),
+    let text = read(path)?;
+    let digest = inputs_digest_at(path, &text);
+    let mut settings = parse(&text).map_err(|problems| ConfigError {
+        file: path.display().to_string(),
+        problems,
+    })?;
+    settings.inputs_digest = digest;
+    settings.candidate = candidate_path(path, &text).map(|path| settings::CandidateLoad {
+        settings: load_candidate(&path).map(Arc::new),
+        path,
+    });
+    Ok(settings)
+}
+
+/// The candidate config at `path`: the same format, compiled as `compile::Role::Candidate`.
+fn load_candidate(path: &Path) -> Result<Settings, ConfigError> {
+    let text = read(path)?;
+    let (raw, mut problems) = raw::read(&text);
+    let compiled = raw.map(|raw| compile::compile(&raw, compile::Role::Candidate));
+    match compiled {
+        Some(Ok(mut settings)) if problems.is_empty() => {
+            text.clone_into(&mut settings.source);
+            return Ok(settings);
+        }
+        Some(Err(more)) => problems.extend(more),
+        Some(Ok(_)) | None => {}
+    }
+    Err(ConfigError {
+        file: path.display().to_string(),
+        problems: locate_all(&text, problems),
+    })
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.display().to_string(),
         problems: vec![Problem {
             path: String::new(),
             message: format!("cannot read the file: {e}"),
             at: None,
         }],
-    })?;
-    let digest = inputs_digest(&text);
-    let mut settings = parse(&text).map_err(|problems| ConfigError {
-        file: name,
-        problems,
-    })?;
-    settings.inputs_digest = digest;
-    Ok(settings)
+    })
+}
+
+/// The file the config text at `path` names as its `candidate`, resolved against the config's
+/// directory.
+pub fn candidate_path(path: &Path, text: &str) -> Option<PathBuf> {
+    let root = yaml::tree(text).ok()?;
+    let file = Path::new(root.get("candidate")?.as_str()?);
+    Some(match path.parent() {
+        Some(dir) if file.is_relative() => dir.join(file),
+        _ => file.to_path_buf(),
+    })
 }
 
 /// A digest of config text and of the certificate, key and CA files it names, as they are on
 /// disk now.
 pub fn inputs_digest(text: &str) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
+    digest_into(&mut h, text);
+    *h.finalize().as_bytes()
+}
+
+/// `inputs_digest` of the config at `path`, its candidate's text and files included: an edit
+/// to either is a change to reload.
+pub fn inputs_digest_at(path: &Path, text: &str) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    digest_into(&mut h, text);
+    if let Some(candidate) = candidate_path(path, text) {
+        match std::fs::read_to_string(&candidate) {
+            Ok(text) => digest_into(&mut h, &text),
+            Err(_) => {
+                h.update(b"candidate missing");
+            }
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+fn digest_into(h: &mut blake3::Hasher, text: &str) {
     h.update(&(text.len() as u64).to_le_bytes());
     h.update(text.as_bytes());
     for file in referenced_files(text) {
@@ -100,7 +160,6 @@ pub fn inputs_digest(text: &str) -> [u8; 32] {
             }
         }
     }
-    *h.finalize().as_bytes()
 }
 
 /// The files a config names: listener certificates and keys, upstream CA bundles.
@@ -153,7 +212,7 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
 /// Parse and compile config text, reporting every problem found, in file order.
 pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
     let (raw, mut problems) = raw::read(text);
-    let compiled = raw.map(|raw| compile::compile(&raw));
+    let compiled = raw.map(|raw| compile::compile(&raw, compile::Role::Live));
     match compiled {
         Some(Ok(mut settings)) if problems.is_empty() => {
             text.clone_into(&mut settings.source);
@@ -162,6 +221,11 @@ pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
         Some(Err(more)) => problems.extend(more),
         Some(Ok(_)) | None => {}
     }
+    Err(locate_all(text, problems))
+}
+
+/// `problems` with their exact field paths and positions in `text`, in file order.
+fn locate_all(text: &str, mut problems: Vec<Problem>) -> Vec<Problem> {
     let locations = locate::Locations::index(text);
     for p in &mut problems {
         if let Some((under, key)) = p.path.split_once('\u{0}') {
@@ -179,5 +243,5 @@ pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
         }
     }
     problems.sort_by_key(|p| p.at.unwrap_or((usize::MAX, 0)));
-    Err(problems)
+    problems
 }

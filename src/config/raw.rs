@@ -25,6 +25,7 @@ const KEYS: &[&str] = &[
     "buffering",
     "request_id_header",
     "identity",
+    "candidate",
 ];
 
 /// Parse what parses; report the rest with field paths. A YAML syntax error stops everything
@@ -85,6 +86,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
             routes: route_positions,
             broken_upstreams: std::mem::take(&mut r.broken),
         },
+        candidate: r.one("candidate"),
     };
     (Some(file), r.problems)
 }

@@ -60,12 +60,28 @@ pub struct Settings {
     /// Digest of the config text and of every file it names, read *before* compiling: a file
     /// changed after that is seen as a change by the reload watcher, never missed.
     pub inputs_digest: [u8; 32],
+    /// `candidate:`, loaded beside this file (`config::load`): what loading it gave.
+    pub candidate: Option<CandidateLoad>,
+}
+
+/// The candidate config a file names: evaluated beside the live one, never enforced.
+#[derive(Debug)]
+pub struct CandidateLoad {
+    /// The file, resolved against the main config's directory.
+    pub path: std::path::PathBuf,
+    /// Its settings, or everything wrong with it (the live config loads either way).
+    pub settings: Result<Arc<Settings>, super::ConfigError>,
 }
 
 impl Settings {
     /// Every limit of every route, in file order.
     pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
         self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+
+    /// What is wrong with the candidate config, if it did not load.
+    pub fn candidate_error(&self) -> Option<&super::ConfigError> {
+        self.candidate.as_ref()?.settings.as_ref().err()
     }
 }
 

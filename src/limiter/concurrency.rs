@@ -131,6 +131,13 @@ impl Guard {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    /// Hold `other`'s slots too, until this guard is dropped.
+    pub fn join(&mut self, other: Guard) {
+        if !other.is_empty() {
+            self.0.extend(other.0);
+        }
+    }
 }
 
 /// The route has concurrency limits.

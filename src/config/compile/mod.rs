@@ -50,14 +50,19 @@ impl Problems {
     }
 }
 
+/// Which file is compiled: the live config, or a candidate evaluated beside it (whose
+/// listeners and admin are ignored, so not compiled, and which names no candidate itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Live,
+    Candidate,
+}
+
 /// Compile a parsed file into settings, or every problem it has.
-pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
+pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let mut p = Problems::default();
-    let listeners = listeners::listeners(&raw.listeners, &raw.positions.listeners, &mut p);
-    let admin = raw
-        .admin
-        .as_ref()
-        .and_then(|a| p.take("admin.address", parse_addr(&a.address)));
+    let live = role == Role::Live;
+    let (listeners, admin) = front(raw, live, &mut p);
     let trusted_proxies: Vec<IpNet> = raw
         .trusted_proxies
         .iter()
@@ -114,8 +119,15 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
     let jwt = identity::jwt(raw, &mut p);
-    let admin_token = admin_token(raw.admin.as_ref(), &mut p);
-    whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
+    let admin_token = admin_token(raw.admin.as_ref().filter(|_| live), &mut p);
+    if live {
+        whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
+    } else if raw.candidate.is_some() {
+        p.add(
+            "candidate",
+            "a candidate config cannot name a candidate of its own",
+        );
+    }
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -146,7 +158,19 @@ pub fn compile(raw: &file::File) -> Result<Settings, Vec<Problem>> {
         fingerprints: fingerprints(raw),
         source: String::new(),
         inputs_digest: [0; 32],
+        candidate: None,
     })
+}
+
+/// The listeners and the admin address: a candidate's are ignored, so not compiled (their
+/// certificate files are not read).
+fn front(raw: &file::File, live: bool, p: &mut Problems) -> (Vec<Listener>, Option<SocketAddr>) {
+    if !live {
+        return (Vec::new(), None);
+    }
+    let listeners = listeners::listeners(&raw.listeners, &raw.positions.listeners, p);
+    let admin = (raw.admin.as_ref()).and_then(|a| p.take("admin.address", parse_addr(&a.address)));
+    (listeners, admin)
 }
 
 /// `admin.token_file`'s token, read on every load and reload (so rotating it needs no restart).

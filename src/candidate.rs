@@ -1,0 +1,296 @@
+//! The candidate config: its routes and limits evaluated beside the live ones on every
+//! request, counted in `tollgate_candidate_decisions_total`, never enforced.
+//!
+//! A candidate has buckets of its own, in process, never shared with the live config's; a
+//! reload keeps those of its unchanged limits, as the live runtime does. It is decided
+//! synchronously, right after the live decision: the in-process store never waits, so the
+//! decision's future completes on its first poll, on the stack, and adds no task, no
+//! allocation and no await to the request. With `limiter.backend: redis` the candidate is
+//! still decided in process, at the per-replica share of each limit that the `local` failure
+//! policy enforces (`limiter.local_fallback.divide_by`): a candidate never adds a Redis call,
+//! a Redis latency or a Redis failure to live traffic. Bans are not evaluated (a candidate
+//! refuses nobody, so nobody would strike out); concurrency slots are held for the request's
+//! lifetime, as the live ones are.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures_util::FutureExt as _;
+use http::Request;
+
+use crate::config::settings::{Backend, LimitSpec, Settings};
+use crate::identity::{self, RequestView};
+use crate::limiter::concurrency::{self, Guard};
+use crate::limiter::{self, Decision, Limit, Outcome};
+use crate::metrics::{CandidateCounters, CandidateOutcome, Metrics};
+use crate::runtime::Runtime;
+use crate::sharded;
+
+/// A candidate config, live: its route table and limits, with their own buckets.
+#[derive(Debug)]
+pub struct Candidate {
+    pub settings: Arc<Settings>,
+    /// In file order, as `settings.routes`.
+    pub routes: Vec<Route>,
+    /// Requests that matched no candidate route.
+    unrouted: sharded::Counter,
+}
+
+/// A candidate route: only what a decision needs (a candidate never forwards).
+#[derive(Debug)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub limits: Vec<Arc<Limit>>,
+    /// The route compares paths without case, so its limits read the path lower-cased.
+    pub fold_path: bool,
+    counters: CandidateCounters,
+}
+
+/// The candidate of `live` (`candidate:`), built into the runtime that replaces `previous`.
+/// A candidate that did not load is logged and counted, and `previous`'s goes on (at start:
+/// none); the live config loads either way.
+pub(crate) fn build(
+    live: &Settings,
+    previous: Option<&Runtime>,
+    metrics: &Metrics,
+) -> Option<Arc<Candidate>> {
+    let load = live.candidate.as_ref()?;
+    let kept = previous.and_then(|p| p.candidate.clone());
+    match &load.settings {
+        Ok(settings) => {
+            metrics.candidate_loaded(true);
+            let built = Candidate::build(settings.clone(), kept.as_deref(), metrics);
+            tracing::info!(
+                candidate = %load.path.display(),
+                routes = built.routes.len(),
+                "candidate config loaded: evaluated beside the live one, never enforced"
+            );
+            Some(Arc::new(built))
+        }
+        Err(e) => {
+            metrics.candidate_loaded(false);
+            let keeping = if kept.is_some() {
+                "the previous candidate goes on"
+            } else {
+                "no candidate is evaluated"
+            };
+            tracing::error!("the candidate config did not load; {keeping} (the live config is not affected)\n{e}");
+            kept
+        }
+    }
+}
+
+impl Candidate {
+    /// The candidate of `settings`, keeping `previous`'s buckets of unchanged limits.
+    pub fn build(settings: Arc<Settings>, previous: Option<&Candidate>, metrics: &Metrics) -> Self {
+        let old: HashMap<&str, &Arc<Limit>> = previous
+            .map(|p| p.limits().map(|l| (&*l.name, l)).collect())
+            .unwrap_or_default();
+        let shared = matches!(settings.limiter.backend, Backend::Redis(_));
+        let routes = (settings.routes.iter())
+            .map(|spec| {
+                let limits: Vec<Arc<Limit>> = (spec.limits.iter())
+                    .map(|l| {
+                        let l = in_process(l, shared);
+                        crate::runtime::limit(
+                            &l,
+                            old.get(&*l.name).map(|o| &***o),
+                            &settings.limiter,
+                        )
+                    })
+                    .collect();
+                Route {
+                    name: spec.name.clone(),
+                    counters: metrics
+                        .candidate_counters(&spec.name, limits.iter().map(|l| &*l.name)),
+                    limits,
+                    fold_path: spec.fold_path,
+                }
+            })
+            .collect();
+        Self {
+            unrouted: metrics.candidate_unrouted(),
+            settings,
+            routes,
+        }
+    }
+
+    /// Every limit of every route, in file order.
+    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
+        self.routes.iter().flat_map(|r| r.limits.iter())
+    }
+
+    /// What the candidate decided so far, as `tollgate_candidate_decisions_total` holds it:
+    /// (route, limit, outcome, count) for each of its limits, then the requests that matched
+    /// none of its routes, as ("", "", `no_route`, count). For the admin API and dashboards.
+    pub fn decisions(&self) -> Vec<(Arc<str>, Arc<str>, CandidateOutcome, u64)> {
+        let mut out = Vec::new();
+        for r in &self.routes {
+            for (i, l) in r.limits.iter().enumerate() {
+                out.extend(
+                    (r.counters.counts(i)).map(|(o, n)| (r.name.clone(), l.name.clone(), o, n)),
+                );
+            }
+        }
+        let none: Arc<str> = Arc::from("");
+        out.push((
+            none.clone(),
+            none,
+            CandidateOutcome::no_route,
+            self.unrouted.get(),
+        ));
+        out
+    }
+
+    /// Decide `req` (already screened) against the candidate and count the outcome. Its
+    /// concurrency slots join `slots`, the request's, to be held as long as the request lives.
+    /// `client_ip` is the live config's view of the client (its `trusted_proxies`).
+    pub fn evaluate<B>(&self, req: &Request<B>, client_ip: IpAddr, now_us: f64, slots: &mut Guard) {
+        let Some(route) = self
+            .settings
+            .table
+            .find(req)
+            .and_then(|i| self.routes.get(i))
+        else {
+            self.unrouted.inc();
+            return;
+        };
+        if route.limits.is_empty() {
+            return;
+        }
+        let folded;
+        let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
+            folded = lower_path(req.uri());
+            folded.as_ref().unwrap_or(req.uri())
+        } else {
+            req.uri()
+        };
+        let jwt = (self.settings.jwt.as_deref())
+            .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
+        let view = RequestView {
+            method: req.method(),
+            uri,
+            headers: req.headers(),
+            client_ip,
+            jwt: jwt.as_ref(),
+        };
+        decide(route, &view, now_us, slots);
+    }
+
+    /// `evaluate` for a request the live config has no route for: its client address is
+    /// resolved here, as the live config would (`live`'s trusted proxies).
+    pub fn evaluate_unrouted<B>(
+        &self,
+        live: &Settings,
+        peer: IpAddr,
+        req: &Request<B>,
+        now_us: f64,
+        slots: &mut Guard,
+    ) {
+        let client_ip = identity::client_ip_from(
+            peer,
+            req.headers(),
+            &live.trusted_proxies,
+            live.client_ip_header,
+        );
+        self.evaluate(req, client_ip, now_us, slots);
+    }
+}
+
+/// Decide the request on `route` in process and count it, as the live proxy decides:
+/// concurrency slots first (they join `slots`), then the rate limits. The in-process store never
+/// waits: each future is ready on its first poll. Nothing is returned, so the decision is not
+/// copied out.
+fn decide(route: &Route, view: &RequestView<'_>, now_us: f64, slots: &mut Guard) {
+    let limits = &route.limits[..];
+    if concurrency::any(limits) {
+        let (held, taken) = concurrency::acquire(None, limits, view)
+            .now_or_never()
+            .unwrap_or_default();
+        let refused = taken
+            .iter()
+            .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed));
+        let mut decision = Decision {
+            results: taken.into_iter().collect(),
+        };
+        if !refused {
+            let rates = limiter::decide(None, None, limits, view, now_us).now_or_never();
+            decision.results.extend(rates.unwrap_or_default().results);
+        }
+        route.counters.decided(&decision);
+        // Refused: the slots taken are given back at once, as the live ones are.
+        if decision.rejected_by().is_none() {
+            slots.join(held);
+        }
+        return;
+    }
+    if let Some(decision) = limiter::decide(None, None, limits, view, now_us).now_or_never() {
+        route.counters.decided(&decision);
+    }
+}
+
+/// `spec` as the candidate counts it: without its ban, and, when the candidate's limits are
+/// shared in Redis, at the per-replica share its `local` failure policy would enforce.
+fn in_process(spec: &LimitSpec, shared: bool) -> LimitSpec {
+    let mut spec = spec.clone();
+    spec.ban = None;
+    if shared {
+        spec.rate = spec.fallback.clone();
+        if let Some(q) = &mut spec.quota {
+            q.count = q.fallback_count;
+        }
+        if let Some(c) = &mut spec.concurrency {
+            c.max = c.fallback;
+        }
+    }
+    spec
+}
+
+/// `uri` with its path in lower case; `None` if that is not a valid URI (then the path is
+/// read as it is).
+fn lower_path(uri: &http::Uri) -> Option<http::Uri> {
+    let path = uri.path().to_ascii_lowercase();
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(pq).ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the accessor for the admin and dashboards reads is what the metric counts.
+    #[test]
+    fn decisions_read_back_what_was_counted() {
+        let yaml = "listeners: [{address: 127.0.0.1:0}]\nroutes:\n  - { name: api, match: { path_prefix: /api/ }, respond: { status: 200 }, limits: [{ name: two, rate: 1/min, burst: 2, key: [ip] }] }\n";
+        let settings = crate::config::parse(yaml).expect("a candidate");
+        let metrics = Metrics::new();
+        let candidate = Candidate::build(Arc::new(settings), None, &metrics);
+        let ip = "192.0.2.1".parse().unwrap();
+        let mut slots = Guard::default();
+        for path in ["/api/a", "/api/b", "/api/c", "/other"] {
+            let req = Request::get(path).body(()).unwrap();
+            candidate.evaluate(&req, ip, 0.0, &mut slots);
+        }
+        let counts: Vec<(String, String, CandidateOutcome, u64)> = (candidate.decisions())
+            .into_iter()
+            .filter(|d| d.3 > 0)
+            .map(|(r, l, o, n)| (r.to_string(), l.to_string(), o, n))
+            .collect();
+        let row = |r: &str, l: &str, o, n| (r.to_owned(), l.to_owned(), o, n);
+        assert_eq!(
+            counts,
+            [
+                row("api", "two", CandidateOutcome::admitted, 2),
+                row("api", "two", CandidateOutcome::limited, 1),
+                row("", "", CandidateOutcome::no_route, 1),
+            ]
+        );
+        assert!(slots.is_empty(), "no concurrency limit, no slot");
+    }
+}
