@@ -167,6 +167,8 @@ impl Drop for Admission<'_> {
     }
 }
 
+// The stages in order, read top to bottom: split further, they would read as a list of calls.
+#[allow(clippy::too_many_lines)]
 async fn pipeline<'a>(
     state: &State,
     rt: &'a Runtime,
