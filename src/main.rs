@@ -19,7 +19,10 @@ fn main() -> ExitCode {
         _ => RunArgs::default(),
     }
     .resolve(std::mem::take(&mut cli.run));
-    init_logging(&opts);
+    // A replay's limits would log each ban they start: its report says what happened.
+    if !matches!(command, Command::Simulate { .. }) {
+        init_logging(&opts);
+    }
     match command {
         Command::Check => match tollgate::config::load(&cli.config) {
             Ok(snapshot) => {
@@ -47,6 +50,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Simulate { log, format } => {
+            match tollgate::simulate::run(&cli.config, &log, format) {
+                Ok(report) => printed(std::io::Write::write_all(
+                    &mut std::io::stdout(),
+                    report.as_bytes(),
+                )),
+                Err(e) => {
+                    eprintln!("tollgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(_) => {
             let format = match opts.access_log_format {
                 LogFormat::Text => tollgate::access_log::Format::Text,

@@ -80,6 +80,8 @@ struct Trace<'a> {
     sent: Sent,
     /// The concurrency slots taken for the request.
     slots: limiter::concurrency::Guard,
+    /// `tollgate.keys` of a JSON access log.
+    keys: access_log::Keys,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -221,6 +223,10 @@ async fn pipeline<'a>(
             .observe(asked.elapsed().as_secs_f64());
     }
     let decision = trace.decision.insert(decision);
+    // For replay (`tollgate simulate`): only with a JSON access log.
+    if !route.limits.is_empty() && access_log::json() {
+        trace.keys = access_log::Keys::of(key_sources(&route.limits), &view);
+    }
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
@@ -481,6 +487,7 @@ fn record(
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
     entry.body_in = trace.sent.clone();
+    entry.keys.clone_from(&trace.keys);
     let Some(route) = trace.route else {
         return;
     };
@@ -512,6 +519,19 @@ fn record(
     if let Some(limit) = limit {
         entry.limit.extend_from_slice(limit.as_bytes());
     }
+}
+
+/// The identity sources `limits` read, in their keys and in `exempt` entries of a value.
+fn key_sources(
+    limits: &[std::sync::Arc<limiter::Limit>],
+) -> impl Iterator<Item = &identity::Source> + Clone {
+    limits.iter().flat_map(|l| {
+        let exempt = l.exempt.iter().filter_map(|e| match e {
+            identity::Exemption::Equals(source, _) => Some(source),
+            identity::Exemption::Net(_) => None,
+        });
+        l.key.0.iter().flat_map(|alt| alt.0.iter()).chain(exempt)
+    })
 }
 
 /// Count the request, its duration and its limit decisions: through the route's cached

@@ -7,7 +7,7 @@ use super::redis::RedisLimiter;
 use super::{
     local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict,
 };
-use crate::identity::RequestView;
+use crate::identity::{ClientId, RequestView};
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
 /// is given (through worker `worker`'s connection), else in process. `now` is the in-process
@@ -28,19 +28,7 @@ pub async fn decide(
         }
         let exempt = view.is_exempt(&limit.exempt);
         let client = (!exempt).then(|| view.resolve(&limit.key));
-        results.push(LimitResult {
-            index,
-            outcome: if exempt {
-                Outcome::Exempt
-            } else {
-                Outcome::Admitted
-            },
-            verdict: None,
-            fallback: false,
-            shadow: limit.shadow,
-            client,
-            ban: super::ban::BanEvent::None,
-        });
+        results.push(unchecked(index, limit, client));
         if let Some(client) = client {
             checks.push(Check { limit, client });
         }
@@ -48,23 +36,21 @@ pub async fn decide(
     if checks.is_empty() {
         return Decision { results };
     }
-    let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
     // Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
     let peer = local::Peer::of(view.client_ip);
     match redis {
         None => {
-            // A banned identity is refused before any bucket is asked (Redis's bans come back
-            // with its verdicts instead).
-            if local_bans(&mut results, &checks, now) {
-                return Decision { results };
-            }
-            let verdicts = in_process(&checks, &enforced, peer, now, false);
-            record(&mut results, &checks, &verdicts, false);
-            strikes(&mut results, &checks, now);
+            // Quotas count in calendar windows, on the wall clock (read once, and only for them).
+            let wall = checks
+                .iter()
+                .any(|c| c.limit.quota.is_some())
+                .then(local::wall_us);
+            local_decision(&mut results, &checks, peer, now, wall);
         }
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
         Some(r) => {
+            let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
             let check = crate::boxed(|| r.check_bans(worker, &checks, &enforced));
             match check.await {
                 Ok((verdicts, bans)) => {
@@ -80,6 +66,69 @@ pub async fn decide(
         }
     }
     Decision { results }
+}
+
+/// `decide` in process for a request whose identities are known already (`clients[i]` is
+/// limit `i`'s, `None` when it is exempt), at `now`, microseconds since the Unix epoch, which
+/// is also the wall-clock time quotas count in: how `tollgate simulate` replays a logged
+/// request. Concurrency limits are skipped, as `decide` skips them.
+pub fn decide_known(
+    limits: &[Arc<Limit>],
+    clients: &[Option<ClientId>],
+    peer: local::Peer,
+    now: f64,
+) -> Decision {
+    let mut results = smallvec::SmallVec::with_capacity(limits.len());
+    let mut checks: Small<Check<'_>> = Small::new();
+    for (index, limit) in limits.iter().enumerate() {
+        if limit.concurrency.is_some() {
+            continue;
+        }
+        let client = clients.get(index).copied().flatten();
+        results.push(unchecked(index, limit, client));
+        if let Some(client) = client {
+            checks.push(Check { limit, client });
+        }
+    }
+    if !checks.is_empty() {
+        local_decision(&mut results, &checks, peer, now, Some(now));
+    }
+    Decision { results }
+}
+
+/// Limit `index`'s result before its bucket is asked: exempt without a `client`.
+fn unchecked(index: usize, limit: &Limit, client: Option<ClientId>) -> LimitResult {
+    LimitResult {
+        index,
+        outcome: if client.is_some() {
+            Outcome::Admitted
+        } else {
+            Outcome::Exempt
+        },
+        verdict: None,
+        fallback: false,
+        shadow: limit.shadow,
+        client,
+        ban: super::ban::BanEvent::None,
+    }
+}
+
+/// The in-process decision: a banned identity is refused before any bucket is asked (Redis's
+/// bans come back with its verdicts instead), then the buckets all or nothing, then strikes.
+fn local_decision(
+    results: &mut [LimitResult],
+    checks: &[Check<'_>],
+    peer: local::Peer,
+    now: f64,
+    wall: Option<f64>,
+) {
+    if local_bans(results, checks, now) {
+        return;
+    }
+    let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+    let verdicts = in_process(checks, &enforced, peer, now, false, wall);
+    record(results, checks, &verdicts, false);
+    strikes(results, checks, now);
 }
 
 /// Refuse the request if an in-process ban holds one of its identities: that limit's result
@@ -127,19 +176,16 @@ fn strikes(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
     }
 }
 
-/// The in-process check, at each limit's own rate or at its stricter fallback rate.
+/// The in-process check, at each limit's own rate or at its stricter fallback rate; `wall` is
+/// the wall-clock time quotas count in (needed only when a limit is one).
 fn in_process(
     checks: &[Check<'_>],
     enforced: &[bool],
     peer: local::Peer,
     now: f64,
     fallback: bool,
+    wall: Option<f64>,
 ) -> Small<Verdict> {
-    // Quotas count in calendar windows, on the wall clock (read once, and only for them).
-    let wall = checks
-        .iter()
-        .any(|c| c.limit.quota.is_some())
-        .then(local::wall_us);
     let items: Small<local::Item<'_>> = checks
         .iter()
         .map(|c| local::Item {
@@ -180,7 +226,11 @@ fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: loca
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
-    let mut local_verdicts = in_process(&local, &enforced, peer, now, true).into_iter();
+    let wall = local
+        .iter()
+        .any(|c| c.limit.quota.is_some())
+        .then(local::wall_us);
+    let mut local_verdicts = in_process(&local, &enforced, peer, now, true, wall).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {
         r.fallback = true;

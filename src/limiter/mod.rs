@@ -23,7 +23,7 @@ pub mod local;
 pub mod quota;
 pub mod redis;
 
-pub use decide::decide;
+pub use decide::{decide, decide_known};
 
 use std::sync::Arc;
 
