@@ -23,7 +23,9 @@ impl Keys {
             if !logged::is_logged(source) || sources.clone().take(i).any(|s| s == source) {
                 continue;
             }
-            keys.push(source, view.logged_digest(source));
+            if let Some(digest) = view.logged_digest(source) {
+                keys.push(source, digest);
+            }
         }
         keys
     }

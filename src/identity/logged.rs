@@ -26,10 +26,17 @@ pub fn digest(value: &[u8]) -> u64 {
 }
 
 impl RequestView<'_> {
-    /// The logged digest of `source`'s value in this request, `None` when the request does
-    /// not carry it (read exactly as a limit reads it: decoded, empty meaning absent).
-    pub fn logged_digest(&self, source: &Source) -> Option<u64> {
-        self.value(source).map(|v| digest(&v))
+    /// The logged digest of `source`'s value in this request, `Some(None)` when the request
+    /// does not carry it (read exactly as a limit reads it: decoded, empty meaning absent).
+    /// `None` for a `jwt:` claim of a token no limit verified: a log line is not worth a
+    /// signature check, so the line does not say.
+    pub fn logged_digest(&self, source: &Source) -> Option<Option<u64>> {
+        if let (Source::Jwt(_), Some(jwt)) = (source, self.jwt) {
+            if !jwt.is_settled() {
+                return None;
+            }
+        }
+        Some(self.value(source).map(|v| digest(&v)))
     }
 }
 
@@ -51,13 +58,16 @@ mod tests {
             jwt: None,
         };
         let header = Source::parse("header:X-API-Key").unwrap();
-        assert_eq!(view.logged_digest(&header), Some(digest(b"secret")));
+        assert_eq!(view.logged_digest(&header), Some(Some(digest(b"secret"))));
         assert_eq!(
             view.logged_digest(&Source::Query("key".into())),
-            Some(digest(b"ab"))
+            Some(Some(digest(b"ab")))
         );
-        assert_eq!(view.logged_digest(&Source::Query("empty".into())), None);
-        assert_eq!(view.logged_digest(&Source::Bearer), None);
+        assert_eq!(
+            view.logged_digest(&Source::Query("empty".into())),
+            Some(None)
+        );
+        assert_eq!(view.logged_digest(&Source::Bearer), Some(None));
         assert_ne!(digest(b"secret"), digest(b"secret2"));
         assert!(is_logged(&header) && !is_logged(&Source::Ip(64)));
     }

@@ -13,7 +13,7 @@ mod known;
 mod line;
 mod report;
 
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
@@ -76,6 +76,8 @@ struct Replay<'s> {
     totals: Totals,
     /// The latest arrival replayed so far.
     replayed_to: i64,
+    /// Route index by name, for the live route a line names.
+    by_name: HashMap<&'s str, usize>,
 }
 
 /// A line waiting to be replayed in arrival order (`seq` keeps file order among equals).
@@ -140,6 +142,9 @@ impl<'s> Replay<'s> {
             stats,
             totals: Totals::default(),
             replayed_to: i64::MIN,
+            by_name: (settings.routes.iter().enumerate())
+                .map(|(i, r)| (&*r.name, i))
+                .collect(),
         }
     }
 
@@ -195,7 +200,9 @@ impl<'s> Replay<'s> {
             self.totals.late += 1;
         }
         self.replayed_to = self.replayed_to.max(rec.arrival_us);
-        let Some(req) = request(rec, self.settings) else {
+        let live = rec.route.as_deref().and_then(|name| self.by_name.get(name));
+        let live = live.and_then(|&i| self.settings.table.matcher(i));
+        let Some(req) = request(rec, live) else {
             self.totals.refused += 1;
             return;
         };
@@ -210,6 +217,8 @@ impl<'s> Replay<'s> {
         };
         if decide(&self.limits[i], &known, &mut self.stats[i]) {
             self.totals.replayed += 1;
+        } else {
+            self.totals.unreplayable += 1;
         }
     }
 }
@@ -239,9 +248,9 @@ fn route_stats(settings: &Settings, i: usize, r: &RouteSpec) -> RouteStats {
 }
 
 /// The logged request as the proxy routed it: screened (host and path in their canonical
-/// form), without a body. A route matching on headers is given its header conditions when
-/// the live proxy routed the line to it (the log holds no header values).
-fn request(rec: &Record, settings: &Settings) -> Option<Request<()>> {
+/// form), without a body, with the header conditions of `live`, the route the live proxy
+/// gave it (the log holds no header values).
+fn request(rec: &Record, live: Option<&crate::route::Matcher>) -> Option<Request<()>> {
     let mut req = Request::builder()
         .method(rec.method.clone())
         .uri(rec.path.as_str())
@@ -253,10 +262,6 @@ fn request(rec: &Record, settings: &Settings) -> Option<Request<()>> {
     if let Some(host) = &rec.host {
         req = req.header(http::header::HOST, host.as_str());
     }
-    let live = rec.route.as_deref().and_then(|name| {
-        let i = settings.routes.iter().position(|r| &*r.name == name)?;
-        settings.table.matcher(i)
-    });
     for (name, value) in live.map(|m| m.headers.as_slice()).unwrap_or_default() {
         req = req.header(name, value);
     }

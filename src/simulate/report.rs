@@ -23,6 +23,8 @@ pub struct Totals {
     pub unrouted: u64,
     /// Access lines whose method, host or path screening refuses (400 live as well).
     pub refused: u64,
+    /// Routed lines not replayed: a source their route's limits read is not in the line.
+    pub unreplayable: u64,
     /// Lines that arrived more than the reorder window before a line already replayed:
     /// replayed late, out of order.
     pub late: u64,
@@ -91,8 +93,8 @@ pub fn text(config: &str, log: &str, totals: &Totals, routes: &[RouteStats]) -> 
     let _ = writeln!(out, "replay of {log} through {config}");
     let _ = writeln!(
         out,
-        "lines: {} read, {} replayed, {skipped} skipped ({} not JSON, {} not access lines, {} malformed)",
-        t.lines, t.replayed, t.not_json, t.not_access, t.malformed
+        "lines: {} read, {} replayed, {} not replayable, {skipped} skipped ({} not JSON, {} not access lines, {} malformed)",
+        t.lines, t.replayed, t.unreplayable, t.not_json, t.not_access, t.malformed
     );
     let _ = writeln!(
         out,
@@ -202,7 +204,7 @@ pub fn json(config: &str, log: &str, totals: &Totals, routes: &[RouteStats]) -> 
     json!({
         "config": config, "log": log,
         "lines": {
-            "read": t.lines, "replayed": t.replayed,
+            "read": t.lines, "replayed": t.replayed, "not_replayable": t.unreplayable,
             "skipped": {"not_json": t.not_json, "not_access": t.not_access, "malformed": t.malformed},
             "unrouted": t.unrouted, "refused": t.refused, "out_of_order": t.late,
         },
