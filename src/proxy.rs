@@ -80,8 +80,8 @@ struct Trace<'a> {
     sent: Sent,
     /// The concurrency slots taken for the request.
     slots: limiter::concurrency::Guard,
-    /// `tollgate.keys` of a JSON access log.
-    keys: access_log::Keys,
+    /// `tollgate.keys` of a JSON access log (named when the line is written).
+    keys: access_log::Digests,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -225,7 +225,7 @@ async fn pipeline<'a>(
     let decision = trace.decision.insert(decision);
     // For replay (`tollgate simulate`): only with a JSON access log.
     if !route.limits.is_empty() && access_log::json() {
-        trace.keys = access_log::Keys::of(key_sources(&route.limits), &view);
+        trace.keys = access_log::Keys::digests(key_sources(&route.limits), &view);
     }
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
@@ -487,11 +487,13 @@ fn record(
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
     entry.body_in = trace.sent.clone();
-    entry.keys.clone_from(&trace.keys);
     let Some(route) = trace.route else {
         return;
     };
     entry.route.extend_from_slice(route.name.as_bytes());
+    if !trace.keys.is_empty() {
+        entry.keys = access_log::Keys::render(key_sources(&route.limits), &trace.keys);
+    }
     if let (Action::Forward(upstream), Some((target, took))) = (&route.action, trace.upstream) {
         if let Some(t) = upstream.targets.get(target) {
             entry.upstream.extend_from_slice(t.as_str().as_bytes());

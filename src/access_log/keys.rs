@@ -6,6 +6,11 @@ use smallvec::SmallVec;
 
 use crate::identity::{logged, RequestView, Source};
 
+/// The digests of a request's logged sources, in the order `logged_sources` gives them (the
+/// outer `None`: not logged, a `jwt:` claim of an unverified token; the inner: absent). What
+/// the request path keeps: no names, inline for two sources.
+pub type Digests = SmallVec<[Option<Option<u64>>; 2]>;
+
 /// The members of `tollgate.keys`, `"header:x-api-key":"0123456789abcdef","cookie:sid":null`:
 /// a digest for a source the request carries, `null` for one it does not. Inline up to two
 /// header sources: a route's limits read one or two.
@@ -14,17 +19,35 @@ pub struct Keys {
     members: SmallVec<[u8; 80]>,
 }
 
+/// Each source of `sources` (each limit's key and exemption sources, repeats allowed) whose
+/// digest the line carries, once, in order: those the line does not hold already.
+fn logged_sources<'a>(
+    sources: impl Iterator<Item = &'a Source> + Clone,
+) -> impl Iterator<Item = &'a Source> {
+    let earlier = sources.clone();
+    sources.enumerate().filter_map(move |(i, source)| {
+        let first = !earlier.clone().take(i).any(|s| s == source);
+        (first && logged::is_logged(source)).then_some(source)
+    })
+}
+
 impl Keys {
-    /// The keys of a request decided against limits reading `sources` (each limit's key and
-    /// exemption sources, repeats allowed): those the line does not hold already.
-    pub fn of<'a>(sources: impl Iterator<Item = &'a Source> + Clone, view: &RequestView<'_>) -> Self {
+    /// The digests of a request decided against limits reading `sources`.
+    pub fn digests<'a>(
+        sources: impl Iterator<Item = &'a Source> + Clone,
+        view: &RequestView<'_>,
+    ) -> Digests {
+        logged_sources(sources)
+            .map(|s| view.logged_digest(s))
+            .collect()
+    }
+
+    /// The members of `digests`, taken by `digests` from the same `sources`.
+    pub fn render<'a>(sources: impl Iterator<Item = &'a Source> + Clone, digests: &Digests) -> Self {
         let mut keys = Self::default();
-        for (i, source) in sources.clone().enumerate() {
-            if !logged::is_logged(source) || sources.clone().take(i).any(|s| s == source) {
-                continue;
-            }
-            if let Some(digest) = view.logged_digest(source) {
-                keys.push(source, digest);
+        for (source, digest) in logged_sources(sources).zip(digests) {
+            if let Some(digest) = digest {
+                keys.push(source, *digest);
             }
         }
         keys
@@ -111,7 +134,10 @@ mod tests {
             Source::parse("header:x-api-key").unwrap(),
             Source::Cookie("a\"b".into()),
         ];
-        let keys = Keys::of(sources.iter(), &view);
+        let digests = Keys::digests(sources.iter(), &view);
+        assert_eq!(digests.len(), 2);
+        assert!(!digests.spilled());
+        let keys = Keys::render(sources.iter(), &digests);
         let text = format!("{{{}}}", String::from_utf8(keys.members().to_vec()).unwrap());
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let want = format!("{:016x}", logged::digest(b"k1"));

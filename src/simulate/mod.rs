@@ -362,3 +362,6 @@ fn count(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -73,7 +73,7 @@ pub struct LimitStats {
 }
 
 impl LimitStats {
-    fn top(&self) -> Vec<(&str, u64)> {
+    pub(super) fn top(&self) -> Vec<(&str, u64)> {
         let mut top: Vec<(&str, u64)> = self
             .by_identity
             .values()
