@@ -37,7 +37,9 @@ fn keys(c: &mut Criterion) {
         Keys::render(sources.iter(), &digests)
     };
     g.bench_function("header key", |b| b.iter(|| both(&one)));
-    g.bench_function("header key, absent cookie, repeat", |b| b.iter(|| both(&two)));
+    g.bench_function("header key, absent cookie, repeat", |b| {
+        b.iter(|| both(&two))
+    });
     g.bench_function("ip only (nothing logged)", |b| b.iter(|| both(&only_ip)));
     g.bench_function("header key, digests alone", |b| {
         b.iter(|| Keys::digests(black_box(&one).iter(), black_box(&view)));

@@ -24,7 +24,8 @@ fn routes(upstream: &MockUpstream, per_key: &str) -> String {
     ))
 }
 
-const PER_KEY: &str = "      - { name: per-key, rate: 5/min, burst: 3, key: [header:X-API-Key, ip] }\n";
+const PER_KEY: &str =
+    "      - { name: per-key, rate: 5/min, burst: 3, key: [header:X-API-Key, ip] }\n";
 
 /// Write `yaml` to a file in `dir`.
 fn write_config(dir: &Path, name: &str, yaml: &str) -> std::path::PathBuf {
@@ -107,7 +108,11 @@ async fn live(yaml: &str, dir: &Path) -> ((usize, usize), std::path::PathBuf) {
         for code in http.statuses(n, &proxy.url(path), &headers).await {
             assert!(code == 200 || code == 429, "{code}");
             if code == 429 {
-                *if path.starts_with("/api/") { &mut api } else { &mut ip } += 1;
+                *if path.starts_with("/api/") {
+                    &mut api
+                } else {
+                    &mut ip
+                } += 1;
             }
         }
     }
@@ -126,7 +131,10 @@ async fn the_same_config_replays_the_live_429s_exactly_and_a_stricter_one_more()
     assert_eq!((api_429, ip_429), (4 + 2 + 1, 2));
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("secret"), "no API key in the log");
-    assert!(text.contains("\"tollgate.keys\":{\"header:x-api-key\":"), "{text}");
+    assert!(
+        text.contains("\"tollgate.keys\":{\"header:x-api-key\":"),
+        "{text}"
+    );
 
     let same = report(&write_config(dir.path(), "same.yaml", &yaml), &log);
     let api = route(&same, "api");
@@ -142,7 +150,10 @@ async fn the_same_config_replays_the_live_429s_exactly_and_a_stricter_one_more()
     // The key rejected most: alpha's digest (4), then the address .2 (2), then .3 (1).
     let top = per_key["most_rejected"].as_array().unwrap();
     assert_eq!(top.len(), 3, "{top:?}");
-    assert!(top[0]["identity"].as_str().unwrap().starts_with("header:x-api-key="));
+    assert!(top[0]["identity"]
+        .as_str()
+        .unwrap()
+        .starts_with("header:x-api-key="));
     assert_eq!(top[0]["rejected"], 4);
     assert_eq!(top[1]["identity"], "ip=127.0.0.2");
 
@@ -179,7 +190,10 @@ async fn what_the_log_does_not_hold_is_reported_and_bad_lines_are_counted() {
         text.contains("`header:x-tenant` is not in the logged sources of 18 lines"),
         "{text}"
     );
-    assert!(text.contains("limit in-flight: a concurrency limit"), "{text}");
+    assert!(
+        text.contains("limit in-flight: a concurrency limit"),
+        "{text}"
+    );
 
     // Bad lines among good ones, read from stdin: counted, never fatal.
     let mut bytes = std::fs::read(&log).unwrap();
@@ -192,7 +206,11 @@ async fn what_the_log_does_not_hold_is_reported_and_bad_lines_are_counted() {
     let r: Value = serde_json::from_str(&out).unwrap();
     let skipped = &r["lines"]["skipped"];
     assert_eq!(
-        (&skipped["not_json"], &skipped["not_access"], &skipped["malformed"]),
+        (
+            &skipped["not_json"],
+            &skipped["not_access"],
+            &skipped["malformed"]
+        ),
         (&Value::from(3), &Value::from(1), &Value::from(2)),
         "{r:#}"
     );

@@ -4,12 +4,12 @@
 
 use smallvec::SmallVec;
 
-use crate::identity::{logged, RequestView, Source};
+use crate::identity::logged::{self, Logged};
+use crate::identity::{RequestView, Source};
 
-/// The digests of a request's logged sources, in the order `logged_sources` gives them (the
-/// outer `None`: not logged, a `jwt:` claim of an unverified token; the inner: absent). What
-/// the request path keeps: no names, inline for two sources.
-pub type Digests = SmallVec<[Option<Option<u64>>; 2]>;
+/// What the line says of a request's logged sources, in the order `logged_sources` gives them:
+/// what the request path keeps (no names, inline for two sources).
+pub type Digests = SmallVec<[Logged; 2]>;
 
 /// The members of `tollgate.keys`, `"header:x-api-key":"0123456789abcdef","cookie:sid":null`:
 /// a digest for a source the request carries, `null` for one it does not. Inline up to two
@@ -43,12 +43,13 @@ impl Keys {
     }
 
     /// The members of `digests`, taken by `digests` from the same `sources`.
-    pub fn render<'a>(sources: impl Iterator<Item = &'a Source> + Clone, digests: &Digests) -> Self {
+    pub fn render<'a>(
+        sources: impl Iterator<Item = &'a Source> + Clone,
+        digests: &Digests,
+    ) -> Self {
         let mut keys = Self::default();
         for (source, digest) in logged_sources(sources).zip(digests) {
-            if let Some(digest) = digest {
-                keys.push(source, *digest);
-            }
+            keys.push(source, *digest);
         }
         keys
     }
@@ -58,8 +59,11 @@ impl Keys {
         &self.members
     }
 
-    fn push(&mut self, source: &Source, digest: Option<u64>) {
+    fn push(&mut self, source: &Source, digest: Logged) {
         let out = &mut self.members;
+        if digest == Logged::Unknown {
+            return;
+        }
         if !out.is_empty() {
             out.push(b',');
         }
@@ -75,12 +79,12 @@ impl Keys {
         escaped(out, name.as_bytes());
         out.extend_from_slice(b"\":");
         match digest {
-            Some(d) => {
+            Logged::Digest(d) => {
                 out.push(b'"');
                 push_hex64(out, d);
                 out.push(b'"');
             }
-            None => out.extend_from_slice(b"null"),
+            Logged::Absent | Logged::Unknown => out.extend_from_slice(b"null"),
         }
     }
 }
@@ -138,12 +142,18 @@ mod tests {
         assert_eq!(digests.len(), 2);
         assert!(!digests.spilled());
         let keys = Keys::render(sources.iter(), &digests);
-        let text = format!("{{{}}}", String::from_utf8(keys.members().to_vec()).unwrap());
+        let text = format!(
+            "{{{}}}",
+            String::from_utf8(keys.members().to_vec()).unwrap()
+        );
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let want = format!("{:016x}", logged::digest(b"k1"));
         assert_eq!(v["header:x-api-key"], want.as_str(), "{text}");
         assert!(v["cookie:a\"b"].is_null(), "{text}");
         assert_eq!(v.as_object().unwrap().len(), 2, "{text}");
-        assert!(!keys.members.spilled(), "one header and one cookie fit inline");
+        assert!(
+            !keys.members.spilled(),
+            "one header and one cookie fit inline"
+        );
     }
 }

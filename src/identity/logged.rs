@@ -17,6 +17,17 @@ pub fn is_logged(source: &Source) -> bool {
     )
 }
 
+/// What an access-log line says of one source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    /// The digest of the request's value.
+    Digest(u64),
+    /// The request did not carry the source.
+    Absent,
+    /// The line does not say.
+    Unknown,
+}
+
 /// The 64-bit digest of one source's value as the access log writes it (hex, 16 digits).
 pub fn digest(value: &[u8]) -> u64 {
     let hash = blake3::keyed_hash(KEY, value);
@@ -26,17 +37,19 @@ pub fn digest(value: &[u8]) -> u64 {
 }
 
 impl RequestView<'_> {
-    /// The logged digest of `source`'s value in this request, `Some(None)` when the request
-    /// does not carry it (read exactly as a limit reads it: decoded, empty meaning absent).
-    /// `None` for a `jwt:` claim of a token no limit verified: a log line is not worth a
-    /// signature check, so the line does not say.
-    pub fn logged_digest(&self, source: &Source) -> Option<Option<u64>> {
+    /// What the access log says of `source` in this request: the digest of its value, read
+    /// exactly as a limit reads it (decoded, empty meaning absent). `Unknown` for a `jwt:`
+    /// claim of a token no limit verified: a log line is not worth a signature check.
+    pub fn logged_digest(&self, source: &Source) -> Logged {
         if let (Source::Jwt(_), Some(jwt)) = (source, self.jwt) {
             if !jwt.is_settled() {
-                return None;
+                return Logged::Unknown;
             }
         }
-        Some(self.value(source).map(|v| digest(&v)))
+        match self.value(source) {
+            Some(v) => Logged::Digest(digest(&v)),
+            None => Logged::Absent,
+        }
     }
 }
 
@@ -58,16 +71,19 @@ mod tests {
             jwt: None,
         };
         let header = Source::parse("header:X-API-Key").unwrap();
-        assert_eq!(view.logged_digest(&header), Some(Some(digest(b"secret"))));
+        assert_eq!(
+            view.logged_digest(&header),
+            Logged::Digest(digest(b"secret"))
+        );
         assert_eq!(
             view.logged_digest(&Source::Query("key".into())),
-            Some(Some(digest(b"ab")))
+            Logged::Digest(digest(b"ab"))
         );
         assert_eq!(
             view.logged_digest(&Source::Query("empty".into())),
-            Some(None)
+            Logged::Absent
         );
-        assert_eq!(view.logged_digest(&Source::Bearer), Some(None));
+        assert_eq!(view.logged_digest(&Source::Bearer), Logged::Absent);
         assert_ne!(digest(b"secret"), digest(b"secret2"));
         assert!(is_logged(&header) && !is_logged(&Source::Ip(64)));
     }

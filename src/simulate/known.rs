@@ -2,12 +2,14 @@
 //! (the line does not log it), and the bucket key a limit's `key` gives from that.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::Request;
 
 use super::line::Record;
-use crate::identity::{self, logged, ClientId, Exemption, KeySpec, Source};
+use crate::identity::logged::{self, Logged};
+use crate::identity::{self, ClientId, Exemption, KeySpec, Source};
 
 /// One source of a logged request.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,9 +64,9 @@ impl<'a> Known<'a> {
             | Source::Cookie(_)
             | Source::Bearer
             | Source::Jwt(_) => match self.rec.key(&source.to_string()) {
-                Some(Some(digest)) => Value::Present(Cow::Owned(digest.to_be_bytes().to_vec())),
-                Some(None) => Value::Absent,
-                None => Value::Unknown,
+                Logged::Digest(d) => Value::Present(Cow::Owned(d.to_be_bytes().to_vec())),
+                Logged::Absent => Value::Absent,
+                Logged::Unknown => Value::Unknown,
             },
         }
     }
@@ -139,8 +141,11 @@ impl<'a> Known<'a> {
                     None => "ip=?".to_owned(),
                 },
                 (s, Value::Present(v)) if logged::is_logged(s) => {
-                    let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
-                    format!("{s}={hex}")
+                    let mut label = format!("{s}=");
+                    for b in v.iter() {
+                        let _ = write!(label, "{b:02x}");
+                    }
+                    label
                 }
                 (s, Value::Present(v)) => format!("{s}={}", String::from_utf8_lossy(&v)),
                 (s, _) => format!("{s}=?"),

@@ -5,6 +5,8 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
+use crate::identity::logged::Logged;
+
 /// The fields of a JSON access-log line that replay reads.
 #[derive(Debug, Deserialize)]
 struct Raw {
@@ -46,7 +48,7 @@ pub struct Record {
     pub client: Option<IpAddr>,
     /// `tollgate.keys`: source name and digest (`None`: the request did not carry it);
     /// `None` when the line has no such field.
-    pub keys: Option<Vec<(String, Option<u64>)>>,
+    keys: Option<Vec<(String, Option<u64>)>>,
     /// The route, limit and outcome of the live decision.
     pub route: Option<String>,
     pub limit: Option<String>,
@@ -54,11 +56,17 @@ pub struct Record {
 }
 
 impl Record {
-    /// The logged digest of source `name`: `Some(None)` when the request did not carry it,
-    /// `None` when the line does not say.
-    pub fn key(&self, name: &str) -> Option<Option<u64>> {
-        let keys = self.keys.as_ref()?;
-        keys.iter().find(|(k, _)| k == name).map(|(_, d)| *d)
+    /// What the line says of source `name` (as `tollgate.keys` names it).
+    pub fn key(&self, name: &str) -> Logged {
+        let found = self
+            .keys
+            .as_ref()
+            .and_then(|keys| keys.iter().find(|(k, _)| k == name));
+        match found {
+            Some((_, Some(digest))) => Logged::Digest(*digest),
+            Some((_, None)) => Logged::Absent,
+            None => Logged::Unknown,
+        }
     }
 
     /// The live proxy refused the request with a limit (`limited`, `limited-without-store`).
@@ -97,7 +105,7 @@ pub fn parse(line: &[u8]) -> Result<Option<Record>, Skip> {
 
 fn record(raw: Raw) -> Option<Record> {
     let end: jiff::Timestamp = raw.timestamp?.parse().ok()?;
-    let end_us = i64::try_from(end.as_microsecond()).ok()?;
+    let end_us = end.as_microsecond();
     let took_us = raw.duration_ms.filter(|d| d.is_finite() && *d >= 0.0)? * 1000.0;
     let method = http::Method::from_bytes(raw.method?.as_bytes()).ok()?;
     let path = raw.path.filter(|p| p.starts_with('/'))?;
@@ -147,9 +155,9 @@ mod tests {
         let r = parse(line).unwrap().unwrap();
         assert_eq!(r.end_us - r.arrival_us, 1500);
         assert_eq!(r.host.as_deref(), Some("api.example:8080"));
-        assert_eq!(r.key("header:x-api-key"), Some(Some(255)));
-        assert_eq!(r.key("cookie:sid"), Some(None));
-        assert_eq!(r.key("bearer"), None);
+        assert_eq!(r.key("header:x-api-key"), Logged::Digest(255));
+        assert_eq!(r.key("cookie:sid"), Logged::Absent);
+        assert_eq!(r.key("bearer"), Logged::Unknown);
         assert!(r.live_rejected());
     }
 

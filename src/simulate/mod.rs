@@ -56,7 +56,9 @@ pub fn run(config: &Path, log: &Path, format: Format) -> Result<String, String> 
         Box::new(std::io::BufReader::new(file))
     };
     let mut replay = Replay::new(&settings);
-    replay.read(input).map_err(|e| format!("reading {}: {e}", log.display()))?;
+    replay
+        .read(input)
+        .map_err(|e| format!("reading {}: {e}", log.display()))?;
     let (config, log) = (config.display().to_string(), log.display().to_string());
     Ok(match format {
         Format::Text => report::text(&config, &log, &replay.totals, &replay.stats),
@@ -280,7 +282,11 @@ fn decide(limits: &[Arc<Limit>], known: &Known<'_>, stats: &mut RouteStats) -> b
         if rec.live_rejected() {
             stats.live_rejected += 1;
             let by = rec.limit.as_deref();
-            if let Some(l) = stats.limits.iter_mut().find(|l| Some(l.name.as_str()) == by) {
+            if let Some(l) = stats
+                .limits
+                .iter_mut()
+                .find(|l| Some(l.name.as_str()) == by)
+            {
                 l.live_rejected += 1;
             }
         }

@@ -102,7 +102,10 @@ pub fn text(config: &str, log: &str, totals: &Totals, routes: &[RouteStats]) -> 
         t.unrouted, t.refused, t.late
     );
     let mut cannot = Vec::new();
-    for r in routes.iter().filter(|r| r.requests + r.unreplayable > 0 || r.live_requests > 0) {
+    for r in routes
+        .iter()
+        .filter(|r| r.requests + r.unreplayable > 0 || r.live_requests > 0)
+    {
         let _ = writeln!(
             out,
             "\nroute {}: {} requests, {} admitted, {} rejected (live: {} requests, {} rejected)",
