@@ -224,8 +224,8 @@ async fn pipeline<'a>(
     }
     let decision = trace.decision.insert(decision);
     // For replay (`tollgate simulate`): only with a JSON access log.
-    if !route.limits.is_empty() && access_log::json() {
-        trace.keys = access_log::Keys::digests(key_sources(&route.limits), &view);
+    if !route.logged_keys.is_empty() && access_log::json() {
+        trace.keys = route.logged_keys.digests(&view);
     }
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
@@ -492,7 +492,7 @@ fn record(
     };
     entry.route.extend_from_slice(route.name.as_bytes());
     if !trace.keys.is_empty() {
-        entry.keys = access_log::Keys::render(key_sources(&route.limits), &trace.keys);
+        entry.keys = route.logged_keys.render(&trace.keys);
     }
     if let (Action::Forward(upstream), Some((target, took))) = (&route.action, trace.upstream) {
         if let Some(t) = upstream.targets.get(target) {
@@ -521,19 +521,6 @@ fn record(
     if let Some(limit) = limit {
         entry.limit.extend_from_slice(limit.as_bytes());
     }
-}
-
-/// The identity sources `limits` read, in their keys and in `exempt` entries of a value.
-fn key_sources(
-    limits: &[std::sync::Arc<limiter::Limit>],
-) -> impl Iterator<Item = &identity::Source> + Clone {
-    limits.iter().flat_map(|l| {
-        let exempt = l.exempt.iter().filter_map(|e| match e {
-            identity::Exemption::Equals(source, _) => Some(source),
-            identity::Exemption::Net(_) => None,
-        });
-        l.key.0.iter().flat_map(|alt| alt.0.iter()).chain(exempt)
-    })
 }
 
 /// Count the request, its duration and its limit decisions: through the route's cached

@@ -7,9 +7,16 @@ use smallvec::SmallVec;
 use crate::identity::logged::{self, Logged};
 use crate::identity::{RequestView, Source};
 
-/// What the line says of a request's logged sources, in the order `logged_sources` gives them:
-/// what the request path keeps (no names, inline for two sources).
+/// What the line says of a request's logged sources, in `KeySources` order: what the request
+/// path keeps (no names, inline for two sources).
 pub type Digests = SmallVec<[Logged; 2]>;
+
+/// A route's logged sources, each once, with its member name (`"header:x-api-key":`) rendered
+/// when the config is built: a request then pays for its digests and a copy, no more.
+#[derive(Debug, Clone, Default)]
+pub struct KeySources {
+    sources: Vec<(Source, Box<[u8]>)>,
+}
 
 /// The members of `tollgate.keys`, `"header:x-api-key":"0123456789abcdef","cookie:sid":null`:
 /// a digest for a source the request carries, `null` for one it does not. Inline up to two
@@ -19,81 +26,69 @@ pub struct Keys {
     members: SmallVec<[u8; 80]>,
 }
 
-/// Each source of `sources` (each limit's key and exemption sources, repeats allowed) whose
-/// digest the line carries, once, in order: those the line does not hold already.
-fn logged_sources<'a>(
-    sources: impl Iterator<Item = &'a Source> + Clone,
-) -> impl Iterator<Item = &'a Source> {
-    let earlier = sources.clone();
-    sources.enumerate().filter_map(move |(i, source)| {
-        let first = !earlier.clone().take(i).any(|s| s == source);
-        (first && logged::is_logged(source)).then_some(source)
-    })
-}
+impl KeySources {
+    /// The sources of `sources` (each limit's key and exemption sources, repeats allowed)
+    /// whose digests a line carries: those the line does not hold already.
+    pub fn of<'a>(sources: impl Iterator<Item = &'a Source>) -> Self {
+        let mut out: Vec<(Source, Box<[u8]>)> = Vec::new();
+        for source in sources {
+            if logged::is_logged(source) && !out.iter().any(|(s, _)| s == source) {
+                out.push((source.clone(), name(source)));
+            }
+        }
+        Self { sources: out }
+    }
 
-impl Keys {
-    /// The digests of a request decided against limits reading `sources`.
-    pub fn digests<'a>(
-        sources: impl Iterator<Item = &'a Source> + Clone,
-        view: &RequestView<'_>,
-    ) -> Digests {
-        logged_sources(sources)
-            .map(|s| view.logged_digest(s))
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// What the line says of these sources in one request.
+    pub fn digests(&self, view: &RequestView<'_>) -> Digests {
+        self.sources
+            .iter()
+            .map(|(s, _)| view.logged_digest(s))
             .collect()
     }
 
-    /// The members of `digests`, taken by `digests` from the same `sources`.
-    pub fn render<'a>(
-        sources: impl Iterator<Item = &'a Source> + Clone,
-        digests: &Digests,
-    ) -> Self {
-        let mut keys = Self::default();
-        for (source, digest) in logged_sources(sources).zip(digests) {
-            keys.push(source, *digest);
+    /// The members of `digests`, as `digests` gave them.
+    pub fn render(&self, digests: &Digests) -> Keys {
+        let mut out = SmallVec::new();
+        for ((_, name), digest) in self.sources.iter().zip(digests) {
+            let mut value = [0u8; 18];
+            let value: &[u8] = match digest {
+                Logged::Digest(d) => {
+                    value[0] = b'"';
+                    hex64(&mut value[1..17], *d);
+                    value[17] = b'"';
+                    &value
+                }
+                Logged::Absent => b"null",
+                Logged::Unknown => continue,
+            };
+            if !out.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(name);
+            out.extend_from_slice(value);
         }
-        keys
+        Keys { members: out }
     }
+}
 
+impl Keys {
     /// The rendered members (without braces).
     pub(super) fn members(&self) -> &[u8] {
         &self.members
     }
-
-    fn push(&mut self, source: &Source, digest: Logged) {
-        let out = &mut self.members;
-        if digest == Logged::Unknown {
-            return;
-        }
-        if !out.is_empty() {
-            out.push(b',');
-        }
-        out.push(b'"');
-        let (kind, name) = match source {
-            Source::Header(n) => ("header:", n.as_str()),
-            Source::Query(n) => ("query:", n.as_str()),
-            Source::Cookie(n) => ("cookie:", n.as_str()),
-            Source::Jwt(n) => ("jwt:", n.as_str()),
-            _ => ("bearer", ""),
-        };
-        out.extend_from_slice(kind.as_bytes());
-        escaped(out, name.as_bytes());
-        out.extend_from_slice(b"\":");
-        match digest {
-            Logged::Digest(d) => {
-                out.push(b'"');
-                push_hex64(out, d);
-                out.push(b'"');
-            }
-            Logged::Absent | Logged::Unknown => out.extend_from_slice(b"null"),
-        }
-    }
 }
 
-/// A name from the config (a query parameter, cookie or claim may hold anything) as the
-/// inside of a JSON string.
-fn escaped(out: &mut SmallVec<[u8; 80]>, name: &[u8]) {
+/// `"NAME":` of a logged source, its name escaped (a query parameter, cookie or claim of the
+/// config may hold anything).
+fn name(source: &Source) -> Box<[u8]> {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for &c in name {
+    let mut out = b"\"".to_vec();
+    for c in source.to_string().bytes() {
         match c {
             b'"' | b'\\' => out.extend_from_slice(&[b'\\', c]),
             0..0x20 | 0x7f => {
@@ -104,15 +99,15 @@ fn escaped(out: &mut SmallVec<[u8; 80]>, name: &[u8]) {
             c => out.push(c),
         }
     }
+    out.extend_from_slice(b"\":");
+    out.into_boxed_slice()
 }
 
-fn push_hex64(out: &mut SmallVec<[u8; 80]>, n: u64) {
+fn hex64(out: &mut [u8], n: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = [0u8; 16];
-    for (i, d) in hex.iter_mut().enumerate() {
+    for (i, d) in out.iter_mut().take(16).enumerate() {
         *d = DIGITS[(n >> (4 * (15 - i))) as usize & 15];
     }
-    out.extend_from_slice(&hex);
 }
 
 #[cfg(test)]
@@ -138,10 +133,11 @@ mod tests {
             Source::parse("header:x-api-key").unwrap(),
             Source::Cookie("a\"b".into()),
         ];
-        let digests = Keys::digests(sources.iter(), &view);
+        let route = KeySources::of(sources.iter());
+        let digests = route.digests(&view);
         assert_eq!(digests.len(), 2);
         assert!(!digests.spilled());
-        let keys = Keys::render(sources.iter(), &digests);
+        let keys = route.render(&digests);
         let text = format!(
             "{{{}}}",
             String::from_utf8(keys.members().to_vec()).unwrap()
@@ -155,5 +151,6 @@ mod tests {
             !keys.members.spilled(),
             "one header and one cookie fit inline"
         );
+        assert!(KeySources::of([Source::Ip(64), Source::Global].iter()).is_empty());
     }
 }

@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::body::Sent;
-pub use keys::{Digests, Keys};
+pub use keys::{Digests, KeySources, Keys};
 pub use writer::{dropped_lines, enabled, flush_local, flush_periodically, json, reopen, sync};
 
 /// Where access-log lines go.
