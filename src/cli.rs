@@ -1,4 +1,5 @@
-//! The command line: `run` (the default), `check`, `health`, `explain`, `completions` and `man`.
+//! The command line: `run` (the default), `check`, `health`, `explain`, `simulate`,
+//! `completions`, `man` and `schema`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -143,6 +144,17 @@ pub enum Command {
     /// bucket, the decision), without counting it: asks a running proxy's admin API with
     /// `--admin`, else reads the config alone (every bucket full).
     Explain(ExplainArgs),
+    /// Replay a JSON access log through the config's routes and limits and report what they
+    /// would have admitted and rejected (docs/operations.md, "Replaying traffic").
+    Simulate {
+        /// The access log (JSON lines, as `--access-log-format json` writes them); `-` reads
+        /// stdin.
+        #[arg(long)]
+        log: PathBuf,
+        /// The report: text, or one JSON object for scripts.
+        #[arg(long, value_enum, default_value = "text")]
+        format: crate::simulate::Format,
+    },
 }
 
 /// Write the completion script of `shell` to `out`. Made in memory first: clap_complete
@@ -244,7 +256,7 @@ fn trim_float(x: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
-fn describe_key(l: &LimitSpec) -> String {
+pub(crate) fn describe_key(l: &LimitSpec) -> String {
     let alts: Vec<String> = l
         .key
         .0

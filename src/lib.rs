@@ -48,7 +48,10 @@
 //! - `server` (accept and balance, connection, the request-line watch that answers `414`,
 //!   watchdog), `admin` (the admin listener), `reload` (build then swap).
 //! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
-//!   binary's. `cli`: the command line (`run`, `check`, `health`, `explain`, `schema`).
+//!   binary's. `cli`: the command line (`run`, `check`, `health`, `explain`, `schema`,
+//!   `simulate`).
+//! - `simulate`: a JSON access log replayed through a config's routes and limits, with the
+//!   limiter's own arithmetic on the log's clock (`tollgate simulate`).
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
 //! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.
@@ -81,6 +84,7 @@ pub(crate) mod runtime;
 pub mod screen;
 pub mod server;
 pub mod sharded;
+pub mod simulate;
 pub mod state;
 pub(crate) mod tls;
 pub(crate) mod workers;

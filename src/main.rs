@@ -19,7 +19,10 @@ fn main() -> ExitCode {
         _ => RunArgs::default(),
     }
     .resolve(std::mem::take(&mut cli.run));
-    init_logging(&opts);
+    // A replay's limits would log each ban they start: its report says what happened.
+    if !matches!(command, Command::Simulate { .. }) {
+        init_logging(&opts);
+    }
     match command {
         Command::Check => match tollgate::config::load(&cli.config) {
             Ok(snapshot) if snapshot.candidate_error().is_some() => {
@@ -61,6 +64,18 @@ fn main() -> ExitCode {
                 )),
                 Err(e) => {
                     eprintln!("tollgate explain: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Simulate { log, format } => {
+            match tollgate::simulate::run(&cli.config, &log, format) {
+                Ok(report) => printed(std::io::Write::write_all(
+                    &mut std::io::stdout(),
+                    report.as_bytes(),
+                )),
+                Err(e) => {
+                    eprintln!("tollgate: {e}");
                     ExitCode::FAILURE
                 }
             }

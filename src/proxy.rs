@@ -82,6 +82,8 @@ struct Trace<'a> {
     slots: limiter::concurrency::Guard,
     /// Refused by an operator's ban (`control`), before any limit.
     operator_ban: bool,
+    /// `tollgate.keys` of a JSON access log (named when the line is written).
+    keys: access_log::Digests,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -233,6 +235,10 @@ async fn pipeline<'a>(
             .observe(asked.elapsed().as_secs_f64());
     }
     let decision = trace.decision.insert(decision);
+    // For replay (`tollgate simulate`): only with a JSON access log.
+    if !route.logged_keys.is_empty() && access_log::json() {
+        trace.keys = route.logged_keys.digests(&view);
+    }
     if let Some(rejected) = decision.rejected_by() {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
@@ -556,6 +562,9 @@ fn record(
         return;
     };
     entry.route.extend_from_slice(route.name.as_bytes());
+    if !trace.keys.is_empty() {
+        entry.keys = route.logged_keys.render(&trace.keys);
+    }
     if let (Action::Forward(upstream), Some((target, took))) = (&route.action, trace.upstream) {
         if let Some(t) = upstream.targets.get(target) {
             entry.upstream.extend_from_slice(t.as_str().as_bytes());

@@ -67,6 +67,8 @@ pub struct Route {
     pub buffer_response: bool,
     /// The route compares paths without case, so its limits read the path lower-cased.
     pub fold_path: bool,
+    /// The identity sources its limits read that a JSON access line gives digests of.
+    pub logged_keys: crate::access_log::KeySources,
 }
 
 /// What a route does with an admitted request.
@@ -129,6 +131,7 @@ impl Runtime {
                 action,
                 rendered: limits.iter().map(|l| Rendered::of(l)).collect(),
                 counters: metrics.route_counters(&spec.name, limits.iter().map(|l| &*l.name)),
+                logged_keys: logged_keys(&limits),
                 limits,
                 body: spec.body,
                 websocket: spec.websocket,
@@ -195,6 +198,17 @@ pub(crate) fn limit(
             .with_bans(spec, old, max_buckets)
             .with_slots(old),
     )
+}
+
+/// The sources `limits` read in their keys and `exempt` entries that access lines log.
+fn logged_keys(limits: &[Arc<Limit>]) -> crate::access_log::KeySources {
+    crate::access_log::KeySources::of(limits.iter().flat_map(|l| {
+        let exempt = l.exempt.iter().filter_map(|e| match e {
+            crate::identity::Exemption::Equals(source, _) => Some(source),
+            crate::identity::Exemption::Net(_) => None,
+        });
+        l.key.0.iter().flat_map(|alt| alt.0.iter()).chain(exempt)
+    }))
 }
 
 /// Where `settings` buffer bodies. The memory budget is `previous`'s when its cap is the same:

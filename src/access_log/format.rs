@@ -348,6 +348,12 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
         push_hex64(out, c);
         out.push(b'"');
     }
+    if !e.keys.members().is_empty() {
+        json_key(out, b"tollgate.keys");
+        out.push(b'{');
+        out.extend_from_slice(e.keys.members());
+        out.push(b'}');
+    }
     if !e.upstream.is_empty() {
         json_str(out, b"upstream.address", &e.upstream);
     }

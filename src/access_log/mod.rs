@@ -17,6 +17,7 @@
 //! (`install`); a process that installs nothing logs no access lines.
 
 mod format;
+mod keys;
 mod writer;
 
 use std::net::IpAddr;
@@ -31,7 +32,8 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::body::Sent;
-pub use writer::{dropped_lines, enabled, flush_local, flush_periodically, reopen, sync};
+pub use keys::{Digests, KeySources, Keys};
+pub use writer::{dropped_lines, enabled, flush_local, flush_periodically, json, reopen, sync};
 
 /// Where access-log lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +111,8 @@ pub struct Entry {
     pub bytes_in: u64,
     /// A streamed request body's progress (its bytes are read when the line is written).
     pub body_in: Sent,
+    /// The digests of the identity sources the route's limits read (JSON lines only).
+    pub keys: Keys,
 }
 
 impl Entry {
@@ -143,6 +147,7 @@ impl Entry {
             upstream_time: None,
             bytes_in: 0,
             body_in: Sent::default(),
+            keys: Keys::default(),
         }
     }
 }

@@ -49,6 +49,11 @@ pub fn enabled() -> bool {
     LOG.get().is_some()
 }
 
+/// An access log of JSON lines is installed: requests fill in `Entry::keys`.
+pub fn json() -> bool {
+    LOG.get().is_some_and(|log| log.format == Format::Json)
+}
+
 pub(super) fn install(destination: &Destination, format: Format) -> std::io::Result<()> {
     let output = match destination {
         Destination::Off => return Ok(()),

@@ -200,6 +200,11 @@ impl<'a> Context<'a> {
             .get_or_init(|| self.token.and_then(|t| self.verifier.verify(t)))
             .as_ref()
     }
+
+    /// Whether the token was verified already (or there is none): then `claims` costs nothing.
+    pub fn is_settled(&self) -> bool {
+        self.token.is_none() || self.verified.get().is_some()
+    }
 }
 
 /// Shared by every runtime: the verifier of the config it was built from.

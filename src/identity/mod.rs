@@ -15,6 +15,7 @@ use percent_encoding::percent_decode_str;
 
 mod address;
 pub mod jwt;
+pub mod logged;
 pub use address::{client_ip, client_ip_from, host, is_trusted, ForwardedHeader};
 
 /// The IPv6 prefix the `ip` source groups clients by.

@@ -7,7 +7,7 @@ use super::redis::RedisLimiter;
 use super::{
     local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small, Verdict,
 };
-use crate::identity::RequestView;
+use crate::identity::{ClientId, RequestView};
 
 /// An operator's override of one limit for one identity (see `control`). A token bucket keeps
 /// its key and its state, counted at the other rate. A quota's state is its window's share
@@ -89,14 +89,14 @@ pub async fn decide_tuned(
     let peer = local::Peer::of(view.client_ip);
     match redis {
         None => {
-            // A banned identity is refused before any bucket is asked (Redis's bans come back
-            // with its verdicts instead).
-            if local_bans(&mut results, &checks, now) {
-                return Decision { results };
-            }
-            let verdicts = in_process(&checks, &enforced, peer, now, Numbers::Own(&tunings));
-            record(&mut results, &checks, &verdicts, false);
-            strikes(&mut results, &checks, now);
+            let numbers = Numbers::Own(&tunings);
+            local_decision(
+                &mut results,
+                &checks,
+                (&enforced, numbers),
+                peer,
+                (now, None),
+            );
         }
         // Boxed so that the Redis call's state does not inflate every request's future, in a
         // statement of its own: a temporary of the `.await` statement would be kept unboxed.
@@ -116,6 +116,66 @@ pub async fn decide_tuned(
         }
     }
     Decision { results }
+}
+
+/// `decide` in process for a request whose identities are known already (`clients[i]` is
+/// limit `i`'s, `None` when it is exempt), at `now`, microseconds since the Unix epoch, which
+/// is also the wall-clock time quotas count in: how `tollgate simulate` replays a logged
+/// request. Concurrency limits are skipped, as `decide` skips them.
+pub fn decide_known(
+    limits: &[Arc<Limit>],
+    clients: &[Option<ClientId>],
+    peer: local::Peer,
+    now: f64,
+) -> Decision {
+    let mut results = smallvec::SmallVec::with_capacity(limits.len());
+    let mut checks: Small<Check<'_>> = Small::new();
+    for (index, limit) in limits.iter().enumerate() {
+        if limit.concurrency.is_some() {
+            continue;
+        }
+        let client = clients.get(index).copied().flatten();
+        results.push(LimitResult {
+            index,
+            outcome: if client.is_some() {
+                Outcome::Admitted
+            } else {
+                Outcome::Exempt
+            },
+            verdict: None,
+            fallback: false,
+            shadow: limit.shadow,
+            client,
+            ban: super::ban::BanEvent::None,
+        });
+        if let Some(client) = client {
+            checks.push(Check { limit, client });
+        }
+    }
+    if !checks.is_empty() {
+        let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+        let numbers = (&enforced[..], Numbers::Own(&[]));
+        local_decision(&mut results, &checks, numbers, peer, (now, Some(now)));
+    }
+    Decision { results }
+}
+
+/// The in-process decision: a banned identity is refused before any bucket is asked (Redis's
+/// bans come back with its verdicts instead), then the buckets all or nothing, then strikes.
+/// `at` is the in-process clock and, when given, the wall-clock time quotas count in.
+fn local_decision(
+    results: &mut [LimitResult],
+    checks: &[Check<'_>],
+    (enforced, numbers): (&[bool], Numbers<'_>),
+    peer: local::Peer,
+    (now, wall): (f64, Option<f64>),
+) {
+    if local_bans(results, checks, now) {
+        return;
+    }
+    let verdicts = in_process(checks, enforced, peer, (now, wall), numbers);
+    record(results, checks, &verdicts, false);
+    strikes(results, checks, now);
 }
 
 /// Refuse the request if an in-process ban holds one of its identities: that limit's result
@@ -178,14 +238,14 @@ fn in_process(
     checks: &[Check<'_>],
     enforced: &[bool],
     peer: local::Peer,
-    now: f64,
+    (now, wall_at): (f64, Option<f64>),
     numbers: Numbers<'_>,
 ) -> Small<Verdict> {
     // Quotas count in calendar windows, on the wall clock (read once, and only for them).
     let wall = checks
         .iter()
         .any(|c| c.limit.quota.is_some())
-        .then(local::wall_us);
+        .then(|| wall_at.unwrap_or_else(local::wall_us));
     let items: Small<local::Item<'_>> = checks
         .iter()
         .enumerate()
@@ -239,7 +299,7 @@ fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: loca
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
     let mut local_verdicts =
-        in_process(&local, &enforced, peer, now, Numbers::Fallback).into_iter();
+        in_process(&local, &enforced, peer, (now, None), Numbers::Fallback).into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(checks) {
         r.fallback = true;

@@ -24,7 +24,7 @@ pub mod peek;
 pub mod quota;
 pub mod redis;
 
-pub use decide::{decide, decide_tuned, Tuning};
+pub use decide::{decide, decide_known, decide_tuned, Tuning};
 
 use std::sync::Arc;
 
