@@ -19,14 +19,16 @@ use crate::limiter::Limit;
 use crate::sharded;
 pub use candidate::{CandidateCounters, CandidateLabels, CandidateOutcome};
 pub use format::Format;
-pub use route::{DecisionLabels, RequestLabels, RouteCounters, RouteLabels};
+pub use route::{DecisionLabels, OutcomeLabel, RequestLabels, RouteCounters, RouteLabels};
 use upstream::Targets;
 pub use upstream::{AttemptResult, RetryReason, TargetSample, UpstreamHandles};
 
 mod candidate;
 mod format;
+pub mod history;
 mod process;
 mod route;
+pub mod top;
 mod upstream;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +153,9 @@ pub struct Metrics {
     pub candidate_decisions: Family<CandidateLabels, sharded::Counter>,
     candidate_loads: Family<ReloadLabels, Counter>,
     candidate_ok: Gauge,
+    /// For the dashboard: the identities each limit rejected most, and the counters' history.
+    pub most_limited: top::MostLimitedByLimit,
+    pub history: history::History,
 }
 
 fn latency_histogram() -> sharded::Histogram {
@@ -204,6 +209,8 @@ impl Metrics {
             candidate_decisions: Family::default(),
             candidate_loads: Family::default(),
             candidate_ok: Gauge::default(),
+            most_limited: top::MostLimitedByLimit::default(),
+            history: history::History::default(),
         };
         m.registry.register_collector(Box::new(process::Process));
         m.register();
@@ -416,8 +423,10 @@ impl Metrics {
         route: &str,
         limits: impl Iterator<Item = &'a str>,
     ) -> RouteCounters {
+        let mut most_limited = Vec::new();
         let decisions = limits
             .map(|limit| {
+                most_limited.push(self.most_limited.of(limit));
                 route::OUTCOMES.map(|outcome| {
                     self.decisions
                         .get_or_create(&DecisionLabels {
@@ -435,7 +444,9 @@ impl Metrics {
                 route: route.to_owned(),
             })
             .clone();
-        RouteCounters::new(route, &self.requests, duration, decisions)
+        let mut counters = RouteCounters::new(route, &self.requests, duration, decisions);
+        counters.most_limited = most_limited;
+        counters
     }
 
     /// Count a request that matched no route (answered by tollgate: 404, 400, 503).
@@ -463,6 +474,12 @@ impl Metrics {
         if result == ReloadResult::failed {
             self.config_ok.set(0);
         }
+    }
+
+    /// Reloads attempted since start: (succeeded, failed).
+    pub fn reload_counts(&self) -> (u64, u64) {
+        let get = |result| self.reloads.get_or_create(&ReloadLabels { result }).get();
+        (get(ReloadResult::ok), get(ReloadResult::failed))
     }
 
     /// The config of `source` (the file's text) went live, now.

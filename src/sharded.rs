@@ -22,8 +22,13 @@ static SLOTS: LazyLock<usize> = LazyLock::new(|| {
         .min(16)
 });
 
+/// How many slots each metric has.
+pub(crate) fn slots() -> usize {
+    *SLOTS
+}
+
 /// This thread's slot.
-fn slot() -> usize {
+pub(crate) fn slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local!(static SLOT: Cell<Option<usize>> = const { Cell::new(None) });
     SLOT.with(|s| {

@@ -107,6 +107,7 @@ async fn dispatch(state: &State, call: &Call) -> Response<Body> {
         (&Method::DELETE, p) if p.starts_with("/overrides/") => {
             super::control::delete(state, Kind::Override, &p["/overrides/".len()..]).await
         }
+        (&Method::GET, "/dashboard") => super::dashboard::data(state, call),
         _ => problem(
             StatusCode::NOT_FOUND,
             "No such endpoint",
@@ -143,6 +144,12 @@ fn index() -> Value {
             "does": "count an identity at other numbers on one limit, for ttl",
         },
         { "method": "DELETE", "path": "/api/v1/overrides/ID", "does": "end an override" },
+        {
+            "method": "GET",
+            "path": "/api/v1/dashboard",
+            "query": "step= (seconds per point, 1 to 60, default 5)",
+            "does": "the live dashboard's data: limits' counts and rates, most limited identities, store, config, upstreams",
+        },
     ] })
 }
 

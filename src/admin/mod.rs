@@ -1,8 +1,10 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`, and the authenticated API
-//! under `/api/` (`api`). Never on the proxy ports.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, `/config`, the `/dashboard` page,
+//! and the authenticated API under `/api/` (`api`). Never on the proxy ports.
 
 mod api;
 mod control;
+mod dashboard;
+pub mod sampler;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -56,6 +58,9 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return fixed(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n");
     }
+    if let Some(res) = dashboard::asset(req.uri().path()) {
+        return res;
+    }
     match req.uri().path() {
         "/healthz" => fixed(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => {
@@ -95,7 +100,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
         _ => fixed(
             StatusCode::NOT_FOUND,
             TEXT,
-            "not found: try /healthz, /readyz, /metrics, /config or /api/v1/\n",
+            "not found: try /healthz, /readyz, /metrics, /config, /dashboard or /api/v1/\n",
         ),
     }
 }

@@ -2,12 +2,13 @@
 //! request path builds no label and hashes nothing to count: requests by status code, their
 //! duration, and each limit's decisions.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::family::Family;
 
 use crate::limiter::{Decision, LimitResult, Outcome};
+use super::top::MostLimited;
 use crate::sharded;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -120,6 +121,8 @@ pub struct RouteCounters {
     pub duration: sharded::Histogram,
     /// By limit (route order), then by outcome (`OutcomeLabel` order).
     pub decisions: Vec<[sharded::Counter; 6]>,
+    /// By limit (route order): the identities it rejected most (written on 429s only).
+    pub most_limited: Vec<Arc<MostLimited>>,
 }
 
 impl RouteCounters {
@@ -135,6 +138,7 @@ impl RouteCounters {
             family: family.clone(),
             duration,
             decisions,
+            most_limited: Vec::new(),
         };
         // The answers tollgate makes itself exist from the start, at 0, so that `rate()` and
         // alerts see their first one: 429 where a limit can reject, 502, 503 and 504.
@@ -171,7 +175,13 @@ impl RouteCounters {
     /// Count each limit's part in `decision`: only the limit that rejected the request counts
     /// `limited`; the other enforced limits of a rejected request count `rejected_by_other`.
     pub fn decided(&self, decision: &Decision) {
-        let rejected = decision.rejected_by().map(|r| r.index);
+        let rejected = decision.rejected_by();
+        if let Some(r) = rejected.filter(|r| r.outcome == Outcome::Limited) {
+            if let (Some(s), Some(client)) = (self.most_limited.get(r.index), r.client) {
+                s.record(client);
+            }
+        }
+        let rejected = rejected.map(|r| r.index);
         for r in &decision.results {
             let outcome = OutcomeLabel::of(r, rejected);
             if let Some(c) = self.decisions.get(r.index) {
