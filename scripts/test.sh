@@ -13,6 +13,7 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v chromium >/dev/null || need_apt+=(chromium)
 # libfaketime steps a test redis-server's wall clock (tests/faults_redis.rs).
 command -v faketime >/dev/null || need_apt+=(faketime)
 command -v openssl >/dev/null || need_apt+=(openssl)

@@ -10,7 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Map, Value};
 
-use super::api::{json_response, Call};
+use super::api::Call;
 use super::sampler::{BANS, DECISIONS, DECISION_OUTCOMES, REDIS, RELOADS};
 use crate::config::settings::Backend;
 use crate::limiter::Limit;
@@ -74,7 +74,12 @@ pub(super) fn data(state: &State, call: &Call) -> Response<Body> {
         "upstreams": upstreams(&rt),
     });
     body["generation"] = json!(*state.generation.borrow());
-    let mut res = json_response(StatusCode::OK, &body);
+    // Compact: a page polls it every two seconds.
+    let mut res = fixed(
+        StatusCode::OK,
+        "application/json",
+        serde_json::to_vec(&body).unwrap_or_default(),
+    );
     res.headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     res
@@ -97,7 +102,7 @@ fn series(rates: Option<&Rates>, channels: &[&str], step: usize) -> (Value, Valu
         let found = rates.and_then(|r| r.channels.iter().find(|(n, _, _)| n == c));
         let (points, sum) = found.map_or_else(
             || (vec![0.0; SECONDS / step], 0),
-            |(_, p, s)| (p.clone(), *s),
+            |(_, p, s)| (p.iter().map(|r| (r * 1000.0).round() / 1000.0).collect(), *s),
         );
         window.insert((*c).to_owned(), json!(sum));
         rate.insert((*c).to_owned(), json!(points));

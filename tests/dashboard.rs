@@ -1,0 +1,377 @@
+//! The live dashboard end to end: real requests through an in-process proxy, then the page
+//! rendered by headless Chromium against the admin listener, and its DOM read back.
+//!
+//! `screenshot` (ignored) writes docs/dashboard.png after a few minutes of mixed traffic:
+//! `cargo test --test dashboard -- --ignored screenshot`.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{config, Http, TestProxy};
+use tollgate::identity::{Alternative, KeySpec, RequestView};
+
+const TOKEN: &str = "dash-test-token-5e1f";
+
+/// A proxy with the admin listener and API on, `rest` appended to the config.
+fn proxy(rest: &str) -> (TestProxy, tempfile::TempPath) {
+    let token = tempfile::NamedTempFile::new().expect("a token file");
+    std::fs::write(token.path(), format!("{TOKEN}\n")).expect("write the token");
+    let token = token.into_temp_path();
+    let yaml = config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n  token_file: {}\n{rest}",
+        token.display()
+    ));
+    (TestProxy::start(&yaml), token)
+}
+
+/// The digest tollgate counts a request with `X-API-Key: key` under, as the page shows it.
+fn digest_prefix(key: &str) -> String {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-api-key", key.parse().expect("a header value"));
+    let view = RequestView {
+        method: &http::Method::GET,
+        uri: &"/".parse().expect("a URI"),
+        headers: &headers,
+        client_ip: "127.0.0.1".parse().expect("an address"),
+        jwt: None,
+    };
+    let spec = KeySpec(vec![Alternative::parse("header:X-API-Key").expect("a key source")]);
+    view.resolve(&spec).hex()[..12].to_owned()
+}
+
+// === Chromium ===
+
+/// The Chromium binary, or a failure that says how to get it: the suite installs it, so a
+/// missing one is a broken setup, not a reason to pass.
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for name in ["chromium", "chromium-browser"] {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    panic!(
+        "chromium is not installed: this test renders the dashboard with headless Chromium \
+         (scripts/test.sh installs it; or `apt-get install chromium`)"
+    );
+}
+
+/// A Chromium process, killed when dropped (on every path, a failed assertion included).
+struct Browser {
+    child: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Browser {
+    /// Headless Chromium opening `url` with `extra` flags, a profile of its own.
+    fn open(url: &str, extra: &[&str]) -> Self {
+        let profile = tempfile::tempdir().expect("a profile directory");
+        let child = Command::new(chromium())
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
+            .args(["--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars"])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        Self {
+            child,
+            _profile: profile,
+        }
+    }
+
+    /// Wait (at most `limit`) for Chromium to exit; its standard output.
+    fn output(mut self, limit: Duration) -> String {
+        let mut stdout = self.child.stdout.take().expect("piped stdout");
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = stdout.read_to_string(&mut out);
+            out
+        });
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll chromium") {
+                assert!(status.success(), "chromium failed: {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "chromium did not finish in {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        reader.join().expect("read chromium's output")
+    }
+}
+
+/// The page at `url` as Chromium rendered it after `budget_ms` of virtual time (every poll of
+/// that span answered).
+fn rendered(url: &str, budget_ms: u32) -> String {
+    let budget = format!("--virtual-time-budget={budget_ms}");
+    Browser::open(url, &["--dump-dom", &budget]).output(Duration::from_secs(15))
+}
+
+// === reading the DOM ===
+
+/// Every start tag in `dom` holding all of `attrs` (`name="value"` pairs), with the text that
+/// follows it up to the next tag.
+fn elements<'a>(dom: &'a str, attrs: &[&str]) -> Vec<(&'a str, &'a str)> {
+    let mut out = Vec::new();
+    let mut rest = dom;
+    while let Some(start) = rest.find('<') {
+        let Some(end) = rest[start..].find('>') else { break };
+        let tag = &rest[start..start + end];
+        let after = &rest[start + end + 1..];
+        let text = &after[..after.find('<').unwrap_or(after.len())];
+        if attrs.iter().all(|a| tag.contains(a)) {
+            out.push((tag, text));
+        }
+        rest = after;
+    }
+    out
+}
+
+/// The text of the one count cell of `limit`'s row for `count` (`admitted`, `limited`).
+fn count_cell(dom: &str, limit: &str, count: &str) -> String {
+    let limit_attr = format!("data-limit=\"{limit}\"");
+    let count_attr = format!("data-count=\"{count}\"");
+    let cells = elements(dom, &[&limit_attr, &count_attr]);
+    assert_eq!(cells.len(), 1, "one {count} cell for {limit} in:\n{dom}");
+    cells[0].1.trim().to_owned()
+}
+
+/// The identities the most-limited list of `limit` shows, in order, with their counts.
+fn most_limited(dom: &str, limit: &str) -> Vec<(String, String)> {
+    let limit_attr = format!("data-limit=\"{limit}\"");
+    let rows = elements(dom, &["<tr", "data-identity=", &limit_attr]);
+    rows.iter()
+        .map(|(tag, _)| {
+            let id = tag.split("data-identity=\"").nth(1).unwrap_or_default();
+            let id = id[..id.find('"').unwrap_or(id.len())].to_owned();
+            // The row's cells: the prefix, then the count.
+            let at = dom.find(*tag).unwrap_or_default();
+            let cells = elements(&dom[at..], &["<td"]);
+            let count = cells.get(1).map(|(_, t)| t.trim().to_owned()).unwrap_or_default();
+            (id, count)
+        })
+        .collect()
+}
+
+const LIMIT: &str = "routes:
+  - name: api
+    match: { path_prefix: / }
+    respond: { status: 200, body: \"ok\\n\" }
+    limits:
+      - { name: per-key, rate: 1/min, burst: 3, key: [header:X-API-Key] }
+";
+
+#[tokio::test]
+async fn the_page_shows_live_counts_and_the_most_limited_identity() {
+    let started = Instant::now();
+    let (proxy, _token) = proxy(LIMIT);
+    let http = Http::new();
+    let url = proxy.url("/x");
+    // alice: 3 admitted, 6 limited; bob: 3 admitted, 2 limited.
+    let alice = http.statuses(9, &url, &[("X-API-Key", "alice")]).await;
+    let bob = http.statuses(5, &url, &[("X-API-Key", "bob")]).await;
+    assert_eq!(alice, [200, 200, 200, 429, 429, 429, 429, 429, 429]);
+    assert_eq!(bob, [200, 200, 200, 429, 429]);
+
+    let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
+    let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
+        .await
+        .expect("render");
+    assert!(dom.contains("id=\"status\" class=\"live\""), "the page polled the API:\n{dom}");
+    assert_eq!(count_cell(&dom, "per-key", "admitted"), "6");
+    assert_eq!(count_cell(&dom, "per-key", "limited"), "8");
+    let top = most_limited(&dom, "per-key");
+    assert_eq!(
+        top,
+        [
+            (digest_prefix("alice"), "6".to_owned()),
+            (digest_prefix("bob"), "2".to_owned())
+        ],
+        "the most-limited list, most first"
+    );
+    // The bans and overrides panels rendered (their endpoints may not exist: then they say so).
+    let bans = &dom[dom.find("id=\"bans\"").expect("a bans panel")..];
+    assert!(
+        bans.starts_with("id=\"bans\"><div class=\"empty\">Not available")
+            || bans.starts_with("id=\"bans\"><div class=\"empty\">No bans")
+            || bans.starts_with("id=\"bans\"><table"),
+        "the bans panel: {}",
+        &bans[..bans.len().min(200)]
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn without_the_token_the_page_asks_for_it() {
+    let (proxy, _token) = proxy(LIMIT);
+    let admin = proxy.admin_addr();
+    let dom = tokio::task::spawn_blocking(move || {
+        let bad = rendered(&format!("http://{admin}/dashboard#token=wrong"), 3000);
+        let none = rendered(&format!("http://{admin}/dashboard"), 3000);
+        (bad, none)
+    })
+    .await
+    .expect("render");
+    for (what, dom) in [("a wrong token", &dom.0), ("no token", &dom.1)] {
+        assert!(
+            dom.contains("<form id=\"login\" class=\"card\">"),
+            "with {what} the token form shows:\n{dom}"
+        );
+        assert!(dom.contains("<main id=\"app\" hidden"), "and no data:\n{dom}");
+    }
+    assert!(dom.0.contains("The token was refused."), "{}", dom.0);
+}
+
+#[tokio::test]
+async fn the_page_is_static_and_locked_down_and_its_data_needs_the_token() {
+    let (proxy, _token) = proxy(LIMIT);
+    let http = Http::new();
+    let admin = proxy.admin_addr();
+    let page = http.get(&format!("http://{admin}/dashboard")).await;
+    assert_eq!(page.code(), 200);
+    assert_eq!(page.header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(page.header("x-frame-options"), "DENY");
+    assert_eq!(page.header("cache-control"), "no-store");
+    let csp = page.header("content-security-policy");
+    assert!(csp.contains("script-src 'self';") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(!page.text().contains("http://") && !page.text().contains("https://"), "no outside URL");
+    let script = http.get(&format!("http://{admin}/dashboard.js")).await;
+    assert_eq!(script.code(), 200);
+    assert!(!script.text().contains("https://"), "no outside URL in the script");
+
+    let data = format!("http://{admin}/api/v1/dashboard");
+    assert_eq!(http.get(&data).await.code(), 401);
+    let auth = format!("Bearer {TOKEN}");
+    let reply = http.get_with(&data, &[("Authorization", &auth)]).await;
+    assert_eq!(reply.code(), 200);
+    let v: serde_json::Value = serde_json::from_str(reply.text()).expect("JSON");
+    assert_eq!(v["limits"][0]["limit"], "per-key");
+    assert_eq!(v["limits"][0]["rule"], "1/min, burst 3");
+    assert_eq!(v["points"], 120);
+    assert_eq!(v["limits"][0]["rate"]["admitted"].as_array().map(Vec::len), Some(120));
+    assert_eq!(v["limiter"]["backend"], "local");
+    assert_eq!(v["generation"], 1);
+}
+
+// === the screenshot in docs ===
+
+/// Mixed traffic for `DASHBOARD_TRAFFIC_SECS` (default 150) seconds, then docs/dashboard.png.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/dashboard.png after minutes of traffic"]
+async fn screenshot() {
+    let app = common::MockUpstream::start();
+    let rest = format!(
+        "trusted_proxies: [127.0.0.1/32]\n{}{SCREENSHOT_ROUTES}",
+        common::upstream_app(app.addr(), "5s")
+    );
+    let (proxy, _token) = proxy(&rest);
+    let secs = std::env::var("DASHBOARD_TRAFFIC_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(150u64);
+    traffic::run(&proxy, Duration::from_secs(secs)).await;
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
+    let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
+    let shot = format!("--screenshot={}", out.display());
+    tokio::task::spawn_blocking(move || {
+        Browser::open(&page, &[&shot, "--window-size=1280,900", "--virtual-time-budget=4000"])
+            .output(Duration::from_secs(30))
+    })
+    .await
+    .expect("screenshot");
+    assert!(out.is_file(), "{} written", out.display());
+}
+
+const SCREENSHOT_ROUTES: &str = "routes:
+  - name: login
+    match: { path: /login }
+    upstream: app
+    limits:
+      - name: login-per-ip
+        rate: 10/min
+        burst: 5
+        key: [ip]
+        ban: { after: 5, within: 1m, for: 1m, max: 10m }
+  - name: search
+    match: { path_prefix: /v1/search }
+    upstream: app
+    limits:
+      - { name: search-per-key, rate: 4/s, burst: 8, key: [header:X-API-Key, ip] }
+      - { name: search-strict, rate: 2/s, burst: 4, key: [header:X-API-Key, ip], shadow: true }
+  - name: api
+    match: { path_prefix: /v1/ }
+    upstream: app
+    limits:
+      - { name: api-per-key, rate: 10/s, burst: 20, key: [header:X-API-Key, ip] }
+      - { name: api-global, rate: 120/s, burst: 200, key: [global] }
+";
+
+mod traffic {
+    //! Clients at their own rates: steady API keys, one that floods from a third of the way
+    //! in, a credential stuffer on /login from a few addresses.
+
+    use std::time::Duration;
+
+    use super::common::{Http, TestProxy};
+
+    pub async fn run(proxy: &TestProxy, span: Duration) {
+        let mut tasks = Vec::new();
+        let client = |url: String, headers: Vec<(String, String)>, per_sec: f64, from: f64, to: f64| {
+            tokio::spawn(async move {
+                let http = Http::new();
+                let began = tokio::time::Instant::now();
+                let total = span.as_secs_f64();
+                loop {
+                    let t = began.elapsed().as_secs_f64();
+                    if t >= total {
+                        return;
+                    }
+                    // A slow swell, so rates move the way real traffic does.
+                    let swell = 1.0 + 0.5 * (t / 37.0).sin();
+                    let on = t >= from * total && t < to * total;
+                    if on {
+                        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        let _ = http.get_with(&url, &h).await;
+                    }
+                    let gap = if on { 1.0 / (per_sec * swell) } else { 0.5 };
+                    tokio::time::sleep(Duration::from_secs_f64(gap)).await;
+                }
+            })
+        };
+        for i in 0..10 {
+            let key = vec![("X-API-Key".to_owned(), format!("key-{i}"))];
+            let rate = 2.0 + f64::from(i) * 0.8;
+            tasks.push(client(proxy.url("/v1/orders"), key.clone(), rate, 0.0, 1.0));
+            tasks.push(client(proxy.url("/v1/search?q=x"), key, rate / 2.0, 0.0, 1.0));
+        }
+        let flood = vec![("X-API-Key".to_owned(), "key-scraper".to_owned())];
+        tasks.push(client(proxy.url("/v1/orders"), flood.clone(), 45.0, 0.3, 0.85));
+        tasks.push(client(proxy.url("/v1/search?q=all"), flood, 12.0, 0.45, 1.0));
+        tasks.push(client(proxy.url("/v1/orders"), vec![("X-API-Key".to_owned(), "key-batch".to_owned())], 14.0, 0.6, 1.0));
+        for ip in ["198.51.100.7", "203.0.113.44", "192.0.2.90"] {
+            let xff = vec![("X-Forwarded-For".to_owned(), ip.to_owned())];
+            tasks.push(client(proxy.url("/login"), xff, 1.5, 0.15, 1.0));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
