@@ -46,7 +46,9 @@
 //! - `explain`: what the stages would do with a request now, read without counting it
 //!   (`limiter::peek`), for the admin API and `tollgate explain` (it words rates as `cli` does).
 //! - `server` (accept and balance, connection, the request-line watch that answers `414`,
-//!   watchdog), `admin` (the admin listener), `reload` (build then swap).
+//!   watchdog), `admin` (the admin listener; `admin::dashboard`, the live dashboard's page and
+//!   data, fed by `admin::sampler` into `metrics::history` and by 429s into `metrics::top`),
+//!   `reload` (build then swap).
 //! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
 //!   binary's. `cli`: the command line (`run`, `check`, `health`, `explain`, `schema`,
 //!   `simulate`).

@@ -1,7 +1,7 @@
 //! The live dashboard end to end: real requests through an in-process proxy, then the page
 //! rendered by headless Chromium against the admin listener, and its DOM read back.
 //!
-//! `screenshot` (ignored) writes docs/dashboard.png after a few minutes of mixed traffic:
+//! `screenshot` (ignored) writes docs/dashboard.png after five minutes of mixed traffic:
 //! `cargo test --test dashboard -- --ignored screenshot`.
 
 mod common;
@@ -39,7 +39,9 @@ fn digest_prefix(key: &str) -> String {
         client_ip: "127.0.0.1".parse().expect("an address"),
         jwt: None,
     };
-    let spec = KeySpec(vec![Alternative::parse("header:X-API-Key").expect("a key source")]);
+    let spec = KeySpec(vec![
+        Alternative::parse("header:X-API-Key").expect("a key source")
+    ]);
     view.resolve(&spec).hex()[..12].to_owned()
 }
 
@@ -81,8 +83,17 @@ impl Browser {
     fn open(url: &str, extra: &[&str]) -> Self {
         let profile = tempfile::tempdir().expect("a profile directory");
         let child = Command::new(chromium())
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
-            .args(["--disable-extensions", "--disable-dev-shm-usage", "--hide-scrollbars"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .args([
+                "--disable-extensions",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+            ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .args(extra)
             .arg(url)
@@ -111,7 +122,10 @@ impl Browser {
                 assert!(status.success(), "chromium failed: {status}");
                 break;
             }
-            assert!(Instant::now() < deadline, "chromium did not finish in {limit:?}");
+            assert!(
+                Instant::now() < deadline,
+                "chromium did not finish in {limit:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         reader.join().expect("read chromium's output")
@@ -133,7 +147,9 @@ fn elements<'a>(dom: &'a str, attrs: &[&str]) -> Vec<(&'a str, &'a str)> {
     let mut out = Vec::new();
     let mut rest = dom;
     while let Some(start) = rest.find('<') {
-        let Some(end) = rest[start..].find('>') else { break };
+        let Some(end) = rest[start..].find('>') else {
+            break;
+        };
         let tag = &rest[start..start + end];
         let after = &rest[start + end + 1..];
         let text = &after[..after.find('<').unwrap_or(after.len())];
@@ -165,7 +181,10 @@ fn most_limited(dom: &str, limit: &str) -> Vec<(String, String)> {
             // The row's cells: the prefix, then the count.
             let at = dom.find(*tag).unwrap_or_default();
             let cells = elements(&dom[at..], &["<td"]);
-            let count = cells.get(1).map(|(_, t)| t.trim().to_owned()).unwrap_or_default();
+            let count = cells
+                .get(1)
+                .map(|(_, t)| t.trim().to_owned())
+                .unwrap_or_default();
             (id, count)
         })
         .collect()
@@ -195,7 +214,10 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
         .await
         .expect("render");
-    assert!(dom.contains("id=\"status\" class=\"live\""), "the page polled the API:\n{dom}");
+    assert!(
+        dom.contains("id=\"status\" class=\"live\""),
+        "the page polled the API:\n{dom}"
+    );
     assert_eq!(count_cell(&dom, "per-key", "admitted"), "6");
     assert_eq!(count_cell(&dom, "per-key", "limited"), "8");
     let top = most_limited(&dom, "per-key");
@@ -235,7 +257,10 @@ async fn without_the_token_the_page_asks_for_it() {
             dom.contains("<form id=\"login\" class=\"card\">"),
             "with {what} the token form shows:\n{dom}"
         );
-        assert!(dom.contains("<main id=\"app\" hidden"), "and no data:\n{dom}");
+        assert!(
+            dom.contains("<main id=\"app\" hidden"),
+            "and no data:\n{dom}"
+        );
     }
     assert!(dom.0.contains("The token was refused."), "{}", dom.0);
 }
@@ -251,11 +276,20 @@ async fn the_page_is_static_and_locked_down_and_its_data_needs_the_token() {
     assert_eq!(page.header("x-frame-options"), "DENY");
     assert_eq!(page.header("cache-control"), "no-store");
     let csp = page.header("content-security-policy");
-    assert!(csp.contains("script-src 'self';") && csp.contains("frame-ancestors 'none'"), "{csp}");
-    assert!(!page.text().contains("http://") && !page.text().contains("https://"), "no outside URL");
+    assert!(
+        csp.contains("script-src 'self';") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(
+        !page.text().contains("http://") && !page.text().contains("https://"),
+        "no outside URL"
+    );
     let script = http.get(&format!("http://{admin}/dashboard.js")).await;
     assert_eq!(script.code(), 200);
-    assert!(!script.text().contains("https://"), "no outside URL in the script");
+    assert!(
+        !script.text().contains("https://"),
+        "no outside URL in the script"
+    );
 
     let data = format!("http://{admin}/api/v1/dashboard");
     assert_eq!(http.get(&data).await.code(), 401);
@@ -266,14 +300,18 @@ async fn the_page_is_static_and_locked_down_and_its_data_needs_the_token() {
     assert_eq!(v["limits"][0]["limit"], "per-key");
     assert_eq!(v["limits"][0]["rule"], "1/min, burst 3");
     assert_eq!(v["points"], 120);
-    assert_eq!(v["limits"][0]["rate"]["admitted"].as_array().map(Vec::len), Some(120));
+    assert_eq!(
+        v["limits"][0]["rate"]["admitted"].as_array().map(Vec::len),
+        Some(120)
+    );
     assert_eq!(v["limiter"]["backend"], "local");
     assert_eq!(v["generation"], 1);
 }
 
 // === the screenshot in docs ===
 
-/// Mixed traffic for `DASHBOARD_TRAFFIC_SECS` (default 150) seconds, then docs/dashboard.png.
+/// Mixed traffic for `DASHBOARD_TRAFFIC_SECS` (default 300) seconds, and docs/dashboard.png
+/// taken near its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/dashboard.png after minutes of traffic"]
 async fn screenshot() {
@@ -286,17 +324,30 @@ async fn screenshot() {
     let secs = std::env::var("DASHBOARD_TRAFFIC_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(150u64);
-    traffic::run(&proxy, Duration::from_secs(secs)).await;
+        .unwrap_or(300u64)
+        .max(20);
+    let span = Duration::from_secs(secs);
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
     let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
     let shot = format!("--screenshot={}", out.display());
-    tokio::task::spawn_blocking(move || {
-        Browser::open(&page, &[&shot, "--window-size=1280,900", "--virtual-time-budget=4000"])
+    // Taken while the traffic still runs, so the rates "now" are not zeros.
+    let take = async {
+        tokio::time::sleep(span.saturating_sub(Duration::from_secs(8))).await;
+        tokio::task::spawn_blocking(move || {
+            Browser::open(
+                &page,
+                &[
+                    &shot,
+                    "--window-size=1280,900",
+                    "--virtual-time-budget=4000",
+                ],
+            )
             .output(Duration::from_secs(30))
-    })
-    .await
-    .expect("screenshot");
+        })
+        .await
+        .expect("screenshot")
+    };
+    tokio::join!(traffic::run(&proxy, span), take);
     assert!(out.is_file(), "{} written", out.display());
 }
 
@@ -325,8 +376,9 @@ const SCREENSHOT_ROUTES: &str = "routes:
 ";
 
 mod traffic {
-    //! Clients at their own rates: steady API keys, one that floods from a third of the way
-    //! in, a credential stuffer on /login from a few addresses.
+    //! Clients at their own rates: steady API keys, a scraper flooding from a third of the way
+    //! in, a batch job and a retry loop later, a credential stuffer on /login from a few
+    //! addresses.
 
     use std::time::Duration;
 
@@ -334,41 +386,80 @@ mod traffic {
 
     pub async fn run(proxy: &TestProxy, span: Duration) {
         let mut tasks = Vec::new();
-        let client = |url: String, headers: Vec<(String, String)>, per_sec: f64, from: f64, to: f64| {
-            tokio::spawn(async move {
-                let http = Http::new();
-                let began = tokio::time::Instant::now();
-                let total = span.as_secs_f64();
-                loop {
-                    let t = began.elapsed().as_secs_f64();
-                    if t >= total {
-                        return;
+        let client =
+            |url: String, headers: Vec<(String, String)>, per_sec: f64, from: f64, to: f64| {
+                tokio::spawn(async move {
+                    let http = Http::new();
+                    let began = tokio::time::Instant::now();
+                    let total = span.as_secs_f64();
+                    loop {
+                        let t = began.elapsed().as_secs_f64();
+                        if t >= total {
+                            return;
+                        }
+                        // A slow swell, so rates move the way real traffic does.
+                        let swell = 1.0 + 0.5 * (t / 37.0).sin();
+                        let on = t >= from * total && t < to * total;
+                        if on {
+                            let h: Vec<(&str, &str)> = headers
+                                .iter()
+                                .map(|(k, v)| (k.as_str(), v.as_str()))
+                                .collect();
+                            let _ = http.get_with(&url, &h).await;
+                        }
+                        let gap = if on { 1.0 / (per_sec * swell) } else { 0.5 };
+                        tokio::time::sleep(Duration::from_secs_f64(gap)).await;
                     }
-                    // A slow swell, so rates move the way real traffic does.
-                    let swell = 1.0 + 0.5 * (t / 37.0).sin();
-                    let on = t >= from * total && t < to * total;
-                    if on {
-                        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                        let _ = http.get_with(&url, &h).await;
-                    }
-                    let gap = if on { 1.0 / (per_sec * swell) } else { 0.5 };
-                    tokio::time::sleep(Duration::from_secs_f64(gap)).await;
-                }
-            })
-        };
+                })
+            };
         for i in 0..10 {
             let key = vec![("X-API-Key".to_owned(), format!("key-{i}"))];
             let rate = 2.0 + f64::from(i) * 0.8;
             tasks.push(client(proxy.url("/v1/orders"), key.clone(), rate, 0.0, 1.0));
-            tasks.push(client(proxy.url("/v1/search?q=x"), key, rate / 2.0, 0.0, 1.0));
+            tasks.push(client(
+                proxy.url("/v1/search?q=x"),
+                key,
+                rate / 2.0,
+                0.0,
+                1.0,
+            ));
         }
-        let flood = vec![("X-API-Key".to_owned(), "key-scraper".to_owned())];
-        tasks.push(client(proxy.url("/v1/orders"), flood.clone(), 45.0, 0.3, 0.85));
-        tasks.push(client(proxy.url("/v1/search?q=all"), flood, 12.0, 0.45, 1.0));
-        tasks.push(client(proxy.url("/v1/orders"), vec![("X-API-Key".to_owned(), "key-batch".to_owned())], 14.0, 0.6, 1.0));
-        for ip in ["198.51.100.7", "203.0.113.44", "192.0.2.90"] {
+        let key = |k: &str| vec![("X-API-Key".to_owned(), k.to_owned())];
+        tasks.push(client(
+            proxy.url("/v1/orders"),
+            key("key-scraper"),
+            45.0,
+            0.3,
+            0.75,
+        ));
+        tasks.push(client(
+            proxy.url("/v1/search?q=all"),
+            key("key-scraper"),
+            12.0,
+            0.45,
+            1.0,
+        ));
+        tasks.push(client(
+            proxy.url("/v1/orders"),
+            key("key-batch"),
+            14.0,
+            0.6,
+            1.0,
+        ));
+        tasks.push(client(
+            proxy.url("/v1/orders"),
+            key("key-retry-loop"),
+            28.0,
+            0.8,
+            1.0,
+        ));
+        for (ip, per_sec) in [
+            ("198.51.100.7", 2.0),
+            ("203.0.113.44", 1.1),
+            ("192.0.2.90", 0.6),
+        ] {
             let xff = vec![("X-Forwarded-For".to_owned(), ip.to_owned())];
-            tasks.push(client(proxy.url("/login"), xff, 1.5, 0.15, 1.0));
+            tasks.push(client(proxy.url("/login"), xff, per_sec, 0.15, 1.0));
         }
         for t in tasks {
             let _ = t.await;

@@ -152,7 +152,7 @@ function chart(limits, data) {
     .filter((l) => l.points.some((p) => p > 0))
     .sort((a, b) => b.points.reduce((x, y) => x + y, 0) - a.points.reduce((x, y) => x + y, 0));
   const max = Math.max(1, ...lines.flatMap((l) => l.points));
-  const top = niceCeil(max);
+  const top = 4 * niceStep(max / 4);
   const s = svg("svg", { class: "chart", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img", "aria-label": "429 responses per second by limit" });
   const iw = w - pad.l - pad.r, ih = h - pad.t - pad.b;
   for (let i = 0; i <= 4; i++) {
@@ -181,7 +181,8 @@ function chart(limits, data) {
   box.replaceChildren(s);
 }
 
-function niceCeil(v) {
+// The smallest of 1, 2, 2.5, 5 times a power of ten at least `v`: gridlines at round numbers.
+function niceStep(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
   for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
   return 10 * p;
@@ -200,8 +201,8 @@ function tiles(data) {
   const st = data.limiter;
   const store = st.backend === "local" ? ["In process", "local buckets"] : [st.breaker_open ? "Breaker open" : "Redis", st.mode + (st.breaker_open ? " · failing fast" : " · " + int(st.total?.errors) + " errors")];
   $("tiles").replaceChildren(
-    tile("429s now", rate(limitedNow) + "/s", "all limits, last 10 s"),
-    tile("429s, 10 min", int(limited10), admitted10 + limited10 ? ((100 * limited10) / (admitted10 + limited10)).toFixed(1) + "% of limit decisions" : "no decisions yet"),
+    tile("429s per second", rate(limitedNow) + "/s", "all limits, last 10 s"),
+    tile("429s, last 10 min", int(limited10), admitted10 + limited10 ? ((100 * limited10) / (admitted10 + limited10)).toFixed(1) + "% of limit decisions" : "no decisions yet"),
     tile("Limiter store", store[0], store[1]),
     tile("Config", "gen " + int(data.generation), int(data.config.reloads.failed) + " reload failures"),
     tile("Upstream targets", ups.length ? healthy + " / " + ups.length : "none", ups.length ? (ups.length - healthy ? ups.length - healthy + " unhealthy" : "all healthy") : "respond-only routes"),
@@ -242,7 +243,7 @@ function topLists(data) {
         el("td", { class: "num" }, (t.error ? "≤ " : "") + int(t.count)),
         el("td", { width: "40%" }, bar(t.count / max)),
       ));
-    return el("div", {}, el("h3", {}, l.limit, el("span", {}, " · " + l.route)), table([["Identity"], ["429s", "num"], [""]], rows));
+    return el("div", {}, el("h3", {}, l.limit, el("span", {}, " · " + l.route)), table([["Identity"], ["Rejected", "num"], [""]], rows));
   });
   $("top").replaceChildren(el("div", { class: "idlist" }, cells));
 }
@@ -292,7 +293,7 @@ function kv(pairs) {
 
 function store(data) {
   const s = data.limiter;
-  if (s.backend === "local") return $("store").replaceChildren(kv([["Backend", pill("ok", "in process")], ["Shared across replicas", "no"]]));
+  if (s.backend === "local") return $("store").replaceChildren(kv([["Backend", pill("ok", "in process")], ["Shared across replicas", "no"], ["Buckets held", int(s.buckets)]]));
   if (!s.total) return $("store").replaceChildren(kv([["Backend", "Redis (" + s.mode + ")"], ["State", pill("warn", "no client")]]));
   const errs = s.rate.errors || [];
   const state = s.breaker_open ? pill("bad", "breaker open") : now(errs) > 0 ? pill("warn", "errors") : pill("ok", "answering");
@@ -303,6 +304,7 @@ function store(data) {
     ["Errors/s", el("span", { class: "rate" }, spark(errs, "var(--limited)"), el("b", {}, rate(now(errs))))],
     ["Errors, timeouts (total)", int(s.total.errors) + ", " + int(s.total.timeouts)],
     ["Reconnects, failovers", int(s.total.reconnects) + ", " + int(s.total.failovers)],
+    ["Fallback buckets held", int(s.buckets)],
   ]));
 }
 

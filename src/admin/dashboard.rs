@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 
-use http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS};
+use http::header::{
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
+};
 use http::{HeaderValue, Response, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -102,7 +104,12 @@ fn series(rates: Option<&Rates>, channels: &[&str], step: usize) -> (Value, Valu
         let found = rates.and_then(|r| r.channels.iter().find(|(n, _, _)| n == c));
         let (points, sum) = found.map_or_else(
             || (vec![0.0; SECONDS / step], 0),
-            |(_, p, s)| (p.iter().map(|r| (r * 1000.0).round() / 1000.0).collect(), *s),
+            |(_, p, s)| {
+                (
+                    p.iter().map(|r| (r * 1000.0).round() / 1000.0).collect(),
+                    *s,
+                )
+            },
         );
         window.insert((*c).to_owned(), json!(sum));
         rate.insert((*c).to_owned(), json!(points));
@@ -126,12 +133,16 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
                 }
             }
             let (window, rate) = series(decisions.get(&k), DECISIONS, step);
-            let most = route.counters.most_limited.get(i).map_or_else(Vec::new, |s| {
-                s.top(TOP)
+            let most = route
+                .counters
+                .most_limited
+                .get(i)
+                .map_or_else(Vec::new, |s| {
+                    s.top(TOP)
                     .into_iter()
                     .map(|t| json!({"digest": t.client.hex(), "count": t.count, "error": t.error}))
                     .collect()
-            });
+                });
             let mut v = json!({
                 "route": &*route.name,
                 "limit": &*limit.name,
@@ -152,7 +163,13 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
 }
 
 /// A ban limit's bans: begun, requests refused, lifted.
-fn ban_counts(state: &State, route: &str, limit: &str, rates: Option<&Rates>, step: usize) -> Value {
+fn ban_counts(
+    state: &State,
+    route: &str,
+    limit: &str,
+    rates: Option<&Rates>,
+    step: usize,
+) -> Value {
     let m = &state.metrics;
     let labels = RouteLimitLabels {
         route: route.to_owned(),
@@ -188,8 +205,10 @@ fn rule(limit: &Limit) -> String {
 
 /// The limiter's store: in process, or Redis with its breaker and failures.
 fn limiter(rt: &Runtime, rates: &ByKey, step: usize) -> Value {
+    // In process: the store, or Redis's fallback.
+    let buckets: usize = rt.limits().map(|l| l.local.len()).sum();
     let Backend::Redis(cfg) = &rt.settings.limiter.backend else {
-        return json!({"backend": "local"});
+        return json!({"backend": "local", "buckets": buckets});
     };
     let mode = if !cfg.cluster.is_empty() {
         "cluster"
@@ -199,7 +218,7 @@ fn limiter(rt: &Runtime, rates: &ByKey, step: usize) -> Value {
         "single"
     };
     let Some(redis) = &rt.redis else {
-        return json!({"backend": "redis", "mode": mode});
+        return json!({"backend": "redis", "mode": mode, "buckets": buckets});
     };
     let s = redis.stats();
     let (window, rate) = series(rates.get(&(String::new(), String::new())), REDIS, step);
@@ -207,6 +226,7 @@ fn limiter(rt: &Runtime, rates: &ByKey, step: usize) -> Value {
         "backend": "redis",
         "mode": mode,
         "breaker_open": redis.breaker_open(),
+        "buckets": buckets,
         "total": {"calls": s.redis_calls, "errors": s.errors, "timeouts": s.timeouts, "negative_hits": s.negative_hits, "reconnects": s.reconnects, "failovers": s.failovers},
         "window": window,
         "rate": rate,

@@ -52,7 +52,7 @@ pub async fn run(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         }
         let tick = started.elapsed().as_secs();
         sample(&state, tick);
-        if tick > 0 && tick % WINDOW_SECS == 0 {
+        if tick > 0 && tick.is_multiple_of(WINDOW_SECS) {
             state.metrics.most_limited.rotate();
         }
     }

@@ -212,7 +212,11 @@ mod tests {
         let r = h.rates("decisions", 1);
         assert_eq!(&r[0].channels[0].1[SECONDS - 3..], &[4.0, 0.0, 2.0]);
         h.record(1 + SECONDS as u64, vec![reading("l", [6, 0])]);
-        assert_eq!(h.rates("decisions", 1)[0].channels[0].2, 2, "tick 1 is gone");
+        assert_eq!(
+            h.rates("decisions", 1)[0].channels[0].2,
+            2,
+            "tick 1 is gone"
+        );
     }
 
     #[test]

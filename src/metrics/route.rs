@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::family::Family;
 
-use crate::limiter::{Decision, LimitResult, Outcome};
 use super::top::MostLimited;
+use crate::limiter::{Decision, LimitResult, Outcome};
 use crate::sharded;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

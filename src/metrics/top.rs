@@ -219,7 +219,10 @@ mod tests {
         s.record(ClientId(9));
         let top = s.top(10);
         assert_eq!(top.len(), 2);
-        assert_eq!((top[0].client, top[0].count, top[0].error), (ClientId(7), 5, 0));
+        assert_eq!(
+            (top[0].client, top[0].count, top[0].error),
+            (ClientId(7), 5, 0)
+        );
         assert_eq!((top[1].client, top[1].count), (ClientId(9), 1));
     }
 
