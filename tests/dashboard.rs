@@ -308,6 +308,89 @@ async fn the_page_is_static_and_locked_down_and_its_data_needs_the_token() {
     assert_eq!(v["generation"], 1);
 }
 
+/// `GET /api/v1/dashboard` with the token, as JSON.
+async fn data(http: &Http, proxy: &TestProxy) -> serde_json::Value {
+    let url = format!("http://{}/api/v1/dashboard?step=1", proxy.admin_addr());
+    let auth = format!("Bearer {TOKEN}");
+    let reply = http.get_with(&url, &[("Authorization", &auth)]).await;
+    assert_eq!(reply.code(), 200, "{}", reply.text());
+    serde_json::from_str(reply.text()).expect("JSON")
+}
+
+/// Poll the dashboard data until `ok` holds of it; fail after 5 s.
+async fn data_until(
+    http: &Http,
+    proxy: &TestProxy,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let v = data(http, proxy).await;
+        if ok(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what} within 5 s: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The limit named `name` in the data.
+fn limit<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["limits"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["limit"] == name))
+        .unwrap_or_else(|| panic!("no limit {name} in {v}"))
+}
+
+#[tokio::test]
+async fn the_sampled_series_survive_a_reload() {
+    let (proxy, token) = proxy(LIMIT);
+    let http = Http::new();
+    let url = proxy.url("/x");
+    let statuses = http.statuses(5, &url, &[("X-API-Key", "carol")]).await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    // The sampler's window catches up with the live totals within a second or two.
+    let v = data_until(&http, &proxy, "the window counts every decision", |v| {
+        limit(v, "per-key")["window"]["limited"] == 2
+            && limit(v, "per-key")["window"]["admitted"] == 3
+    })
+    .await;
+    let rates = limit(&v, "per-key")["rate"]["limited"]
+        .as_array()
+        .expect("rates")
+        .clone();
+    assert_eq!(rates.len(), 600);
+    let sum: f64 = rates.iter().filter_map(serde_json::Value::as_f64).sum();
+    assert!(
+        (sum - 2.0).abs() < 1e-9,
+        "one-second steps add up to the count: {sum}"
+    );
+
+    // A reload adds a limit: the old series goes on, the new one starts at zero.
+    let added = LIMIT.to_owned()
+        + "      - { name: everyone, rate: 1000/s, burst: 1000, key: [global] }
+";
+    let yaml = config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n  token_file: {}\n{added}",
+        token.display()
+    ));
+    std::fs::write(proxy.config_path(), yaml).expect("rewrite the config");
+    proxy.reload();
+    assert!(
+        proxy.wait_for_generation(2, Duration::from_secs(5)).await,
+        "reloaded"
+    );
+    let v = data_until(&http, &proxy, "the new limit is sampled", |v| {
+        v["generation"] == 2 && limit(v, "everyone")["window"]["admitted"] == 0
+    })
+    .await;
+    assert_eq!(limit(&v, "per-key")["window"]["limited"], 2, "{v}");
+    assert_eq!(limit(&v, "per-key")["total"]["admitted"], 3);
+    assert_eq!(v["config"]["reloads"]["ok"], 1);
+    assert_eq!(limit(&v, "per-key")["most_limited"][0]["count"], 2);
+}
+
 // === the screenshot in docs ===
 
 /// Mixed traffic for `DASHBOARD_TRAFFIC_SECS` (default 300) seconds, and docs/dashboard.png

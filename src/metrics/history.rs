@@ -56,6 +56,9 @@ pub struct Rates {
 #[derive(Debug, Default)]
 struct Inner {
     series: HashMap<Key, Series>,
+    /// The last totals of series dropped: one that comes back (its route restored by a reload)
+    /// counts from there, not its whole total again in one second.
+    retired: HashMap<Key, Vec<u64>>,
     /// The last tick recorded.
     tick: Option<u64>,
 }
@@ -75,9 +78,13 @@ impl History {
                 if inner.series.len() >= MAX_SERIES {
                     continue;
                 }
+                // A series new to the sampler counts from zero: its counters were made with
+                // the runtime that brought it, at most a second ago.
+                let last =
+                    (inner.retired.remove(&r.key)).unwrap_or_else(|| vec![0; r.totals.len()]);
                 let series = Series {
                     channels: r.channels,
-                    last: r.totals.clone(),
+                    last,
                     rings: r.channels.iter().map(|_| zeros()).collect(),
                     seen: tick,
                 };
@@ -100,9 +107,16 @@ impl History {
             }
             s.last.clone_from(&r.totals);
         }
-        inner
-            .series
-            .retain(|_, s| tick.saturating_sub(s.seen) < SECONDS as u64);
+        let Inner {
+            series, retired, ..
+        } = &mut *inner;
+        series.retain(|k, s| {
+            let kept = tick.saturating_sub(s.seen) < SECONDS as u64;
+            if !kept && retired.len() < MAX_SERIES * 4 {
+                retired.insert(k.clone(), std::mem::take(&mut s.last));
+            }
+            kept
+        });
     }
 
     /// Every series of `source`, as rates over steps of `step` seconds (the last partial
@@ -196,8 +210,8 @@ mod tests {
         assert_eq!(r.len(), 1);
         let (name, admitted, sum) = &r[0].channels[0];
         assert_eq!(*name, "admitted");
-        assert_eq!(&admitted[SECONDS - 2..], &[5.0, 10.0]);
-        assert_eq!(*sum, 15, "the first sample is the baseline");
+        assert_eq!(&admitted[SECONDS - 3..], &[10.0, 5.0, 10.0]);
+        assert_eq!(*sum, 25, "a new series counts from zero");
         assert_eq!(r[0].channels[1].2, 2);
         let r = h.rates("decisions", 2);
         assert_eq!(r[0].channels[0].1.last(), Some(&7.5));
@@ -227,5 +241,9 @@ mod tests {
         let r = h.rates("decisions", 10);
         assert_eq!(r.len(), 1);
         assert_eq!(&*r[0].key.limit, "kept");
+        // Back again: only what it counted since it went.
+        h.record(SECONDS as u64 + 1, vec![reading("gone", [4, 1])]);
+        let r = h.rates("decisions", 1);
+        assert_eq!(r[0].channels[0].2, 3);
     }
 }
