@@ -74,6 +74,7 @@ pub(super) fn data(state: &State, call: &Call) -> Response<Body> {
         "limiter": limiter(&rt, &by_key(history.rates("redis", step)), step),
         "config": config(state, step),
         "upstreams": upstreams(&rt),
+        "series": other_series(state, step),
     });
     body["generation"] = json!(*state.generation.borrow());
     // Compact: a page polls it every two seconds.
@@ -243,6 +244,29 @@ fn config(state: &State, step: usize) -> Value {
         "reloads": {"ok": ok, "failed": failed},
         "window": window,
     })
+}
+
+/// The series of sources the sections above do not show, by source, then route and limit: a
+/// source added to the sampler is in the answer without more code here.
+fn other_series(state: &State, step: usize) -> Value {
+    let history = &state.metrics.history;
+    let mut out = Map::new();
+    for source in history.sources() {
+        if super::sampler::SHOWN.contains(&source) {
+            continue;
+        }
+        let all: Vec<Value> = history
+            .rates(source, step)
+            .iter()
+            .map(|r| {
+                let channels: Vec<&str> = r.channels.iter().map(|(c, _, _)| *c).collect();
+                let (window, rate) = series(Some(r), &channels, step);
+                json!({"route": &*r.key.route, "limit": &*r.key.limit, "window": window, "rate": rate})
+            })
+            .collect();
+        out.insert(source.to_owned(), Value::Array(all));
+    }
+    Value::Object(out)
 }
 
 /// Every upstream target's health and load.

@@ -21,8 +21,12 @@ use crate::state::State;
 /// Reads totals off the live runtime and the metrics.
 type Source = fn(&State, &Runtime, &mut Vec<Reading>);
 
-/// Every series the dashboard draws.
+/// Every series sampled. A source's series are in `GET /api/v1/dashboard` under `series`,
+/// by its name, unless it is one of `SHOWN`.
 const SOURCES: &[Source] = &[decisions, bans, redis, reloads];
+
+/// The sources the dashboard's answer shows in sections of their own.
+pub const SHOWN: &[&str] = &["decisions", "bans", "redis", "reloads"];
 
 /// The channels of a limit's decisions: these outcomes, by these names.
 pub const DECISIONS: &[&str] = &["admitted", "limited", "shadow_limited", "without_backend"];

@@ -148,6 +148,14 @@ impl History {
         out
     }
 
+    /// The sources that have series, sorted.
+    pub fn sources(&self) -> Vec<&'static str> {
+        let mut all: Vec<_> = self.0.lock().series.keys().map(|k| k.source).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// The last tick recorded.
     pub fn tick(&self) -> Option<u64> {
         self.0.lock().tick
