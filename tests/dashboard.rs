@@ -467,85 +467,85 @@ mod traffic {
 
     use super::common::{Http, TestProxy};
 
+    /// One client: `path` with `header` at `per_sec`, from `from` to `to` (fractions of `span`).
+    struct Client {
+        path: String,
+        header: (&'static str, String),
+        per_sec: f64,
+        from: f64,
+        to: f64,
+    }
+
+    fn key(path: &str, key: &str, per_sec: f64, from: f64, to: f64) -> Client {
+        let header = ("X-API-Key", key.to_owned());
+        let path = path.to_owned();
+        Client {
+            path,
+            header,
+            per_sec,
+            from,
+            to,
+        }
+    }
+
     pub async fn run(proxy: &TestProxy, span: Duration) {
-        let mut tasks = Vec::new();
-        let client =
-            |url: String, headers: Vec<(String, String)>, per_sec: f64, from: f64, to: f64| {
-                tokio::spawn(async move {
-                    let http = Http::new();
-                    let began = tokio::time::Instant::now();
-                    let total = span.as_secs_f64();
-                    loop {
-                        let t = began.elapsed().as_secs_f64();
-                        if t >= total {
-                            return;
-                        }
-                        // A slow swell, so rates move the way real traffic does.
-                        let swell = 1.0 + 0.5 * (t / 37.0).sin();
-                        let on = t >= from * total && t < to * total;
-                        if on {
-                            let h: Vec<(&str, &str)> = headers
-                                .iter()
-                                .map(|(k, v)| (k.as_str(), v.as_str()))
-                                .collect();
-                            let _ = http.get_with(&url, &h).await;
-                        }
-                        let gap = if on { 1.0 / (per_sec * swell) } else { 0.5 };
-                        tokio::time::sleep(Duration::from_secs_f64(gap)).await;
-                    }
-                })
-            };
+        let mut clients = Vec::new();
         for i in 0..10 {
-            let key = vec![("X-API-Key".to_owned(), format!("key-{i}"))];
             let rate = 2.0 + f64::from(i) * 0.8;
-            tasks.push(client(proxy.url("/v1/orders"), key.clone(), rate, 0.0, 1.0));
-            tasks.push(client(
-                proxy.url("/v1/search?q=x"),
-                key,
+            clients.push(key("/v1/orders", &format!("key-{i}"), rate, 0.0, 1.0));
+            clients.push(key(
+                "/v1/search?q=x",
+                &format!("key-{i}"),
                 rate / 2.0,
                 0.0,
                 1.0,
             ));
         }
-        let key = |k: &str| vec![("X-API-Key".to_owned(), k.to_owned())];
-        tasks.push(client(
-            proxy.url("/v1/orders"),
-            key("key-scraper"),
-            45.0,
-            0.3,
-            0.75,
-        ));
-        tasks.push(client(
-            proxy.url("/v1/search?q=all"),
-            key("key-scraper"),
-            12.0,
-            0.45,
-            1.0,
-        ));
-        tasks.push(client(
-            proxy.url("/v1/orders"),
-            key("key-batch"),
-            14.0,
-            0.6,
-            1.0,
-        ));
-        tasks.push(client(
-            proxy.url("/v1/orders"),
-            key("key-retry-loop"),
-            28.0,
-            0.8,
-            1.0,
-        ));
+        clients.push(key("/v1/orders", "key-scraper", 45.0, 0.3, 0.75));
+        clients.push(key("/v1/search?q=all", "key-scraper", 12.0, 0.45, 1.0));
+        clients.push(key("/v1/orders", "key-batch", 14.0, 0.6, 1.0));
+        clients.push(key("/v1/orders", "key-retry-loop", 28.0, 0.8, 1.0));
         for (ip, per_sec) in [
             ("198.51.100.7", 2.0),
             ("203.0.113.44", 1.1),
             ("192.0.2.90", 0.6),
         ] {
-            let xff = vec![("X-Forwarded-For".to_owned(), ip.to_owned())];
-            tasks.push(client(proxy.url("/login"), xff, per_sec, 0.15, 1.0));
+            let header = ("X-Forwarded-For", ip.to_owned());
+            let path = "/login".to_owned();
+            clients.push(Client {
+                path,
+                header,
+                per_sec,
+                from: 0.15,
+                to: 1.0,
+            });
         }
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|c| tokio::spawn(send(proxy.url(&c.path), c, span)))
+            .collect();
         for t in tasks {
             let _ = t.await;
+        }
+    }
+
+    async fn send(url: String, c: Client, span: Duration) {
+        let http = Http::new();
+        let began = tokio::time::Instant::now();
+        let total = span.as_secs_f64();
+        loop {
+            let t = began.elapsed().as_secs_f64();
+            if t >= total {
+                return;
+            }
+            // A slow swell, so rates move the way real traffic does.
+            let swell = 1.0 + 0.5 * (t / 37.0).sin();
+            let on = t >= c.from * total && t < c.to * total;
+            if on {
+                let _ = http.get_with(&url, &[(c.header.0, &c.header.1)]).await;
+            }
+            let gap = if on { 1.0 / (c.per_sec * swell) } else { 0.5 };
+            tokio::time::sleep(Duration::from_secs_f64(gap)).await;
         }
     }
 }
