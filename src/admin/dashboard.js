@@ -110,7 +110,7 @@ async function poll() {
   clearTimeout(timer);
   try {
     const [data, bans, overrides] = await Promise.all([api("dashboard"), optional("bans"), optional("overrides")]);
-    if (data.missing) throw new Error("this tollgate has no dashboard API");
+    if (data.missing) throw new Error("the admin API answered 404: is admin.token_file set?");
     render(data, bans, overrides);
     status("live", "live · updated " + new Date().toLocaleTimeString("en-GB"));
   } catch (e) {
@@ -340,5 +340,6 @@ function render(data, bans, overrides) {
   upstreams(data);
 }
 
+document.title = "tollgate · " + location.host;
 takeFragmentToken();
 start();
