@@ -5,6 +5,9 @@
 //! `cargo test --test dashboard -- --ignored screenshot`.
 
 mod common;
+#[allow(dead_code)]
+#[path = "common/redis.rs"]
+mod redis_helpers;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -389,6 +392,43 @@ async fn the_sampled_series_survive_a_reload() {
     assert_eq!(limit(&v, "per-key")["total"]["admitted"], 3);
     assert_eq!(v["config"]["reloads"]["ok"], 1);
     assert_eq!(limit(&v, "per-key")["most_limited"][0]["count"], 2);
+}
+
+#[tokio::test]
+async fn the_limiter_panel_follows_redis() {
+    let mut redis = redis_helpers::RedisServer::start();
+    let rest = format!(
+        "limiter:\n  backend: redis\n  redis:\n    url: \"{}\"\n    timeout: 200ms\n\
+         routes:\n  - name: api\n    respond: {{ status: 200 }}\n    limits:\n      \
+         - {{ name: per-ip, rate: 100/s, burst: 100, key: [ip], on_failure: open }}\n",
+        redis.url()
+    );
+    let (proxy, _token) = proxy(&rest);
+    let http = Http::new();
+    let url = proxy.url("/");
+    assert_eq!(http.statuses(3, &url, &[]).await, [200, 200, 200]);
+    let v = data_until(&http, &proxy, "three calls sampled", |v| {
+        v["limiter"]["window"]["calls"].as_u64() >= Some(3)
+    })
+    .await;
+    let l = &v["limiter"];
+    assert_eq!(
+        (&l["backend"], &l["mode"]),
+        (&"redis".into(), &"single".into()),
+        "{l}"
+    );
+    assert_eq!(l["breaker_open"], false);
+    assert_eq!(l["total"]["errors"], 0);
+
+    // Redis gone: checks fail (open: still 200) and, three failures on, the breaker opens.
+    redis.kill();
+    assert_eq!(http.statuses(4, &url, &[]).await, [200, 200, 200, 200]);
+    let v = data_until(&http, &proxy, "the failures sampled", |v| {
+        v["limiter"]["window"]["errors"].as_u64() >= Some(3)
+    })
+    .await;
+    assert_eq!(v["limiter"]["breaker_open"], true, "{}", v["limiter"]);
+    assert_eq!(limit(&v, "per-ip")["total"]["without_backend"], 4);
 }
 
 // === the screenshot in docs ===
