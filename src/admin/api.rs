@@ -64,15 +64,20 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
         Err(res) => return res,
     };
     let res = dispatch(state, &call).await;
-    // The query is not logged: explain's carries API keys and cookies.
-    tracing::info!(
-        peer = %peer.map_or_else(String::new, |p| p.to_string()),
-        method = %call.method,
-        path = %call.path,
-        status = res.status().as_u16(),
-        "admin API call"
-    );
+    logged(peer, &call, res.status());
     res
+}
+
+/// Log an API call that passed the token check. The query is not logged: explain's carries
+/// API keys and cookies. The dashboard's data is read every 2 s by each open page: at `debug`.
+fn logged(peer: Option<std::net::SocketAddr>, call: &Call, status: StatusCode) {
+    let peer = peer.map_or_else(String::new, |p| p.to_string());
+    let (method, path, status) = (&call.method, &call.path, status.as_u16());
+    if call.method == Method::GET && call.path == "/dashboard" {
+        tracing::debug!(%peer, %method, %path, status, "admin API call");
+    } else {
+        tracing::info!(%peer, %method, %path, status, "admin API call");
+    }
 }
 
 /// Log a request refused for its token: at most one line a second, with the number held back
