@@ -213,6 +213,16 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     assert_eq!(alice, [200, 200, 200, 429, 429, 429, 429, 429, 429]);
     assert_eq!(bob, [200, 200, 200, 429, 429]);
 
+    // An operator's ban and override, through the admin API.
+    let ban = post(
+        &proxy,
+        "/bans",
+        r#"{"identity":"header:X-API-Key=mallory","ttl":"1h","reason":"INC-7 scraping"}"#,
+    )
+    .await;
+    let raise = r#"{"limit":"per-key","identity":"header:X-API-Key=partner","rate":"100/s","burst":100,"ttl":"5m","reason":"launch week"}"#;
+    let raise = post(&proxy, "/overrides", raise).await;
+
     let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
     let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
         .await
@@ -232,14 +242,26 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
         ],
         "the most-limited list, most first"
     );
-    // The bans and overrides panels rendered (their endpoints may not exist: then they say so).
-    let bans = &dom[dom.find("id=\"bans\"").expect("a bans panel")..];
+    // The ban and the override in force, in their panels.
+    let row = |attr: &str, id: &str| {
+        let a = format!("{attr}=\"{id}\"");
+        let at = dom
+            .find(&a)
+            .unwrap_or_else(|| panic!("a row {a} in:\n{dom}"));
+        dom[at..at + dom[at..].find("</tr>").unwrap_or(0)].to_owned()
+    };
+    let shown = row("data-ban-id", ban["id"].as_str().expect("a ban ID"));
     assert!(
-        bans.starts_with("id=\"bans\"><div class=\"empty\">Not available")
-            || bans.starts_with("id=\"bans\"><div class=\"empty\">No bans")
-            || bans.starts_with("id=\"bans\"><table"),
-        "the bans panel: {}",
-        &bans[..bans.len().min(200)]
+        shown.contains("INC-7 scraping") && shown.contains("all"),
+        "{shown}"
+    );
+    let shown = row(
+        "data-override-id",
+        raise["id"].as_str().expect("an override ID"),
+    );
+    assert!(
+        shown.contains("launch week") && shown.contains("100/s"),
+        "{shown}"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
 }
@@ -309,6 +331,22 @@ async fn the_page_is_static_and_locked_down_and_its_data_needs_the_token() {
     );
     assert_eq!(v["limiter"]["backend"], "local");
     assert_eq!(v["generation"], 1);
+}
+
+/// `POST /api/v1{path}` with the token and `body`: the created entry, as JSON.
+async fn post(proxy: &TestProxy, path: &str, body: &str) -> serde_json::Value {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(format!("http://{}/api/v1{path}", proxy.admin_addr()))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(
+            http_body_util::Full::new(bytes::Bytes::from(body.to_owned()))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .expect("a request");
+    let reply = Http::new().send(req).await;
+    assert_eq!(reply.code(), 201, "{}", reply.text());
+    serde_json::from_str(reply.text()).expect("JSON")
 }
 
 /// `GET /api/v1/dashboard` with the token, as JSON.

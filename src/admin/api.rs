@@ -69,11 +69,13 @@ pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Bo
 }
 
 /// Log an API call that passed the token check. The query is not logged: explain's carries
-/// API keys and cookies. The dashboard's data is read every 2 s by each open page: at `debug`.
+/// API keys and cookies. What the dashboard reads every 2 s per open page (its data, the bans
+/// and overrides in force) goes to `debug`; changes and other reads to `info`.
 fn logged(peer: Option<std::net::SocketAddr>, call: &Call, status: StatusCode) {
     let peer = peer.map_or_else(String::new, |p| p.to_string());
     let (method, path, status) = (&call.method, &call.path, status.as_u16());
-    if call.method == Method::GET && call.path == "/dashboard" {
+    let polled = matches!(call.path.as_str(), "/dashboard" | "/bans" | "/overrides");
+    if call.method == Method::GET && polled {
         tracing::debug!(%peer, %method, %path, status, "admin API call");
     } else {
         tracing::info!(%peer, %method, %path, status, "admin API call");

@@ -268,10 +268,10 @@ const left = (x) => (x.ttl_left_s === null || x.ttl_left_s === undefined ? "perm
 
 function bansPanels(bans, overrides) {
   optionalPanel("bans", bans, "bans", [["ID"], ["Identity"], ["Routes"], ["Reason"], ["Left", "num"]], (b) =>
-    el("tr", {}, el("td", { class: "mono" }, String(b.id)), el("td", { class: "mono" }, String(b.identity)), el("td", {}, list(b.routes)), el("td", { class: "muted" }, b.reason || "—"), el("td", { class: "num" }, left(b))),
+    el("tr", { "data-ban-id": b.id }, el("td", { class: "mono" }, String(b.id)), el("td", { class: "mono" }, String(b.identity)), el("td", {}, list(b.routes)), el("td", { class: "muted" }, b.reason || "—"), el("td", { class: "num" }, left(b))),
     "No bans in force.");
   optionalPanel("overrides", overrides, "overrides", [["ID"], ["Limit"], ["Identity"], ["Rate"], ["Reason"], ["Left", "num"]], (o) =>
-    el("tr", {}, el("td", { class: "mono" }, String(o.id)), el("td", {}, o.limit), el("td", { class: "mono" }, String(o.identity)),
+    el("tr", { "data-override-id": o.id }, el("td", { class: "mono" }, String(o.id)), el("td", {}, o.limit), el("td", { class: "mono" }, String(o.identity)),
       el("td", {}, o.quota ? String(o.quota) : [o.rate ?? "—", o.burst ? " · burst " + o.burst : ""].join("")), el("td", { class: "muted" }, o.reason || "—"), el("td", { class: "num" }, left(o))),
     "No overrides in force.");
 }
