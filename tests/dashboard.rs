@@ -222,6 +222,13 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     .await;
     let raise = r#"{"limit":"per-key","identity":"header:X-API-Key=partner","rate":"100/s","burst":100,"ttl":"5m","reason":"launch week"}"#;
     let raise = post(&proxy, "/overrides", raise).await;
+    let banned = http.statuses(2, &url, &[("X-API-Key", "mallory")]).await;
+    assert_eq!(banned, [403, 403]);
+    // The page reads the sampler's series of those refusals: wait until it has them.
+    data_until(&http, &proxy, "the refusals sampled", |v| {
+        v["series"]["operator_bans"][0]["window"]["refused"] == 2
+    })
+    .await;
 
     let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
     let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
@@ -262,6 +269,10 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     assert!(
         shown.contains("launch week") && shown.contains("100/s"),
         "{shown}"
+    );
+    assert!(
+        dom.contains("data-operator-refused=\"2\""),
+        "two refused by the ban:\n{dom}"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
 }
@@ -488,6 +499,10 @@ async fn screenshot() {
         .unwrap_or(300u64)
         .max(20);
     let span = Duration::from_secs(secs);
+    let ban = r#"{"identity":"header:X-API-Key=key-scraper","ttl":"2h","routes":["search"],"reason":"INC-1042 scraping"}"#;
+    post(&proxy, "/bans", ban).await;
+    let raise = r#"{"limit":"api-per-key","identity":"header:X-API-Key=key-batch","rate":"40/s","burst":80,"ttl":"1h","reason":"nightly export"}"#;
+    post(&proxy, "/overrides", raise).await;
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/dashboard.png");
     let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
     let shot = format!("--screenshot={}", out.display());

@@ -159,7 +159,7 @@ function chart(limits, data) {
     const y = pad.t + ih - (i / 4) * ih;
     s.append(svg("line", { class: "grid-line", x1: pad.l, x2: w - pad.r, y1: y, y2: y }));
     const t = svg("text", { x: pad.l - 6, y: y + 3.5, "text-anchor": "end" });
-    t.textContent = rate((top * i) / 4);
+    t.textContent = String(+((top * i) / 4).toFixed(2));
     s.append(t);
   }
   const span = data.points * data.step_s;
@@ -267,13 +267,23 @@ const list = (v) => (Array.isArray(v) ? (v.length ? v.join(", ") : "all") : v ??
 const left = (x) => (x.ttl_left_s === null || x.ttl_left_s === undefined ? "permanent" : duration(x.ttl_left_s));
 
 function bansPanels(bans, overrides) {
+  const ident = (x) => el("td", { class: "mono clip", title: String(x.identity) }, String(x.identity));
   optionalPanel("bans", bans, "bans", [["ID"], ["Identity"], ["Routes"], ["Reason"], ["Left", "num"]], (b) =>
-    el("tr", { "data-ban-id": b.id }, el("td", { class: "mono" }, String(b.id)), el("td", { class: "mono" }, String(b.identity)), el("td", {}, list(b.routes)), el("td", { class: "muted" }, b.reason || "—"), el("td", { class: "num" }, left(b))),
+    el("tr", { "data-ban-id": b.id }, el("td", { class: "mono nowrap" }, String(b.id)), ident(b), el("td", {}, list(b.routes)), el("td", { class: "muted" }, b.reason || "—"), el("td", { class: "num" }, left(b))),
     "No bans in force.");
-  optionalPanel("overrides", overrides, "overrides", [["ID"], ["Limit"], ["Identity"], ["Rate"], ["Reason"], ["Left", "num"]], (o) =>
-    el("tr", { "data-override-id": o.id }, el("td", { class: "mono" }, String(o.id)), el("td", {}, o.limit), el("td", { class: "mono" }, String(o.identity)),
-      el("td", {}, o.quota ? String(o.quota) : [o.rate ?? "—", o.burst ? " · burst " + o.burst : ""].join("")), el("td", { class: "muted" }, o.reason || "—"), el("td", { class: "num" }, left(o))),
+  optionalPanel("overrides", overrides, "overrides", [["ID"], ["Limit"], ["Identity"], ["Numbers"], ["Reason"], ["Left", "num"]], (o) =>
+    el("tr", { "data-override-id": o.id }, el("td", { class: "mono nowrap" }, String(o.id)), el("td", { class: "nowrap" }, o.limit), ident(o),
+      el("td", { class: "nowrap" }, o.quota ? String(o.quota) : [o.rate ?? "—", o.burst ? ", burst " + o.burst : ""].join("")), el("td", { class: "muted" }, o.reason || "—"), el("td", { class: "num" }, left(o))),
     "No overrides in force.");
+}
+
+// Requests refused by operators' bans over ten minutes (a series of the sampler's).
+function bansNote(data) {
+  const series = (data.series && data.series.operator_bans) || [];
+  const n = series.reduce((s, r) => s + (r.window.refused || 0), 0);
+  const note = $("bans-note");
+  note.textContent = int(n) + (n === 1 ? " request" : " requests") + " refused in 10 min";
+  note.setAttribute("data-operator-refused", String(n));
 }
 
 function limitBans(data) {
@@ -334,6 +344,7 @@ function render(data, bans, overrides) {
   limitsTable(data);
   topLists(data);
   bansPanels(bans, overrides);
+  bansNote(data);
   limitBans(data);
   store(data);
   config(data);

@@ -14,7 +14,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::metrics::history::{Key, Reading};
 use crate::metrics::top::WINDOW_SECS;
-use crate::metrics::{OutcomeLabel, RouteLimitLabels};
+use crate::metrics::{OutcomeLabel, RouteLabels, RouteLimitLabels};
 use crate::runtime::Runtime;
 use crate::state::State;
 
@@ -23,7 +23,7 @@ type Source = fn(&State, &Runtime, &mut Vec<Reading>);
 
 /// Every series sampled. A source's series are in `GET /api/v1/dashboard` under `series`,
 /// by its name, unless it is one of `SHOWN`.
-const SOURCES: &[Source] = &[decisions, bans, redis, reloads];
+const SOURCES: &[Source] = &[decisions, bans, redis, reloads, operator_bans];
 
 /// The sources the dashboard's answer shows in sections of their own.
 pub const SHOWN: &[&str] = &["decisions", "bans", "redis", "reloads"];
@@ -124,6 +124,21 @@ fn redis(_: &State, rt: &Runtime, out: &mut Vec<Reading>) {
         channels: REDIS,
         totals: vec![s.redis_calls, s.errors, s.timeouts],
     });
+}
+
+/// Requests refused by an operator's ban (`POST /api/v1/bans`), by route.
+fn operator_bans(state: &State, rt: &Runtime, out: &mut Vec<Reading>) {
+    let family = &state.metrics.admin_banned_requests;
+    for route in &rt.routes {
+        let labels = RouteLabels {
+            route: route.name.to_string(),
+        };
+        out.push(Reading {
+            key: key("operator_bans", &route.name, &"".into()),
+            channels: &["refused"],
+            totals: vec![family.get(&labels).map_or(0, |c| c.get())],
+        });
+    }
 }
 
 /// Config reloads.
