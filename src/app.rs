@@ -204,11 +204,6 @@ pub async fn start(
             if let Some(address) = address {
                 tracing::info!(%address, "admin endpoints");
             }
-            // The dashboard's history, sampled while the admin listener serves it.
-            tokio::spawn(crate::admin::sampler::run(
-                state.clone(),
-                admin_stop_rx.clone(),
-            ));
             tokio::spawn(crate::admin::serve(admin, state.clone(), admin_stop_rx));
             address
         }

@@ -4,7 +4,7 @@
 mod api;
 mod control;
 mod dashboard;
-pub mod sampler;
+mod sampler;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,6 +26,8 @@ use crate::state::State;
 /// Serve the admin endpoints on `listener` until `stop` (the end of the drain: `/readyz`
 /// answers 503 throughout the shutdown rather than vanishing with the proxy listeners).
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    // The dashboard's history, sampled while the admin listener serves it, stopped with it.
+    tokio::spawn(sampler::run(state.clone(), stop.clone()));
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let stream = tokio::select! {
