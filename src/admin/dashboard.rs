@@ -58,8 +58,10 @@ pub(super) fn asset(path: &str) -> Option<Response<Body>> {
 /// `GET /api/v1/dashboard[?step=S]`: rates in steps of `S` seconds (1 to 60, default 5).
 pub(super) fn data(state: &State, call: &Call) -> Response<Body> {
     let step = call
-        .param("step")
-        .and_then(|s| s.parse::<usize>().ok())
+        .query
+        .iter()
+        .find(|(k, _)| k == "step")
+        .and_then(|(_, s)| s.parse::<usize>().ok())
         .unwrap_or(5)
         .clamp(1, 60);
     let rt = state.runtime.load_full();
