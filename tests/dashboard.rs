@@ -480,6 +480,27 @@ async fn the_limiter_panel_follows_redis() {
     assert_eq!(limit(&v, "per-ip")["total"]["without_backend"], 4);
 }
 
+#[tokio::test]
+async fn a_candidate_configs_decisions_are_sampled_by_its_limit() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let candidate = dir.path().join("candidate.yaml");
+    let strict = "routes:\n  - name: api\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    \
+                  limits:\n      - { name: strict, rate: 1/min, burst: 1, key: [header:X-API-Key] }\n";
+    std::fs::write(&candidate, strict).expect("write the candidate");
+    let (proxy, _token) = proxy(&format!("candidate: {}\n{LIMIT}", candidate.display()));
+    let http = Http::new();
+    let statuses = http
+        .statuses(3, &proxy.url("/x"), &[("X-API-Key", "dave")])
+        .await;
+    assert_eq!(statuses, [200, 200, 200], "a candidate never enforces");
+    let v = data_until(&http, &proxy, "the candidate's decisions sampled", |v| {
+        let c = &v["series"]["candidates"][0];
+        c["limit"] == "strict" && c["window"]["admitted"] == 1 && c["window"]["limited"] == 2
+    })
+    .await;
+    assert_eq!(v["series"]["candidates"][0]["route"], "api");
+}
+
 // === the screenshot in docs ===
 
 /// Mixed traffic for `DASHBOARD_TRAFFIC_SECS` (default 300) seconds, and docs/dashboard.png

@@ -23,7 +23,7 @@ type Source = fn(&State, &Runtime, &mut Vec<Reading>);
 
 /// Every series sampled. A source's series are in `GET /api/v1/dashboard` under `series`,
 /// by its name, unless it is one of `SHOWN`.
-const SOURCES: &[Source] = &[decisions, bans, redis, reloads, operator_bans];
+const SOURCES: &[Source] = &[decisions, bans, redis, reloads, operator_bans, candidates];
 
 /// The sources the dashboard's answer shows in sections of their own.
 pub const SHOWN: &[&str] = &["decisions", "bans", "redis", "reloads"];
@@ -137,6 +137,32 @@ fn operator_bans(state: &State, rt: &Runtime, out: &mut Vec<Reading>) {
             key: key("operator_bans", &route.name, &"".into()),
             channels: &["refused"],
             totals: vec![family.get(&labels).map_or(0, |c| c.get())],
+        });
+    }
+}
+
+/// The candidate config's decisions (`candidate:`), by its route and limit: what it would
+/// have admitted and limited.
+fn candidates(_: &State, rt: &Runtime, out: &mut Vec<Reading>) {
+    use crate::metrics::CandidateOutcome;
+    let Some(candidate) = &rt.candidate else {
+        return;
+    };
+    let mut by_limit: std::collections::BTreeMap<(Arc<str>, Arc<str>), [u64; 2]> =
+        std::collections::BTreeMap::new();
+    for (route, limit, outcome, n) in candidate.decisions() {
+        let slot = match outcome {
+            CandidateOutcome::admitted => 0,
+            CandidateOutcome::limited => 1,
+            _ => continue,
+        };
+        by_limit.entry((route, limit)).or_default()[slot] += n;
+    }
+    for ((route, limit), totals) in by_limit {
+        out.push(Reading {
+            key: key("candidates", &route, &limit),
+            channels: &["admitted", "limited"],
+            totals: totals.to_vec(),
         });
     }
 }
