@@ -499,6 +499,28 @@ async fn a_candidate_configs_decisions_are_sampled_by_its_limit() {
     })
     .await;
     assert_eq!(v["series"]["candidates"][0]["route"], "api");
+    // The page shows the same numbers in its candidate panel.
+    let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
+    let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
+        .await
+        .expect("render");
+    let cell = |count: &str| {
+        let attrs = [
+            "data-candidate-limit=\"strict\"".to_owned(),
+            format!("data-count=\"{count}\""),
+        ];
+        let cells = elements(&dom, &[&attrs[0], &attrs[1]]);
+        assert_eq!(
+            cells.len(),
+            1,
+            "one {count} cell of the candidate in:\n{dom}"
+        );
+        cells[0].1.trim().to_owned()
+    };
+    assert_eq!(
+        (cell("admitted"), cell("limited")),
+        ("1".into(), "2".into())
+    );
 }
 
 // === the screenshot in docs ===

@@ -230,6 +230,28 @@ function limitsTable(data) {
     : empty("No route has a limit."));
 }
 
+// The candidate config's decisions on the same traffic (a series of the sampler's).
+function candidatePanel(data) {
+  const series = (data.series && data.series.candidates) || [];
+  const rows = series.map((c) => {
+    const a = c.rate.admitted || [], r = c.rate.limited || [];
+    const decided = (c.window.admitted || 0) + (c.window.limited || 0);
+    const share = decided ? (100 * (c.window.limited || 0)) / decided : 0;
+    return el("tr", { "data-candidate-limit": c.limit, "data-route": c.route },
+      el("td", { class: "muted" }, c.route),
+      el("td", { class: "name" }, c.limit),
+      el("td", {}, el("div", { class: "rate" }, spark(a, "var(--admitted)"), el("b", {}, rate(now(a))))),
+      el("td", {}, el("div", { class: "rate" }, spark(r, "var(--limited)"), el("b", {}, rate(now(r))))),
+      el("td", { class: "num", "data-candidate-limit": c.limit, "data-count": "admitted" }, int(c.window.admitted)),
+      el("td", { class: "num", "data-candidate-limit": c.limit, "data-count": "limited" }, int(c.window.limited)),
+      el("td", { class: "num" }, decided ? share.toFixed(1) + "%" : "—"),
+    );
+  });
+  $("candidate").replaceChildren(rows.length
+    ? table([["Route"], ["Limit"], ["Would admit/s", "num"], ["Would limit/s", "num"], ["Would admit, 10 min", "num"], ["Would limit, 10 min", "num"], ["Share limited", "num"]], rows)
+    : empty("No candidate config is loaded, or it has decided nothing yet."));
+}
+
 function topLists(data) {
   const w = data.most_limited_window_s;
   $("top-note").textContent = w ? "429s over the last " + duration(w) + " · digest prefixes" : "";
@@ -342,6 +364,7 @@ function render(data, bans, overrides) {
   $("chart-note").textContent = "steps of " + data.step_s + " s";
   chart(data.limits, data);
   limitsTable(data);
+  candidatePanel(data);
   topLists(data);
   bansPanels(bans, overrides);
   bansNote(data);
