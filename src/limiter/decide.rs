@@ -61,19 +61,7 @@ pub async fn decide_tuned(
             let id = view.resolve(&limit.key);
             fresh.map_or(id, |salt| crate::identity::ClientId(id.0 ^ salt))
         });
-        results.push(LimitResult {
-            index,
-            outcome: if exempt {
-                Outcome::Exempt
-            } else {
-                Outcome::Admitted
-            },
-            verdict: None,
-            fallback: false,
-            shadow: limit.shadow,
-            client,
-            ban: super::ban::BanEvent::None,
-        });
+        results.push(unchecked(index, limit, client));
         if let Some(client) = client {
             checks.push(Check { limit, client });
             if !tuned.is_empty() {
@@ -135,19 +123,7 @@ pub fn decide_known(
             continue;
         }
         let client = clients.get(index).copied().flatten();
-        results.push(LimitResult {
-            index,
-            outcome: if client.is_some() {
-                Outcome::Admitted
-            } else {
-                Outcome::Exempt
-            },
-            verdict: None,
-            fallback: false,
-            shadow: limit.shadow,
-            client,
-            ban: super::ban::BanEvent::None,
-        });
+        results.push(unchecked(index, limit, client));
         if let Some(client) = client {
             checks.push(Check { limit, client });
         }
@@ -158,6 +134,23 @@ pub fn decide_known(
         local_decision(&mut results, &checks, numbers, peer, (now, Some(now)));
     }
     Decision { results }
+}
+
+/// Limit `index`'s result before its bucket is asked: exempt without a `client`.
+fn unchecked(index: usize, limit: &Limit, client: Option<ClientId>) -> LimitResult {
+    LimitResult {
+        index,
+        outcome: if client.is_some() {
+            Outcome::Admitted
+        } else {
+            Outcome::Exempt
+        },
+        verdict: None,
+        fallback: false,
+        shadow: limit.shadow,
+        client,
+        ban: super::ban::BanEvent::None,
+    }
 }
 
 /// The in-process decision: a banned identity is refused before any bucket is asked (Redis's
