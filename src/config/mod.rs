@@ -84,19 +84,9 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 /// The candidate config at `path`: the same format, compiled as `compile::Role::Candidate`.
 fn load_candidate(path: &Path) -> Result<Settings, ConfigError> {
     let text = read(path)?;
-    let (raw, mut problems) = raw::read(&text);
-    let compiled = raw.map(|raw| compile::compile(&raw, compile::Role::Candidate));
-    match compiled {
-        Some(Ok(mut settings)) if problems.is_empty() => {
-            text.clone_into(&mut settings.source);
-            return Ok(settings);
-        }
-        Some(Err(more)) => problems.extend(more),
-        Some(Ok(_)) | None => {}
-    }
-    Err(ConfigError {
+    parse_as(&text, compile::Role::Candidate).map_err(|problems| ConfigError {
         file: path.display().to_string(),
-        problems: locate_all(&text, problems),
+        problems,
     })
 }
 
@@ -211,8 +201,13 @@ pub fn referenced_files(text: &str) -> Vec<std::path::PathBuf> {
 
 /// Parse and compile config text, reporting every problem found, in file order.
 pub fn parse(text: &str) -> Result<Settings, Vec<Problem>> {
+    parse_as(text, compile::Role::Live)
+}
+
+/// `parse`, compiling the text as a live config or as a candidate.
+fn parse_as(text: &str, role: compile::Role) -> Result<Settings, Vec<Problem>> {
     let (raw, mut problems) = raw::read(text);
-    let compiled = raw.map(|raw| compile::compile(&raw, compile::Role::Live));
+    let compiled = raw.map(|raw| compile::compile(&raw, role));
     match compiled {
         Some(Ok(mut settings)) if problems.is_empty() => {
             text.clone_into(&mut settings.source);
