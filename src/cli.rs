@@ -257,17 +257,7 @@ fn trim_float(x: f64) -> String {
 }
 
 pub(crate) fn describe_key(l: &LimitSpec) -> String {
-    let alts: Vec<String> = l
-        .key
-        .0
-        .iter()
-        .map(|a| {
-            a.0.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("+")
-        })
-        .collect();
+    let alts: Vec<String> = l.key.0.iter().map(ToString::to_string).collect();
     format!("[{}]", alts.join(", "))
 }
 

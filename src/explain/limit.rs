@@ -341,17 +341,7 @@ fn describe(limit: &Limit) -> LimitExplained {
             for_s: secs(b.first_us),
             max_s: secs(b.max_us),
         }),
-        key: limit
-            .key
-            .0
-            .iter()
-            .map(|a| {
-                a.0.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("+")
-            })
-            .collect(),
+        key: limit.key.0.iter().map(ToString::to_string).collect(),
         exempt: None,
         identity: None,
         now: None,

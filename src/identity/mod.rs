@@ -170,6 +170,19 @@ impl Alternative {
     }
 }
 
+impl std::fmt::Display for Alternative {
+    /// As written in the config: `header:X-API-Key+ip`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{s}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A limit's `key`: alternatives in order, the first present one is the identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec(pub Vec<Alternative>);
