@@ -29,14 +29,6 @@ fn retry(r: &Reply) -> u64 {
     r.header("retry-after").parse().unwrap()
 }
 
-async fn scrape(proxy: &TestProxy) -> String {
-    Http::new()
-        .get(&format!("http://{}/metrics", proxy.admin_addr()))
-        .await
-        .text()
-        .to_owned()
-}
-
 /// On the paused clock: three rejections ban for 10 minutes (the bucket refills in one), the
 /// ban lifts at its end, the next one lasts 20 minutes, and the metrics count them.
 #[tokio::test(start_paused = true)]
@@ -81,7 +73,7 @@ async fn three_strikes_ban_past_the_refill_then_lift_and_the_next_ban_doubles() 
     }
     let r = http.get(&url).await;
     assert_eq!(retry(&r), 1200);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(
         common::sample::<u64>(&text, "tollgate_bans_total{route=\"r\",limit=\"login\"}"),
         2
@@ -213,12 +205,12 @@ async fn a_ban_is_fleet_wide_outlives_the_refill_and_lifts_on_time() {
     );
     assert_eq!(problem(&r)["ban"], true);
     assert!(retry(&r) >= 3, "a doubled ban (4 s): {}", r.text());
-    let text = scrape(&a).await;
+    let text = a.scrape().await;
     assert_eq!(
         common::sample::<u64>(&text, "tollgate_bans_total{route=\"r\",limit=\"login\"}"),
         1
     );
-    let text = scrape(&b).await;
+    let text = b.scrape().await;
     assert_eq!(
         common::sample::<u64>(&text, "tollgate_bans_total{route=\"r\",limit=\"login\"}"),
         1

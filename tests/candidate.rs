@@ -58,14 +58,6 @@ fn route(name: &str, prefix: &str, limit: &str, rate: &str, burst: u32) -> Strin
     )
 }
 
-async fn scrape(proxy: &TestProxy) -> String {
-    Http::new()
-        .get(&format!("http://{}/metrics", proxy.admin_addr()))
-        .await
-        .text()
-        .to_owned()
-}
-
 fn decisions(text: &str, route: &str, limit: &str, outcome: &str) -> u64 {
     let series = format!(
         "tollgate_candidate_decisions_total{{route=\"{route}\",limit=\"{limit}\",outcome=\"{outcome}\"}}"
@@ -77,7 +69,7 @@ fn decisions(text: &str, route: &str, limit: &str, outcome: &str) -> u64 {
 async fn wait_until(proxy: &TestProxy, what: &str, done: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = scrape(proxy).await;
+        let text = proxy.scrape().await;
         if done(&text) {
             return text;
         }
@@ -124,7 +116,7 @@ async fn a_strict_candidate_counts_what_it_would_limit_and_changes_nothing() {
         13,
         "every request the live config admits is forwarded"
     );
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(decisions(&text, "c-api", "three", "admitted"), 3);
     assert_eq!(decisions(&text, "c-api", "three", "limited"), 7);
     // The live config refused four of these: the candidate still sees all five.
@@ -165,7 +157,7 @@ async fn an_edited_candidate_is_reloaded_and_keeps_the_buckets_of_unchanged_limi
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/a/"), 3).await, [200; 3]);
     assert_eq!(send(&http, &proxy.url("/b/"), 3).await, [200; 3]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(
         [
             decisions(&text, "a", "la", "admitted"),
@@ -181,10 +173,10 @@ async fn an_edited_candidate_is_reloaded_and_keeps_the_buckets_of_unchanged_limi
         "a candidate edit reloads"
     );
     let loads = "tollgate_candidate_loads_total{result=\"ok\"}";
-    assert_eq!(sample::<u64>(&scrape(&proxy).await, loads), 2);
+    assert_eq!(sample::<u64>(&proxy.scrape().await, loads), 2);
     assert_eq!(send(&http, &proxy.url("/a/"), 3).await, [200; 3]);
     assert_eq!(send(&http, &proxy.url("/b/"), 6).await, [200; 6]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     // `la` is unchanged: its bucket is still empty.
     assert_eq!(
         [
@@ -215,7 +207,7 @@ async fn a_broken_candidate_leaves_the_live_config_serving_and_is_reported() {
     let proxy = TestProxy::start(&live(&upstream, &candidate, &routes));
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/x"), 2).await, [200; 2]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(
         sample::<u64>(&text, "tollgate_candidate_last_reload_successful"),
         0
@@ -250,7 +242,7 @@ async fn a_broken_candidate_leaves_the_live_config_serving_and_is_reported() {
     );
     // The previous candidate goes on, with its bucket: the next request is over its limit.
     assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(decisions(&text, "c", "lc", "admitted"), 1);
     assert_eq!(decisions(&text, "c", "lc", "limited"), 2);
     assert_eq!(upstream.count(), 5);
@@ -295,7 +287,7 @@ async fn a_redis_candidate_is_decided_in_process_at_its_per_replica_share() {
     let proxy = TestProxy::start(&live(&upstream, &candidate, &routes));
     let http = Http::new();
     assert_eq!(send(&http, &proxy.url("/x"), 5).await, [200; 5]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(
         decisions(&text, "c", "fleet", "admitted"),
         2,
@@ -339,7 +331,7 @@ async fn a_candidate_concurrency_slot_is_held_while_the_request_is_in_flight() {
     assert_eq!(decisions(&text, "c", "one", "admitted"), 1);
     assert_eq!(decisions(&text, "c", "one", "limited"), 1);
     assert_eq!(send(&http, &proxy.url("/x"), 1).await, [200]);
-    let text = scrape(&proxy).await;
+    let text = proxy.scrape().await;
     assert_eq!(decisions(&text, "c", "one", "admitted"), 2);
     assert_eq!(decisions(&text, "c", "one", "limited"), 1);
 }

@@ -126,14 +126,6 @@ async fn until(
     }
 }
 
-async fn scrape(proxy: &TestProxy) -> String {
-    Http::new()
-        .get(&format!("http://{}/metrics", proxy.admin_addr()))
-        .await
-        .text()
-        .to_owned()
-}
-
 #[tokio::test]
 async fn the_api_wants_the_admin_token() {
     let (token, up) = (token_file(), MockUpstream::start());
@@ -195,7 +187,7 @@ async fn a_ban_refuses_before_the_upstream_and_delete_lifts_it() {
     assert_eq!(up.count(), 0, "nothing banned reached the upstream");
     assert_eq!(get_key(&proxy, "/v1/x", "good").await.code(), 200);
     assert_eq!(up.count(), 1);
-    let m = scrape(&proxy).await;
+    let m = proxy.scrape().await;
     assert_eq!(
         sample::<u64>(&m, "tollgate_admin_banned_requests_total{route=\"api\"}"),
         1

@@ -145,6 +145,15 @@ impl TestProxy {
         self.admin.expect("the config has an admin listener")
     }
 
+    /// The admin listener's `/metrics`, as text.
+    pub async fn scrape(&self) -> String {
+        super::Http::new()
+            .get(&format!("http://{}/metrics", self.admin_addr()))
+            .await
+            .text()
+            .to_owned()
+    }
+
     /// The config file the proxy runs with (for reload tests: rewrite it in place).
     pub fn config_path(&self) -> &Path {
         &self.config
