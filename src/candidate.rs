@@ -161,7 +161,7 @@ impl Candidate {
         }
         let folded;
         let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-            folded = lower_path(req.uri());
+            folded = identity::fold_path(req.uri());
             folded.as_ref().unwrap_or(req.uri())
         } else {
             req.uri()
@@ -245,19 +245,6 @@ fn in_process(spec: &LimitSpec, shared: bool) -> LimitSpec {
         }
     }
     spec
-}
-
-/// `uri` with its path in lower case; `None` if that is not a valid URI (then the path is
-/// read as it is).
-fn lower_path(uri: &http::Uri) -> Option<http::Uri> {
-    let path = uri.path().to_ascii_lowercase();
-    let pq = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(pq).ok()?);
-    http::Uri::from_parts(parts).ok()
 }
 
 #[cfg(test)]

@@ -202,7 +202,7 @@ async fn pipeline<'a>(
     // A case-insensitive route's limits count `/Admin` where they count `/admin`.
     let folded;
     let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-        folded = fold_path(req.uri())?;
+        folded = identity::fold_path(req.uri()).ok_or(ProxyError::BadRequest)?;
         &folded
     } else {
         req.uri()
@@ -465,19 +465,6 @@ fn body_error(why: BodyFailure) -> ProxyError {
         BodyFailure::TooLarge => ProxyError::PayloadTooLarge,
         BodyFailure::Malformed => ProxyError::BadRequest,
     }
-}
-
-/// `uri` with its path in lower case (query and authority as they are).
-pub(crate) fn fold_path(uri: &http::Uri) -> Result<http::Uri, ProxyError> {
-    let path = uri.path().to_ascii_lowercase();
-    let pq = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query =
-        Some(http::uri::PathAndQuery::try_from(pq).map_err(|_| ProxyError::BadRequest)?);
-    http::Uri::from_parts(parts).map_err(|_| ProxyError::BadRequest)
 }
 
 /// The Content-Length the client declared, if any.

@@ -224,7 +224,8 @@ async fn limits(
     // A case-insensitive route's limits read the path lower-cased.
     let folded;
     let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-        folded = crate::proxy::fold_path(req.uri()).map_err(|e| e.to_string())?;
+        folded = identity::fold_path(req.uri())
+            .ok_or_else(|| crate::error::ProxyError::BadRequest.to_string())?;
         &folded
     } else {
         req.uri()

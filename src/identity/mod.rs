@@ -183,6 +183,19 @@ impl std::fmt::Display for Alternative {
     }
 }
 
+/// `uri` with its path in lower case (query and authority as they are), as the limits of a
+/// case-insensitive route read it; `None` when that is no valid URI.
+pub fn fold_path(uri: &Uri) -> Option<Uri> {
+    let path = uri.path().to_ascii_lowercase();
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(pq).ok()?);
+    Uri::from_parts(parts).ok()
+}
+
 /// A limit's `key`: alternatives in order, the first present one is the identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec(pub Vec<Alternative>);
