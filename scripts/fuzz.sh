@@ -92,6 +92,6 @@ if ((${#failed[@]})); then
   echo
   echo "crashes in: ${failed[*]}. Reproduce with:"
   echo "  RUSTC_BOOTSTRAP=1 cargo fuzz run ${build[*]} TARGET fuzz/artifacts/TARGET/crash-..."
-  echo "then minimise (cargo fuzz tmin) and add it to tests/fuzz_regressions.rs (docs/fuzzing.md)."
+  echo "then minimise (cargo fuzz tmin) and add it to tests/edge/fuzz_regressions.rs (docs/fuzzing.md)."
   exit 1
 fi

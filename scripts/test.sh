@@ -14,10 +14,10 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v chromium >/dev/null || need_apt+=(chromium)
-# libfaketime steps a test redis-server's wall clock (tests/faults_redis.rs).
+# libfaketime steps a test redis-server's wall clock (tests/redis_backends/faults_redis.rs).
 command -v faketime >/dev/null || need_apt+=(faketime)
 command -v openssl >/dev/null || need_apt+=(openssl)
-# Prometheus and promtool (2.42 on Debian 12): tests/observability.rs scrapes tollgate with a
+# Prometheus and promtool (2.42 on Debian 12): tests/admin/observability.rs scrapes tollgate with a
 # real server and checks the shipped dashboard and alert rules against it.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)

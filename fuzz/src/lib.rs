@@ -1,7 +1,7 @@
 //! The fuzz harnesses of tollgate, one function per cargo-fuzz target.
 //!
 //! Each `fuzz_targets/<name>.rs` is one line calling the function of the same name here, and
-//! `tests/fuzz_regressions.rs` includes this file (`#[path]`) to replay the committed seeds and
+//! `tests/edge/fuzz_regressions.rs` includes this file (`#[path]`) to replay the committed seeds and
 //! every crash found so far through exactly the same code on stable `cargo test`. So this file
 //! may only use crates that are also dependencies of tollgate itself.
 //!

@@ -9,6 +9,7 @@ pub mod client;
 pub mod inproc;
 pub mod proxy;
 pub mod raw;
+pub mod redis;
 pub mod upstream;
 
 #[allow(unused_imports)]

@@ -1,0 +1,14 @@
+//! The admin listener: health, metrics, API, operators' bans, dashboard, observability, access log.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod access_log;
+mod admin;
+mod admin_api;
+mod control;
+mod dashboard;
+mod observability;

@@ -1,0 +1,312 @@
+//! Every class of config error, one fixture each in `tests/fixtures/invalid/`, with the exact
+//! message `tollgate check` prints: the file, line and column, the field path, and every
+//! problem of the file at once. A changed message fails here on purpose: users read it.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+
+use common::check;
+
+const DIR: &str = "tests/fixtures/invalid";
+
+/// Run `tollgate check` on fixture `name` and compare stderr with `expected`, in which `{f}`
+/// stands for the fixture's path.
+fn assert_rejected(name: &str, expected: &str) {
+    let path = format!("{DIR}/{name}.yaml");
+    let out = check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{name}: exit status; stderr:\n{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{name}: nothing on stdout for an invalid file"
+    );
+    let expected = expected.trim_start_matches('\n').replace("{f}", &path);
+    assert_eq!(stderr, expected, "{name}: the message users read");
+}
+
+/// One test per fixture, plus the list of names to check that none is left without one.
+macro_rules! fixtures {
+    ($($name:ident: $expected:expr,)*) => {
+        const TESTED: &[&str] = &[$(stringify!($name)),*];
+        $(
+            #[test]
+            fn $name() {
+                assert_rejected(stringify!($name), $expected);
+            }
+        )*
+    };
+}
+
+fixtures! {
+    bad_address: r"
+{f}: 1 problem
+  {f}:2:14: listeners[0].address: `localhost` is not an address like `0.0.0.0:8000` or `[::]:8000`
+",
+    bad_admin: r"
+{f}: 1 problem
+  {f}:4:12: admin.address: `localhost:9901` is not an address like `0.0.0.0:8000` or `[::]:8000`
+",
+    bad_cidr: r"
+{f}: 1 problem
+  {f}:3:19: trusted_proxies[0]: `10.0.0.0/33` is not a CIDR like `10.0.0.0/8` or an IP address
+",
+    bad_duration: r"
+{f}: 1 problem
+  {f}:6:14: upstreams.app.timeout: duration `30` needs a unit: ms, s, m, h or d (as in `2s`)
+",
+    bad_fault_keys: r"
+{f}: 2 problems
+  {f}:3:17: shutdown_delay: duration `5` needs a unit: ms, s, m, h or d (as in `2s`)
+  {f}:5:53: limiter.local.max_buckets_per_peer: must be at least 1 (set it to max_buckets for no per-address cap)
+",
+    bad_exempt: r"
+{f}: 4 problems
+  {f}:10:30: routes[0].limits[0].exempt[1]: `internal-batch` is neither a CIDR, an IP address nor SOURCE=VALUE (as in `header:X-API-Key=internal-batch`)
+  {f}:10:46: routes[0].limits[0].exempt[2]: `ip=192.0.2.7`: exempt addresses are written as an IP or CIDR, as in `192.0.2.7` or `10.0.0.0/8`
+  {f}:10:62: routes[0].limits[0].exempt[3]: `header:X-Tenant+ip=acme`: an exemption names one source, not a `+` join
+  {f}:10:89: routes[0].limits[0].exempt[4]: unknown key source `adress` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+",
+    bad_failure_policy: r"
+{f}: 2 problems
+  {f}:4:15: limiter.on_failure: `ajar` is not a failure policy (open, closed or local)
+  {f}:9:59: routes[0].limits[0].on_failure: `shut` is not a failure policy (open, closed or local)
+",
+    bad_key: r"
+{f}: 4 problems
+  {f}:7:36: routes[0].limits[0].key: needs at least one source, as in `[ip]`
+  {f}:8:50: routes[0].limits[1].key[1]: unknown key source `adress` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+  {f}:8:74: routes[0].limits[1].key[2]: `bad header` is not a valid header name
+  {f}:8:95: routes[0].limits[1].key[3]: `query:` needs a name, as in `query:X-API-Key`
+",
+    bad_limiter: r"
+{f}: 3 problems
+  {f}:4:12: limiter.backend: `memcached` is not a backend (local or redis)
+  {f}:5:25: limiter.local.max_buckets: must be at least 1
+  {f}:6:32: limiter.local_fallback.divide_by: must be at least 1
+",
+    bad_match: r"
+{f}: 7 problems
+  {f}:5:20: routes[0].match.path: `login` must start with `/`
+  {f}:8:5: routes[1].match: use `path` (exact) or `path_prefix`, not both
+  {f}:11:20: routes[2].match.host: host `api.*.com` must be a name like `api.example.com` or a pattern like `*.example.com`
+  {f}:11:48: routes[2].match.methods[1]: `P OST` is not an HTTP method
+  {f}:11:81: routes[2].match.headers.X Tenant: `X Tenant` is not a valid header name
+  {f}:14:20: routes[3].match.host: host `api.example.com:8080` must not carry a port: hosts are matched without their port
+  {f}:14:44: routes[3].match.methods: is empty, so the route could never match: list methods or remove the key
+",
+    bad_name: r#"
+{f}: 2 problems
+  {f}:4:11: routes[0].name: name `hello world` may only use letters, digits, `_`, `.` and `-`
+  {f}:7:17: routes[0].limits[0].name: name `per"ip` may only use letters, digits, `_`, `.` and `-`
+"#,
+    bad_numbers: r"
+{f}: 3 problems
+  {f}:7:47: routes[0].limits[0].burst: must be at least 1
+  {f}:8:45: routes[0].limits[1].cost: must be at least 1
+  {f}:9:56: routes[0].limits[2].cost: cost 3 is larger than burst 2: no request could ever pass
+",
+    bad_request_id_header: r"
+{f}: 1 problem
+  {f}:3:20: request_id_header: `x request id` is not a valid header name
+",
+    bad_rate: r"
+{f}: 1 problem
+  {f}:7:31: routes[0].limits[0].rate: rate `10/fortnight`: unknown unit `fortnight` (s, min, h, day, or a duration such as 10s)
+",
+    bad_redis: r"
+{f}: 2 problems
+  {f}:6:10: limiter.redis.url: `memcache://127.0.0.1:6379` is not a Redis URL (redis://[user:password@]host:port[/db] or rediss://...): Redis URL did not parse - InvalidClientConfig
+  {f}:7:14: limiter.redis.timeout: must be longer than zero
+",
+    bad_redis_sentinel: r"
+{f}: 4 problems
+  {f}:8:31: limiter.redis.sentinel.nodes[1]: `10.0.0.2` is not host:port
+  {f}:10:11: limiter.redis.tls.ca: cannot read `tests/fixtures/no-such-dir/ca.pem`: No such file or directory (os error 2)
+  {f}:11:13: limiter.redis.tls.cert: needs `key` as well
+  {f}:12:18: limiter.redis.client_name: must be a non-empty name without spaces (Redis refuses others)
+",
+    bad_redis_tls_files: r"
+{f}: 4 problems
+  {f}:7:15: limiter.redis.password: is also in the URL: set the password in one place
+  {f}:8:5: limiter.redis.tls: is set but the URL is `redis://`: use `rediss://` for TLS
+  {f}:9:13: limiter.redis.tls.cert: `{f}` holds no PEM certificate
+  {f}:10:12: limiter.redis.tls.key: `{f}` holds no PEM private key
+",
+    bad_respond: r"
+{f}: 2 problems
+  {f}:5:24: routes[0].respond.status: `99` is not a final HTTP status (200-599)
+  {f}:7:54: routes[1].respond.headers.Bad Header: `Bad Header` is not a valid header name
+",
+    bad_target: r"
+{f}: 3 problems
+  {f}:5:5: upstreams.none.targets: needs at least one target, as in `[127.0.0.1:8080]`
+  {f}:7:15: upstreams.ftp.targets[0]: `ftp://backend.internal:21` is not a target like `127.0.0.1:8080`, `backend.internal:80` or `https://api.internal`
+  {f}:9:15: upstreams.portless.targets[0]: `backend.internal` needs a port, as in `backend.internal:8080`
+",
+    duplicate_listener: r"
+{f}: 1 problem
+  {f}:3:14: listeners[1].address: `127.0.0.1:8000` is listed twice
+",
+    duplicate_names: r"
+{f}: 2 problems
+  {f}:9:11: routes[1].name: duplicate route name `hello`
+  {f}:13:17: routes[1].limits[0].name: duplicate limit name `per-ip` (limit names are global: they name buckets)
+",
+    missing_field: r"
+{f}: 1 problem
+  {f}:7:9: routes[0].limits[0]: needs `rate` (a token bucket, as `10/s`), `quota` (a calendar quota, as `1000/day`) or `concurrency` (requests in flight, as `4`)
+",
+    no_listener: r"
+{f}: 1 problem
+  {f}: listeners: at least one listener is needed, as in `- address: 0.0.0.0:8000`
+",
+    rate_too_fast: r"
+{f}: 2 problems
+  {f}:7:31: routes[0].limits[0].rate: rate `2000000/s` is above 1000000/s, the finest a bucket can count
+  {f}:8:33: routes[0].limits[1].rate: rate `-5/s`: `-5` is not a positive number
+",
+    redis_block_unused: r"
+{f}: 1 problem
+  {f}:4:3: limiter.redis: is set but `limiter.backend` is `local`: set `backend: redis` to use it, or remove the block
+",
+    redis_without_settings: r"
+{f}: 1 problem
+  {f}:3:1: limiter.redis: `backend: redis` needs a `redis:` block with `url`, `cluster` or `sentinel`
+",
+    redis_sentinel_url: r"
+{f}: 1 problem
+  {f}:6:10: limiter.redis.url: Sentinel is configured as `sentinel: { master: NAME, nodes: [host:port, ...] }`, not as a URL
+",
+    route_action: r"
+{f}: 2 problems
+  {f}:7:5: routes[0]: a route has either `upstream` or `respond`, not both
+  {f}:10:5: routes[1]: a route needs `upstream: NAME` or `respond: {...}`
+",
+    several_problems: r"
+{f}: 6 problems
+  {f}:2:14: listeners[0].address: `0.0.0.0:80800` is not an address like `0.0.0.0:8000` or `[::]:8000`
+  {f}:3:31: trusted_proxies[1]: `not-a-network` is not a CIDR like `10.0.0.0/8` or an IP address
+  {f}:7:22: upstreams.app.connect_timeout: duration `2 seconds` has unknown unit ` seconds` (ms, s, m, h or d)
+  {f}:11:15: routes[0].upstream: unknown upstream `legacy`
+  {f}:23:16: routes[1].limits[0].burst: must be at least 1
+  {f}:24:33: routes[1].limits[0].key[1]: unknown key source `client-ip` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+",
+    tls_unreadable_cert: r"
+{f}: 1 problem
+  {f}:3:5: listeners[0].tls: cannot read certificate tests/fixtures/no-such.crt: No such file or directory (os error 2)
+",
+    unknown_key: r"
+{f}: 1 problem
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `concurrency`, `lease`, `ban`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+",
+    unknown_upstream: r"
+{f}: 1 problem
+  {f}:8:15: routes[0].upstream: unknown upstream `ap`
+",
+    wrong_type: r#"
+{f}: 1 problem
+  {f}:7:43: routes[0].limits[0].burst: invalid type: string "five", expected u32
+"#,
+    wrong_types: r#"
+{f}: 5 problems
+  {f}:3:15: max_inflight: invalid value: integer `-5`, expected u64
+  {f}:7:43: routes[0].limits[0].burst: invalid type: floating point `2.5`, expected u32
+  {f}:9:29: routes[1].respond.body: invalid type: sequence, expected a string
+  {f}:12:16: routes[2].websocket: invalid type: string "yes", expected a boolean
+  {f}:14:33: routes[3].respond.body: has no value (YAML null): write `""` for empty text, or leave the key out
+"#,
+    yaml_syntax: r"
+{f}: 1 problem
+  {f}:5:35: unclosed quote
+",
+    duplicate_key: r"
+{f}: 1 problem
+  {f}:8:1: duplicate mapping key `routes` is not allowed here
+",
+    indent_under_value: r"
+{f}: 1 problem
+  {f}:9:13: mapping values are not allowed in this context
+    hint: check the indentation of line 9: its key is 9 spaces in, the lines above it are 8 (line 8), 4 (line 6) or 0 (line 3); it must line up with the one it belongs with (line 8 has a value, so nothing can be nested under it)
+",
+    indent_key: r"
+{f}: 1 problem
+  {f}:6:4: while parsing a block mapping, did not find expected key
+    hint: check the indentation of line 6: its key is 3 spaces in, the lines above it are 4 (line 5), 2 (line 4) or 0 (line 3); it must line up with the one it belongs with
+",
+    indent_list_item: r"
+{f}: 1 problem
+  {f}:6:4: while parsing a block collection, did not find expected '-' indicator
+    hint: check the indentation of line 6: its `-` is 3 spaces in, the lines above it are 4 (line 5), 2 (line 4) or 0 (line 3); it must line up with the one it belongs with
+",
+    unquoted_colon: r#"
+{f}: 1 problem
+  {f}:6:17: mapping values are not allowed in this context
+    hint: a value containing `: ` must be quoted, as in `body: "note: this"`
+"#,
+    zero_timeouts: r"
+{f}: 2 problems
+  {f}:6:22: upstreams.app.connect_timeout: must be longer than zero
+  {f}:7:14: upstreams.app.timeout: must be longer than zero
+",
+}
+
+/// Fixtures tested by their own function below rather than by an exact message.
+const TESTED_ELSEWHERE: &[&str] = &["structural_and_semantic"];
+
+#[test]
+fn every_fixture_has_a_test() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(common::proxy::repo_root().join(DIR))
+        .expect("read the fixture directory")
+        .map(|e| {
+            e.expect("a directory entry")
+                .file_name()
+                .into_string()
+                .unwrap()
+        })
+        .filter_map(|f| f.strip_suffix(".yaml").map(str::to_owned))
+        .collect();
+    let tested: BTreeSet<String> = TESTED
+        .iter()
+        .chain(TESTED_ELSEWHERE)
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(on_disk, tested, "fixtures and tests must match one to one");
+}
+
+/// DESIGN rule 2: every problem of a file at once. A typo'd key (found while parsing) must not
+/// hide the other typo and the unknown upstream (found while compiling): a user fixing one
+/// problem per run is what the rule is there to prevent.
+#[test]
+fn structural_and_semantic_problems_are_reported_together() {
+    let path = format!("{DIR}/structural_and_semantic.yaml");
+    let out = check(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    for needle in [
+        "8:43: routes[0].limits[0].brust: unknown field `brust`",
+        "11:5: routes[1].limts: unknown field `limts`",
+        "routes[2].upstream: unknown upstream `nowhere`",
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "`{needle}` is missing from what check reports:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let out = check("tests/fixtures/no-such-file.yaml");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "tests/fixtures/no-such-file.yaml: 1 problem\n  \
+         tests/fixtures/no-such-file.yaml: cannot read the file: No such file or directory \
+         (os error 2)\n"
+    );
+}

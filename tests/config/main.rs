@@ -1,0 +1,13 @@
+//! Config files and the command line: parse errors, environment, schema, `check`, `simulate`.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cli;
+mod config_env;
+mod config_errors;
+mod schema;
+mod simulate;

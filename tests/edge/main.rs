@@ -1,0 +1,17 @@
+//! The edge: request framing, headers, hosts, paths, hardening, fuzz regressions, HTTP/2 attacks, PROXY headers.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod edge_framing;
+mod edge_headers;
+mod edge_host;
+mod edge_paths;
+mod fuzz_regressions;
+mod h2_attacks;
+mod hardening;
+mod proxy_protocol;
+mod shared;

@@ -1,0 +1,14 @@
+//! The process over time: reload, shutdown, and faults of buckets, header reads, reloads, shutdown.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod faults_buckets;
+mod faults_header_read;
+mod faults_reload;
+mod faults_shutdown;
+mod reload;
+mod shutdown;

@@ -1,0 +1,15 @@
+//! Limits end to end: token buckets, identities, JWT, quotas, bans, concurrency, the candidate config.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bans;
+mod candidate;
+mod concurrency;
+mod identity;
+mod jwt;
+mod limits;
+mod quotas;

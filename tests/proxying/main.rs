@@ -1,0 +1,14 @@
+//! Forwarding: routing, upstream rewrite, WebSocket, legacy backends, upstream health, TLS.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod forwarding;
+mod legacy_backends;
+mod routing;
+mod tls;
+mod upstream_health;
+mod websocket;

@@ -1,0 +1,15 @@
+//! Limits over real redis-server processes: single, Cluster, Sentinel, TLS, fleets, faults.
+//!
+//! One test binary per area: each file below was a binary of its own, and linking them
+//! apart was most of the suite's build time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod faults_redis;
+mod fleet;
+mod redis_cluster;
+mod redis_limiter;
+mod redis_sentinel;
+mod redis_tls;
+mod redis_tls_files;

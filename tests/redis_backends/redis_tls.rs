@@ -1,0 +1,96 @@
+//! `rediss://user:password@host:port`: the Redis limiter over TLS (rustls), authenticated as
+//! an ACL user that may only touch the limiter's own keys. The certificates are made by the
+//! `openssl` command for each run; the client trusts the test CA through `SSL_CERT_FILE`
+//! (read by rustls-native-certs), which is why this test has a binary of its own.
+
+use crate::common::redis as redis_helpers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_helpers::{free_port, make_certs, RedisServer};
+use tollgate::identity::{ClientId, KeySpec};
+use tollgate::limiter::local::Buckets;
+use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
+use tollgate::limiter::{Check, FailurePolicy, Limit, Rate};
+
+fn limiter(url: String) -> RedisLimiter {
+    let cfg = RedisConfig {
+        url: Some(url),
+        cluster: Vec::new(),
+        timeout: Duration::from_secs(2),
+        key_prefix: "tg-tls:".into(),
+        ..RedisConfig::default()
+    };
+    RedisLimiter::new(&cfg).expect("a valid config")
+}
+
+#[tokio::test]
+async fn rediss_with_an_acl_user() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let file = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
+    std::env::set_var("SSL_CERT_FILE", file("ca.crt"));
+    let tls_port = free_port().to_string();
+    let (cert, key, ca) = (file("srv.crt"), file("srv.key"), file("ca.crt"));
+    let server = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+        // A user that can run scripts on the limiter's keys and nothing else.
+        "--user",
+        "tollgate",
+        "on",
+        ">s3cret",
+        "~tg-tls:*",
+        "+@all",
+    ]);
+    let lim = Limit {
+        name: "tls".into(),
+        rate: Rate {
+            per_sec: 0.01,
+            burst: 2,
+        },
+        cost: 1,
+        shadow: false,
+        key: KeySpec(Vec::new()),
+        exempt: Vec::new(),
+        on_failure: FailurePolicy::Open,
+        local: Arc::new(Buckets::new(10)),
+        fallback: Rate {
+            per_sec: 1.0,
+            burst: 1,
+        },
+        quota: None,
+        ban: None,
+        bans: None,
+        concurrency: None,
+        slots: None,
+    };
+    let checks = [Check {
+        limit: &lim,
+        client: ClientId(1),
+    }];
+    let l = limiter(format!("rediss://tollgate:s3cret@127.0.0.1:{tls_port}"));
+    let admitted: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(l.check(&checks, &[true]).await.expect("TLS + ACL works")[0].admitted);
+        }
+        v
+    };
+    assert_eq!(admitted, [true, true, false]);
+    assert_eq!(server.keys().len(), 1);
+
+    let wrong = limiter(format!("rediss://tollgate:nope@127.0.0.1:{tls_port}"));
+    assert!(wrong.check(&checks, &[true]).await.is_err());
+    let plain = limiter(format!("redis://tollgate:s3cret@127.0.0.1:{tls_port}"));
+    assert!(plain.check(&checks, &[true]).await.is_err());
+}
