@@ -24,7 +24,6 @@ use crate::identity::{self, RequestView};
 use crate::limiter::concurrency::{self, Guard};
 use crate::limiter::{self, Decision, Limit, Outcome};
 use crate::metrics::{CandidateCounters, CandidateOutcome, Metrics};
-use crate::runtime::Runtime;
 use crate::sharded;
 
 /// A candidate config, live: its route table and limits, with their own buckets.
@@ -52,11 +51,11 @@ pub struct Route {
 /// none); the live config loads either way.
 pub(crate) fn build(
     live: &Settings,
-    previous: Option<&Runtime>,
+    previous: Option<&Arc<Candidate>>,
     metrics: &Metrics,
 ) -> Option<Arc<Candidate>> {
     let load = live.candidate.as_ref()?;
-    let kept = previous.and_then(|p| p.candidate.clone());
+    let kept = previous.cloned();
     match &load.settings {
         Ok(settings) => {
             metrics.candidate_loaded(true);
@@ -93,11 +92,7 @@ impl Candidate {
                 let limits: Vec<Arc<Limit>> = (spec.limits.iter())
                     .map(|l| {
                         let l = in_process(l, shared);
-                        crate::runtime::limit(
-                            &l,
-                            old.get(&*l.name).map(|o| &***o),
-                            &settings.limiter,
-                        )
+                        Limit::build(&l, old.get(&*l.name).map(|o| &***o), &settings.limiter)
                     })
                     .collect();
                 Route {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::settings::{ActionSpec, LimitSpec, RouteSpec};
+use crate::config::settings::{ActionSpec, Rate, RouteSpec};
 use crate::config::Settings;
 use crate::route::{HostPattern, Matcher, PathPattern};
 
@@ -227,14 +227,14 @@ fn routes_summary(s: &Settings, out: &mut String) {
                 ),
                 None => match &l.concurrency {
                     Some(c) => format!("{} in flight (lease {:?})", c.max, c.lease),
-                    None => format!("{}, burst {}", describe_rate(l.rate.per_sec), l.rate.burst),
+                    None => format!("{}, burst {}", Rate::describe(l.rate.per_sec), l.rate.burst),
                 },
             };
             let _ = writeln!(
                 out,
                 "  limit {}: {shape}, key {}{flags}, on_failure {}",
                 l.name,
-                describe_key(l),
+                l.key,
                 format!("{:?}", l.on_failure).to_lowercase()
             );
         }
@@ -242,25 +242,6 @@ fn routes_summary(s: &Settings, out: &mut String) {
 }
 
 /// A rate in the largest-count unit that shows it without a leading `0.`.
-pub(crate) fn describe_rate(per_sec: f64) -> String {
-    for (unit, secs) in [("s", 1.0), ("min", 60.0), ("h", 3600.0)] {
-        if per_sec * secs >= 1.0 {
-            return format!("{}/{unit}", trim_float(per_sec * secs));
-        }
-    }
-    format!("{}/day", trim_float(per_sec * 86400.0))
-}
-
-fn trim_float(x: f64) -> String {
-    let s = format!("{x:.4}");
-    s.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
-
-pub(crate) fn describe_key(l: &LimitSpec) -> String {
-    let alts: Vec<String> = l.key.0.iter().map(ToString::to_string).collect();
-    format!("[{}]", alts.join(", "))
-}
-
 fn describe_route(r: &RouteSpec, m: &Matcher) -> String {
     let methods = m.methods.as_ref().map_or("*".to_owned(), |ms| {
         ms.iter()

@@ -12,48 +12,49 @@
 //! reload (file watch, SIGHUP) ─► config::load ─► Runtime::build(settings, previous) ─► State::swap
 //! ```
 //!
-//! Modules, from the bottom up (each uses only those above it in this list):
-//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`,
-//!   `workers`, `screen`, `health`, `log_gate`, `request_id`, `access_log`: leaves.
-//!   Request-path errors; bodies held in memory and temporary files (request buffering,
-//!   response read-ahead); request bodies with their limits; the client address and the
-//!   identity digest a limit counts under (`identity::jwt`: claims of a verified bearer JWT); rustls configs; the PROXY header; per-thread
-//!   counters; socket wrappers; the worker set; request screening (`host`: Host and
-//!   `:authority` validated and canonicalised, `path`: the path normalised and the spellings
-//!   backends read differently refused); the container health probe; one log line a second for
-//!   a failure that repeats; the `X-Request-Id` kept or made; the access log (lines formatted
-//!   per worker thread, written by a thread of its own).
+//! Modules in layers, from the bottom up: a module uses only modules of its own layer and of
+//! the layers above it in this list, and no two modules use each other (`tests/structure`
+//! checks both, inline `crate::` paths included).
+//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `health`, `log_gate`, `request_id`, `access_log`:
+//!   leaves. Request-path errors; bodies held in memory and temporary files (request
+//!   buffering, response read-ahead); request bodies with their limits; the client address and
+//!   the identity digest a limit counts under (`identity::jwt`: claims of a verified bearer
+//!   JWT); rustls configs; the PROXY header; per-thread counters; socket wrappers; the worker
+//!   set; request screening (`host`: Host and `:authority` validated and canonicalised,
+//!   `path`: the path normalised and the spellings backends read differently refused); the
+//!   container health probe; one log line a second for a failure that repeats; the
+//!   `X-Request-Id` kept or made; the access log (lines formatted per worker thread, written by
+//!   a thread of its own).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
-//! - `limiter`: token-bucket arithmetic, calendar quotas (`quota`) and escalating bans
-//!   (`ban`), the per-request `Decision`, the in-process and Redis stores, a read-only look at
-//!   one identity's state (`peek`);
-//!   `limiter::concurrency`: slots of requests in flight (Redis leases in
-//!   `limiter::redis::lease`), held by a guard the response body carries. `pool`: keep-alive
-//!   upstream connections. `forward`: target choice (load
+//! - `limiter`, `pool`, `forward`, `metrics`, `response`: token-bucket arithmetic, calendar
+//!   quotas (`quota`) and escalating bans (`ban`), the per-request `Decision`, the in-process
+//!   and Redis stores, a read-only look at one identity's state (`peek`), slots of requests in
+//!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
+//!   the response body carries; keep-alive upstream connections; target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
-//!   WebSocket tunnels. `metrics`: the Prometheus registry, served in the format the
-//!   scraper asks for. `response`: 429 and the error responses.
-//! - `runtime`: the live config built from `Settings` plus the previous runtime (buckets, pools,
-//!   the Redis client and metric handles reused where their spec is unchanged). `candidate`:
-//!   the `candidate:` config's routes and limits, with buckets of their own, decided beside the
-//!   live ones on every request and counted, never enforced.
+//!   WebSocket tunnels; the Prometheus registry, served in the format the scraper asks for;
+//!   429 and the error responses.
+//! - `runtime`, `candidate`: the live config built from `Settings` plus the previous runtime
+//!   (buckets, pools, the Redis client and metric handles reused where their spec is
+//!   unchanged); the `candidate:` config's routes and limits, with buckets of their own,
+//!   decided beside the live ones on every request and counted, never enforced.
 //! - `control`: operators' bans and overrides from the admin API, enforced on every replica
 //!   (kept in Redis and polled with `backend: redis`, in memory otherwise).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
 //! - `proxy`: one request through the stages, errors turned into responses in one place.
 //! - `explain`: what the stages would do with a request now, read without counting it
-//!   (`limiter::peek`), for the admin API and `tollgate explain` (it words rates as `cli` does).
-//! - `server` (accept and balance, connection, the request-line watch that answers `414`,
-//!   watchdog), `admin` (the admin listener; `admin::dashboard`, the live dashboard's page and
-//!   data, fed by `admin::sampler` into `metrics::history` and by 429s into `metrics::top`),
-//!   `reload` (build then swap).
-//! - `app`: wiring; `start` serves in-process until a shutdown future resolves, `run` is the
-//!   binary's. `cli`: the command line (`run`, `check`, `health`, `explain`, `schema`,
-//!   `simulate`).
+//!   (`limiter::peek`), for the admin API and `tollgate explain`.
+//! - `server`, `admin`, `reload`: accept and balance, the connection, the request-line watch
+//!   that answers `414`, the watchdog; the admin listener (`admin::dashboard`, the live
+//!   dashboard's page and data, fed by `admin::sampler` into `metrics::history` and by 429s
+//!   into `metrics::top`); build then swap.
 //! - `simulate`: a JSON access log replayed through a config's routes and limits, with the
 //!   limiter's own arithmetic on the log's clock (`tollgate simulate`).
+//! - `app`, `cli`: wiring (`start` serves in-process until a shutdown future resolves, `run`
+//!   is the binary's); the command line (`run`, `check`, `health`, `explain`, `schema`,
+//!   `simulate`).
 //!
 //! The binary's global allocator (mimalloc, asked without an alignment where none is needed) is
 //! the crate `tollgate-alloc` in `crates/alloc`, the one part of tollgate with `unsafe`.

@@ -15,9 +15,8 @@ use http::Request;
 
 use crate::body::BodyLimits;
 use crate::buffer::{Budget, Store};
-use crate::config::settings::{ActionSpec, Backend, LimitSpec, LimiterSettings, Respond, Settings};
+use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
 use crate::forward::Upstream;
-use crate::limiter::local::Buckets;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limit;
 use crate::metrics::{Metrics, RouteCounters};
@@ -110,7 +109,7 @@ impl Runtime {
                 .limits
                 .iter()
                 .map(|l| {
-                    limit(
+                    Limit::build(
                         l,
                         old_limits.get(&*l.name).map(|o| &***o),
                         &settings.limiter,
@@ -143,7 +142,11 @@ impl Runtime {
             });
         }
         let store = store(&settings, previous);
-        let candidate = crate::candidate::build(&settings, previous, metrics);
+        let candidate = crate::candidate::build(
+            &settings,
+            previous.and_then(|p| p.candidate.as_ref()),
+            metrics,
+        );
         Ok(Self {
             store,
             settings: Arc::new(settings),
@@ -164,40 +167,6 @@ impl Runtime {
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         self.routes.iter().flat_map(|r| r.limits.iter())
     }
-}
-
-/// The live limit of `spec`, keeping `old`'s buckets, bans and slots where their spec is the
-/// same (`old`: the limit of that name in the runtime being replaced).
-pub(crate) fn limit(
-    spec: &LimitSpec,
-    old: Option<&Limit>,
-    limiter: &LimiterSettings,
-) -> Arc<Limit> {
-    let (max_buckets, per_peer) = (limiter.max_buckets, limiter.max_buckets_per_peer);
-    // The exhaustion policy's per-address cap, where one address can mint identities (see
-    // `limiter::local`).
-    let capped = (!spec.key.one_per_address()).then_some(per_peer);
-    let local = match old {
-        Some(old)
-            if old.rate == spec.rate
-                && old.local.quota() == spec.quota.as_ref()
-                && old.local.has_caps(max_buckets, capped) =>
-        {
-            old.local.clone()
-        }
-        _ => Arc::new(
-            match capped {
-                Some(n) => Buckets::capped_per_peer(max_buckets, n),
-                None => Buckets::new(max_buckets),
-            }
-            .with_quota(spec.quota.clone()),
-        ),
-    };
-    Arc::new(
-        Limit::new(spec, local)
-            .with_bans(spec, old, max_buckets)
-            .with_slots(old),
-    )
 }
 
 /// The sources `limits` read in their keys and `exempt` entries that access lines log.

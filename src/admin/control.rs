@@ -5,7 +5,7 @@ use http::{HeaderValue, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::api::{json_response, problem, Call};
+use super::call::{json_response, problem, Call};
 use crate::control::entry::{now_ms, NewBan, NewOverride};
 use crate::control::{Ban, Kind, Override};
 use crate::response::Body;

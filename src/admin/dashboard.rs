@@ -12,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde_json::{json, Map, Value};
 
-use super::api::Call;
+use super::call::Call;
 use super::sampler::{BANS, DECISIONS, DECISION_OUTCOMES, REDIS, RELOADS};
 use crate::config::settings::Backend;
 use crate::limiter::Limit;

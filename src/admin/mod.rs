@@ -2,6 +2,7 @@
 //! and the authenticated API under `/api/` (`api`). Never on the proxy ports.
 
 mod api;
+mod call;
 mod control;
 mod dashboard;
 mod sampler;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::schema::{DURATION, QUOTA, RATE, SIZE};
+use super::values::{DURATION, QUOTA, RATE, SIZE};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -10,15 +10,7 @@ use schemars::transform::{RecursiveTransform, Transform};
 use schemars::Schema;
 use serde_json::{json, Value};
 
-/// A duration (`250ms`, `1.5s`, `1m30s`; units ms, s, m, h, d), or a string with `${VAR}`.
-pub const DURATION: &str = r"^(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+$|\$\{";
-/// A byte size (`512`, `64KiB`, `10MiB`, `1GB`), or a string with `${VAR}`.
-pub const SIZE: &str = r"^[0-9]+ *(?:B|KiB|MiB|GiB|KB|kB|MB|GB)?$|\$\{";
-/// A rate (`10/s`, `5/min`, `100/h`, `1000/day`, `100/10s`; N may be fractional), or a
-/// string with `${VAR}`.
-pub const RATE: &str = r"^ *(?:[0-9]+\.?[0-9]*|\.[0-9]+) */ *(?:s|sec|second|m|min|minute|h|hour|d|day|(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+) *$|\$\{";
-/// A calendar quota: `N/hour`, `N/day`, `N/week` or `N/month` (or a `${VAR}`).
-pub const QUOTA: &str = r"^ *[0-9]+ */ *(?:hour|day|week|month) *$|\$\{";
+use super::values::SIZE;
 
 /// One `${VAR}` alone, which may stand where a number or a boolean is expected.
 const ONE_REFERENCE: &str = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(?::-[^}]*)?\}$";

@@ -234,6 +234,21 @@ pub struct Rate {
 }
 
 impl Rate {
+    /// `per_sec` in the largest unit that makes it at least one (`2/s`, `30/min`, `1.5/h`), as
+    /// `check`, `explain` and `simulate` word it.
+    pub fn describe(per_sec: f64) -> String {
+        fn trim_float(x: f64) -> String {
+            let s = format!("{x:.4}");
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        }
+        for (unit, secs) in [("s", 1.0), ("min", 60.0), ("h", 3600.0)] {
+            if per_sec * secs >= 1.0 {
+                return format!("{}/{unit}", trim_float(per_sec * secs));
+            }
+        }
+        format!("{}/day", trim_float(per_sec * 86400.0))
+    }
+
     /// Microseconds for one token to come back.
     pub fn token_us(&self) -> f64 {
         1e6 / self.per_sec

@@ -1,6 +1,18 @@
-//! Parsers for the scalar values of the config: durations and rates.
+//! Parsers for the scalar values of the config (durations, rates) and their schema patterns.
 
 use std::time::Duration;
+
+// The syntax of each value as a JSON Schema pattern (`schema`), beside the parser it mirrors.
+
+/// A duration (`250ms`, `1.5s`, `1m30s`; units ms, s, m, h, d), or a string with `${VAR}`.
+pub const DURATION: &str = r"^(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+$|\$\{";
+/// A byte size (`512`, `64KiB`, `10MiB`, `1GB`), or a string with `${VAR}`.
+pub const SIZE: &str = r"^[0-9]+ *(?:B|KiB|MiB|GiB|KB|kB|MB|GB)?$|\$\{";
+/// A rate (`10/s`, `5/min`, `100/h`, `1000/day`, `100/10s`; N may be fractional), or a
+/// string with `${VAR}`.
+pub const RATE: &str = r"^ *(?:[0-9]+\.?[0-9]*|\.[0-9]+) */ *(?:s|sec|second|m|min|minute|h|hour|d|day|(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+) *$|\$\{";
+/// A calendar quota: `N/hour`, `N/day`, `N/week` or `N/month` (or a `${VAR}`).
+pub const QUOTA: &str = r"^ *[0-9]+ */ *(?:hour|day|week|month) *$|\$\{";
 
 /// Parse `250ms`, `2s`, `1.5s`, `5m`, `1h`, `1d`, or several of them in a row, as in `1m30s`
 /// or `1h30m` (Go's and systemd's compound form).

@@ -323,7 +323,7 @@ fn describe(limit: &Limit) -> LimitExplained {
             lease_s: c.lease.as_secs_f64(),
         },
         (None, None) => Kind::TokenBucket {
-            rate: crate::cli::describe_rate(limit.rate.per_sec),
+            rate: crate::config::settings::Rate::describe(limit.rate.per_sec),
             per_sec: limit.rate.per_sec,
             burst: limit.rate.burst,
         },

@@ -200,6 +200,20 @@ pub fn fold_path(uri: &Uri) -> Option<Uri> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec(pub Vec<Alternative>);
 
+impl std::fmt::Display for KeySpec {
+    /// `[header:X-API-Key, ip]`: the alternatives as written, as `check` and `simulate` word it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[")?;
+        for (i, alt) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{alt}")?;
+        }
+        f.write_str("]")
+    }
+}
+
 impl KeySpec {
     /// A client address gives at most one identity: every alternative is the address (IPv6 no
     /// finer than the /64 a peer is counted by) or `global`. Any other source (a header, a

@@ -28,7 +28,7 @@ pub use decide::{decide, decide_known, decide_tuned, Tuning};
 
 use std::sync::Arc;
 
-use crate::config::settings::LimitSpec;
+use crate::config::settings::{LimitSpec, LimiterSettings};
 use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
@@ -63,6 +63,36 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The live limit of `spec`, keeping `old`'s buckets, bans and slots where their spec is
+    /// the same (`old`: the limit of that name in the config being replaced).
+    pub fn build(spec: &LimitSpec, old: Option<&Limit>, limiter: &LimiterSettings) -> Arc<Self> {
+        let (max_buckets, per_peer) = (limiter.max_buckets, limiter.max_buckets_per_peer);
+        // The exhaustion policy's per-address cap, where one address can mint identities (see
+        // `local`).
+        let capped = (!spec.key.one_per_address()).then_some(per_peer);
+        let local = match old {
+            Some(old)
+                if old.rate == spec.rate
+                    && old.local.quota() == spec.quota.as_ref()
+                    && old.local.has_caps(max_buckets, capped) =>
+            {
+                old.local.clone()
+            }
+            _ => Arc::new(
+                match capped {
+                    Some(n) => local::Buckets::capped_per_peer(max_buckets, n),
+                    None => local::Buckets::new(max_buckets),
+                }
+                .with_quota(spec.quota.clone()),
+            ),
+        };
+        Arc::new(
+            Self::new(spec, local)
+                .with_bans(spec, old, max_buckets)
+                .with_slots(old),
+        )
+    }
+
     /// The live limit of `spec`, counting in `local`.
     pub fn new(spec: &LimitSpec, local: Arc<local::Buckets>) -> Self {
         Self {

@@ -361,6 +361,12 @@ pub(super) struct Shared {
     tunnel: parking_lot::Mutex<Option<Tunnel>>,
 }
 
+impl AsRef<Activity> for Shared {
+    fn as_ref(&self) -> &Activity {
+        &self.activity
+    }
+}
+
 /// A response body that keeps its request in flight until hyper is done with it.
 struct Scoped<B> {
     body: B,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
-use super::connection::Shared;
 use crate::config::settings::ListenerSettings;
 
 /// Watches one connection: asks it to close gracefully on shutdown, when it has served its
@@ -18,13 +17,16 @@ use crate::config::settings::ListenerSettings;
 /// its kept-alive connection just as the signal lands) is not closed under it: that client has
 /// sent a request and could not tell whether it was received. The head is read and answered,
 /// with `Connection: close` (see `Activity::stopping`), within its own head deadline.
-pub(super) async fn watchdog(
-    shared: Arc<Shared>,
+///
+/// `shared` is what the connection shares with its requests; the watchdog keeps it alive and
+/// reads only its `Activity`.
+pub(super) async fn watchdog<S: AsRef<Activity>>(
+    shared: Arc<S>,
     settings: Arc<ListenerSettings>,
     mut stop: watch::Receiver<bool>,
     verdict: oneshot::Sender<Command>,
 ) {
-    let activity = &shared.activity;
+    let activity = (*shared).as_ref();
     let sleep = tokio::time::sleep_until(activity.next_check(&settings));
     tokio::pin!(sleep);
     let mut stopping = false;

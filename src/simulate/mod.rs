@@ -236,7 +236,7 @@ fn route_stats(settings: &Settings, i: usize, r: &RouteSpec) -> RouteStats {
         .iter()
         .map(|l| LimitStats {
             name: l.name.to_string(),
-            key: crate::cli::describe_key(l),
+            key: l.key.to_string(),
             not_replayed: l.concurrency.is_some().then_some(CONCURRENCY),
             ..LimitStats::default()
         })
