@@ -19,6 +19,8 @@ routes:
       - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }
 ";
 
+use tollgate::identity::Arrival;
+
 fn evaluate(c: &mut Criterion) {
     let live = tollgate::config::parse("listeners: [{address: 127.0.0.1:0}]\n").expect("live");
     let state = tollgate::state::State::build(live, 1).expect("state");
@@ -29,11 +31,17 @@ fn evaluate(c: &mut Criterion) {
     let mut slots = Guard::default();
     let hit = http::Request::get("/api/users/42").body(()).unwrap();
     c.bench_function("candidate evaluate, 2 limits (ip + global)", |b| {
-        b.iter(|| candidate.evaluate(black_box(&hit), ip, clock.now_us(), &mut slots));
+        b.iter(|| {
+            let arrival = Arrival::of(black_box(&hit), ip);
+            candidate.evaluate(&arrival, clock.now_us(), &mut slots);
+        });
     });
     let miss = http::Request::get("/static/app.js").body(()).unwrap();
     c.bench_function("candidate evaluate, no candidate route", |b| {
-        b.iter(|| candidate.evaluate(black_box(&miss), ip, clock.now_us(), &mut slots));
+        b.iter(|| {
+            let arrival = Arrival::of(black_box(&miss), ip);
+            candidate.evaluate(&arrival, clock.now_us(), &mut slots);
+        });
     });
 }
 

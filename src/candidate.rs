@@ -13,14 +13,12 @@
 //! lifetime, as the live ones are.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures_util::FutureExt as _;
-use http::Request;
 
 use crate::config::settings::{Backend, LimitSpec, Settings};
-use crate::identity::{self, RequestView};
+use crate::identity::{Arrival, RequestView};
 use crate::limiter::concurrency::{self, Guard};
 use crate::limiter::{self, Decision, Limit, Outcome};
 use crate::metrics::{CandidateCounters, CandidateOutcome, Metrics};
@@ -138,14 +136,14 @@ impl Candidate {
         out
     }
 
-    /// Decide `req` (already screened) against the candidate and count the outcome. Its
-    /// concurrency slots join `slots`, the request's, to be held as long as the request lives.
-    /// `client_ip` is the live config's view of the client (its `trusted_proxies`).
-    pub fn evaluate<B>(&self, req: &Request<B>, client_ip: IpAddr, now_us: f64, slots: &mut Guard) {
+    /// Decide the request (already screened; `arrival`, as the live config read it: its
+    /// client through the live `trusted_proxies`) against the candidate and count the outcome.
+    /// Its concurrency slots join `slots`, the request's, to be held as long as it lives.
+    pub fn evaluate(&self, arrival: &Arrival<'_>, now_us: f64, slots: &mut Guard) {
         let Some(route) = self
             .settings
             .table
-            .find(req)
+            .find_parts(arrival.method, arrival.uri, arrival.headers)
             .and_then(|i| self.routes.get(i))
         else {
             self.unrouted.inc();
@@ -154,42 +152,13 @@ impl Candidate {
         if route.limits.is_empty() {
             return;
         }
-        let folded;
-        let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-            folded = identity::fold_path(req.uri());
-            folded.as_ref().unwrap_or(req.uri())
-        } else {
-            req.uri()
-        };
-        let jwt = (self.settings.jwt.as_deref())
-            .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
-        let view = RequestView {
-            method: req.method(),
-            uri,
-            headers: req.headers(),
-            client_ip,
-            jwt: jwt.as_ref(),
-        };
-        decide(route, &view, now_us, slots);
-    }
-
-    /// `evaluate` for a request the live config has no route for: its client address is
-    /// resolved here, as the live config would (`live`'s trusted proxies).
-    pub fn evaluate_unrouted<B>(
-        &self,
-        live: &Settings,
-        peer: IpAddr,
-        req: &Request<B>,
-        now_us: f64,
-        slots: &mut Guard,
-    ) {
-        let client_ip = identity::client_ip_from(
-            peer,
-            req.headers(),
-            &live.trusted_proxies,
-            live.client_ip_header,
+        let jwt = self.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+        decide(
+            route,
+            &arrival.view(route.fold_path, jwt.as_ref()),
+            now_us,
+            slots,
         );
-        self.evaluate(req, client_ip, now_us, slots);
     }
 }
 
@@ -256,8 +225,8 @@ mod tests {
         let ip = "192.0.2.1".parse().unwrap();
         let mut slots = Guard::default();
         for path in ["/api/a", "/api/b", "/api/c", "/other"] {
-            let req = Request::get(path).body(()).unwrap();
-            candidate.evaluate(&req, ip, 0.0, &mut slots);
+            let req = http::Request::get(path).body(()).unwrap();
+            candidate.evaluate(&crate::identity::Arrival::of(&req, ip), 0.0, &mut slots);
         }
         let counts: Vec<(String, String, CandidateOutcome, u64)> = (candidate.decisions())
             .into_iter()

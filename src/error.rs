@@ -38,6 +38,18 @@ pub enum ProxyError {
     LimiterUnavailable { limit: Arc<str> },
 }
 
+impl From<crate::body::BodyFailure> for ProxyError {
+    /// A request body's own failure: the client's fault, whatever the upstream was doing.
+    fn from(why: crate::body::BodyFailure) -> Self {
+        use crate::body::BodyFailure;
+        match why {
+            BodyFailure::Idle | BodyFailure::Deadline => Self::RequestTimeout,
+            BodyFailure::TooLarge => Self::PayloadTooLarge,
+            BodyFailure::Malformed => Self::BadRequest,
+        }
+    }
+}
+
 impl ProxyError {
     /// After this error the connection cannot be trusted to be in sync (HTTP/1.1): close it.
     pub fn closes_connection(&self) -> bool {

@@ -10,15 +10,12 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::access_log::{self, Entry};
-use crate::body::{BodyFailure, Guarded, HoldError, Sent};
-use crate::buffer::{self, ReadAhead};
+use crate::body::{Guarded, Sent};
 use crate::config::settings::Respond;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream, Tunnel};
-use crate::identity::{self, RequestView};
+use crate::identity::{self, Arrival, RequestView};
 use crate::limiter::{self, Outcome};
-use crate::metrics::{UpstreamErrorKind, UpstreamErrorLabels};
-use crate::pool::Pooled;
 use crate::request_id;
 use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
@@ -169,8 +166,9 @@ impl Drop for Admission<'_> {
     }
 }
 
-// The stages in order, read top to bottom: split further, they would read as a list of calls.
-#[allow(clippy::too_many_lines)]
+/// The stages in order: screen, route, client, operators' entries, limits (and the candidate
+/// config's beside them), then forward or answer. Each stage returns a value or an error; none
+/// writes to the socket.
 async fn pipeline<'a>(
     state: &State,
     rt: &'a Runtime,
@@ -181,153 +179,155 @@ async fn pipeline<'a>(
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
     screen::screen(&mut req, conn.max_uri_bytes)?;
-    let settings = &*rt.settings;
-    let Some(route) = rt.find(&req) else {
-        return Err(unrouted(state, rt, conn, &req, started, &mut trace.slots));
-    };
-    trace.route = Some(route);
-    // A request without a body (every GET) declares nothing worth a header lookup.
-    if !req.body().is_end_stream()
-        && declared_length(&req).is_some_and(|n| n > route.body.max_bytes)
-    {
-        return Err(ProxyError::PayloadTooLarge);
-    }
-    let client_ip = identity::client_ip_from(
-        conn.peer.ip(),
-        req.headers(),
-        &settings.trusted_proxies,
-        settings.client_ip_header,
-    );
-    trace.client_ip = Some(client_ip);
-    // A case-insensitive route's limits count `/Admin` where they count `/admin`.
-    let folded;
-    let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-        folded = identity::fold_path(req.uri()).ok_or(ProxyError::BadRequest)?;
-        &folded
-    } else {
-        req.uri()
-    };
+    let route = route(state, rt, conn, &req, started, trace)?;
+    let client_ip = client(&rt.settings, conn, &req, trace);
+    let arrival = Arrival::of(&req, client_ip);
     // Verified on first use by a `jwt:` source, once for all the route's limits.
-    let jwt = (settings.jwt.as_deref())
-        .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
-    let view = RequestView {
-        method: req.method(),
-        uri,
-        headers: req.headers(),
-        client_ip,
-        jwt: jwt.as_ref(),
-    };
-    // Operators' bans and overrides (`control`): one atomic load while there are none.
+    let jwt = rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+    let view = arrival.view(route.fold_path, jwt.as_ref());
     let control = state.control.active();
     let tuned = match operators(state, control.as_deref(), &view, route, trace) {
         Ok(tuned) => tuned,
         Err(refused) => return Ok(*refused),
     };
-    let redis = rt.redis.as_deref();
-    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
-    let asked = redis.is_some().then(Instant::now);
-    let now_us = state.clock.at_us(asked.unwrap_or(started));
-    let decision = decide(conn, route, (&view, &tuned), now_us, &mut trace.slots, rt).await;
-    if let (Some(asked), false) = (asked, route.limits.is_empty()) {
-        state
-            .metrics
-            .backend_seconds
-            .observe(asked.elapsed().as_secs_f64());
-    }
-    let decision = trace.decision.insert(decision);
-    // For replay (`tollgate simulate`): only with a JSON access log.
-    if !route.logged_keys.is_empty() && access_log::json() {
-        trace.keys = route.logged_keys.digests(&view);
-    }
-    if let Some(rejected) = decision.rejected_by() {
+    let now_us = limits(state, rt, conn, route, (&view, &tuned), started, trace).await;
+    beside(rt, &arrival, now_us, &mut trace.slots);
+    let decision = trace.decision.as_ref().expect("decided above");
+    if let Some(refused) = refusal(route, decision, rt.settings.headers) {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
-        beside(rt, &req, client_ip, now_us, &mut trace.slots);
-        if rejected.outcome == Outcome::FailedClosed {
-            let limit = route.limits[rejected.index].name.clone();
-            return Err(ProxyError::LimiterUnavailable { limit });
-        }
-        return Ok(response::too_many_requests(
-            &route.limits,
-            &route.rendered,
-            decision,
-            settings.headers,
-        ));
+        return refused;
     }
-    beside(rt, &req, client_ip, now_us, &mut trace.slots);
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let down = downstream(conn, settings, route, client_ip, request_id);
-            let (mut parts, body) = req.into_parts();
-            let mut body = Guarded::new(body, route.body, started);
-            trace.body_taken = true;
-            let buffered = route.buffer_request && !body.is_end_stream();
-            if buffered {
-                let len;
-                (body, len) = hold(body, &mut parts, &rt.store).await?;
-                trace.bytes_in = len;
-            }
-            let sent = body.sent();
-            trace.sent = sent.clone();
-            let head = parts.method == http::Method::HEAD;
-            // Boxed: each stage down to hyper's client takes the request by value, and moved
-            // whole it would be copied twice per async stage (into the stage's future, then
-            // into its body's locals); boxed, those moves are of a pointer.
-            let req = Box::new(Request::from_parts(parts, body));
-            // Goes upstream now: with the in-process limiter that is microseconds after its
-            // arrival (no clock read); a Redis check may have taken milliseconds.
-            let now = if redis.is_some() || buffered {
-                Instant::now()
-            } else {
-                started
-            };
-            let (forwarded, took) = forward_timed(state, upstream, req, down, &sent, now).await?;
-            trace.upstream = Some((forwarded.target, took));
-            trace.tunnel = forwarded.tunnel;
-            let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
-            body_out(forwarded.response, read_ahead, &rt.store).await?
+            let down = downstream(conn, &rt.settings, route, client_ip, request_id);
+            forward_to(state, rt, route, upstream, req, down, started, trace).await?
         }
         Action::Respond(r) => respond(r),
     };
+    let decision = trace.decision.as_ref().expect("decided above");
     response::add_headers(
         res.headers_mut(),
         &route.limits,
         &route.rendered,
         decision,
-        settings.headers,
+        rt.settings.headers,
     );
     Ok(res)
+}
+
+/// The live route of the request, or `NoRoute` (the candidate config decides it anyway); a
+/// declared body over the route's `max_body` is refused here, before anything is read.
+fn route<'a, B: http_body::Body>(
+    state: &State,
+    rt: &'a Runtime,
+    conn: &ClientConn,
+    req: &Request<B>,
+    started: Instant,
+    trace: &mut Trace<'a>,
+) -> Result<&'a Route, ProxyError> {
+    let Some(route) = rt.find(req) else {
+        if let Some(c) = &rt.candidate {
+            let client_ip = client_ip(&rt.settings, conn, req);
+            let arrival = Arrival::of(req, client_ip);
+            c.evaluate(&arrival, state.clock.at_us(started), &mut trace.slots);
+        }
+        return Err(ProxyError::NoRoute);
+    };
+    trace.route = Some(route);
+    // A request without a body (every GET) declares nothing worth a header lookup.
+    if !req.body().is_end_stream() && declared_length(req).is_some_and(|n| n > route.body.max_bytes)
+    {
+        return Err(ProxyError::PayloadTooLarge);
+    }
+    Ok(route)
+}
+
+/// The client address, through the trusted proxies.
+fn client<B>(
+    settings: &crate::config::Settings,
+    conn: &ClientConn,
+    req: &Request<B>,
+    trace: &mut Trace<'_>,
+) -> std::net::IpAddr {
+    let ip = client_ip(settings, conn, req);
+    trace.client_ip = Some(ip);
+    ip
+}
+
+fn client_ip<B>(
+    settings: &crate::config::Settings,
+    conn: &ClientConn,
+    req: &Request<B>,
+) -> std::net::IpAddr {
+    identity::client_ip_from(
+        conn.peer.ip(),
+        req.headers(),
+        &settings.trusted_proxies,
+        settings.client_ip_header,
+    )
+}
+
+/// Decide the route's limits (into `trace`); returns the instant they were decided at, on the
+/// limiter's clock, for the candidate config to decide at too.
+async fn limits(
+    state: &State,
+    rt: &Runtime,
+    conn: &ClientConn,
+    route: &Route,
+    asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
+    started: Instant,
+    trace: &mut Trace<'_>,
+) -> f64 {
+    let redis = rt.redis.as_deref();
+    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
+    let sent = redis.is_some().then(Instant::now);
+    let now_us = state.clock.at_us(sent.unwrap_or(started));
+    let decision = decide(conn, route, asked, now_us, &mut trace.slots, rt).await;
+    if let (Some(sent), false) = (sent, route.limits.is_empty()) {
+        let took = sent.elapsed().as_secs_f64();
+        state.metrics.backend_seconds.observe(took);
+    }
+    trace.decision = Some(decision);
+    // For replay (`tollgate simulate`): only with a JSON access log.
+    if !route.logged_keys.is_empty() && access_log::json() {
+        trace.keys = route.logged_keys.digests(asked.0);
+    }
+    now_us
+}
+
+/// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
+fn refusal(
+    route: &Route,
+    decision: &limiter::Decision,
+    headers: crate::config::settings::HeaderPolicy,
+) -> Option<Result<Response<Body>, ProxyError>> {
+    let rejected = decision.rejected_by()?;
+    if rejected.outcome == Outcome::FailedClosed {
+        let limit = route.limits[rejected.index].name.clone();
+        return Some(Err(ProxyError::LimiterUnavailable { limit }));
+    }
+    let limits = &route.limits;
+    Some(Ok(response::too_many_requests(
+        limits,
+        &route.rendered,
+        decision,
+        headers,
+    )))
 }
 
 /// The candidate config's decision of the request (see `candidate`), beside the live one,
 /// whatever that was; it never changes the answer. Its slots join `slots`, the request's.
 #[inline]
-fn beside<B>(
+fn beside(
     rt: &Runtime,
-    req: &Request<B>,
-    client_ip: std::net::IpAddr,
+    arrival: &Arrival<'_>,
     now_us: f64,
     slots: &mut limiter::concurrency::Guard,
 ) {
     if let Some(c) = &rt.candidate {
-        c.evaluate(req, client_ip, now_us, slots);
+        c.evaluate(arrival, now_us, slots);
     }
-}
-
-/// A request the live config has no route for: the candidate config may have one.
-fn unrouted<B>(
-    state: &State,
-    rt: &Runtime,
-    conn: &ClientConn,
-    req: &Request<B>,
-    started: Instant,
-    slots: &mut limiter::concurrency::Guard,
-) -> ProxyError {
-    if let Some(c) = &rt.candidate {
-        let now_us = state.clock.at_us(started);
-        c.evaluate_unrouted(&rt.settings, conn.peer.ip(), req, now_us, slots);
-    }
-    ProxyError::NoRoute
 }
 
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a
@@ -361,7 +361,7 @@ async fn decide(
 }
 
 /// The operators' entries for one request (`control`): the numbers of its limits' overrides,
-/// or the answer of a ban that refuses it (counted).
+/// or the answer of a ban that refuses it (counted). One atomic load while there are none.
 fn operators<'t>(
     state: &State,
     table: Option<&'t crate::control::Table>,
@@ -382,6 +382,46 @@ fn operators<'t>(
         return Err(Box::new(refused));
     }
     Ok(table.tunings(view, &route.limits))
+}
+
+/// Forward the request upstream (its body received whole first where the route buffers it)
+/// and make the answer ready for the client.
+#[allow(clippy::too_many_arguments)] // the request, where it goes, and what it is traced into
+async fn forward_to(
+    state: &State,
+    rt: &Runtime,
+    route: &Route,
+    upstream: &forward::Upstream,
+    req: Request<Incoming>,
+    down: Downstream<'_>,
+    started: Instant,
+    trace: &mut Trace<'_>,
+) -> Result<Response<Body>, ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let mut body = Guarded::new(body, route.body, started);
+    trace.body_taken = true;
+    let buffered = route.buffer_request && !body.is_end_stream();
+    if buffered {
+        (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
+    }
+    trace.sent = body.sent();
+    let head = parts.method == http::Method::HEAD;
+    // Boxed: each stage down to hyper's client takes the request by value, and moved whole it
+    // would be copied twice per async stage (into the stage's future, then into its body's
+    // locals); boxed, those moves are of a pointer.
+    let req = Box::new(Request::from_parts(parts, body));
+    // Goes upstream now: with the in-process limiter that is microseconds after its arrival
+    // (no clock read); a Redis check may have taken milliseconds.
+    let now = if rt.redis.is_some() || buffered {
+        Instant::now()
+    } else {
+        started
+    };
+    let (forwarded, took) = forward::send_timed(upstream, req, down, now, &state.metrics).await?;
+    trace.upstream = Some((forwarded.target, took));
+    trace.tunnel = forwarded.tunnel;
+    let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
+    forward::body_out(forwarded.response, read_ahead, &rt.store).await
 }
 
 /// What forwarding needs to know about the client and the route.
@@ -410,63 +450,6 @@ fn downstream<'a>(
     }
 }
 
-/// Receive the request body whole (see `buffer`), and say its length upstream.
-async fn hold(
-    body: Guarded,
-    parts: &mut http::request::Parts,
-    store: &buffer::Store,
-) -> Result<(Guarded, u64), ProxyError> {
-    let (held, len) = body.hold(store).await.map_err(|e| match e {
-        HoldError::Body(why) => body_error(why),
-        HoldError::Store(e) => {
-            tracing::warn!(error = %e, dir = %store.temp_dir.display(), "cannot buffer a request body");
-            ProxyError::BufferUnavailable
-        }
-    })?;
-    let headers = &mut parts.headers;
-    headers.remove(http::header::TRANSFER_ENCODING);
-    // The body is here already: the upstream has nothing to wait for.
-    headers.remove(http::header::EXPECT);
-    headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
-    Ok((held, len))
-}
-
-/// The upstream response as the client gets it: read ahead (`buffer::read_ahead`), or
-/// streamed as the client reads. An HTTP/1.0 upstream's answer goes out in the client's
-/// protocol: the client keeps its keep-alive; read ahead, a body that ends with the upstream's
-/// connection is read whole first (up to the memory bound) so it gets a Content-Length.
-async fn body_out(
-    mut res: Response<Pooled>,
-    read_ahead: bool,
-    store: &buffer::Store,
-) -> Result<Response<Body>, ProxyError> {
-    let close_delimited = res.version() == Version::HTTP_10
-        && !res.headers().contains_key(http::header::CONTENT_LENGTH);
-    *res.version_mut() = Version::HTTP_11;
-    if !read_ahead || res.body().is_end_stream() {
-        return Ok(res.map(|b| Either::Left(Either::Left(b))));
-    }
-    let (parts, body) = res.into_parts();
-    let body = match buffer::read_ahead(body, store, close_delimited).await {
-        Ok(ReadAhead::Complete(bytes)) => Either::Right(Full::new(bytes)),
-        Ok(ReadAhead::Spooled(spooled)) => Either::Left(Either::Right(spooled)),
-        Err(e) => {
-            tracing::warn!(error = %e, dir = %store.temp_dir.display(), "cannot buffer a response body");
-            return Err(ProxyError::BufferUnavailable);
-        }
-    };
-    Ok(Response::from_parts(parts, body))
-}
-
-/// The error a request body's failure answers with.
-fn body_error(why: BodyFailure) -> ProxyError {
-    match why {
-        BodyFailure::Idle | BodyFailure::Deadline => ProxyError::RequestTimeout,
-        BodyFailure::TooLarge => ProxyError::PayloadTooLarge,
-        BodyFailure::Malformed => ProxyError::BadRequest,
-    }
-}
-
 /// The Content-Length the client declared, if any.
 fn declared_length<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -475,47 +458,6 @@ fn declared_length<B>(req: &Request<B>) -> Option<u64> {
         .ok()?
         .parse()
         .ok()
-}
-
-async fn forward_timed(
-    state: &State,
-    upstream: &forward::Upstream,
-    req: Box<Request<Guarded>>,
-    down: Downstream<'_>,
-    body: &Sent,
-    now: Instant,
-) -> Result<(forward::Forwarded, std::time::Duration), ProxyError> {
-    // A request whose own body failed is the client's fault, not the upstream's.
-    // Boxed: the exchange's state is large, and every future that held it inline (this one,
-    // the pipeline's, the request's) would be copied in full each time one is created and
-    // moved.
-    // In a statement of its own: a temporary of the `.await` statement would be kept in this
-    // future's state, unboxed, for the whole exchange.
-    let exchange = crate::boxed(|| forward::send(upstream, req, down, now));
-    let result = exchange
-        .await
-        .map_err(|e| body.failure().map_or(e, body_error));
-    let mut took = std::time::Duration::ZERO;
-    let kind = match &result {
-        Ok(_) => {
-            took = now.elapsed();
-            upstream.seconds.observe(took.as_secs_f64());
-            None
-        }
-        Err(ProxyError::UpstreamTimeout) => Some(UpstreamErrorKind::timeout),
-        Err(ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid) => {
-            Some(UpstreamErrorKind::unreachable)
-        }
-        Err(_) => None,
-    };
-    if let Some(kind) = kind {
-        let labels = UpstreamErrorLabels {
-            upstream: upstream.name.to_string(),
-            kind,
-        };
-        state.metrics.upstream_errors.get_or_create(&labels).inc();
-    }
-    result.map(|forwarded| (forwarded, took))
 }
 
 fn respond(r: &Respond) -> Response<Body> {
@@ -531,7 +473,7 @@ fn respond(r: &Respond) -> Response<Body> {
     res
 }
 
-/// Count the request and its limit decisions, and complete its access-log entry.
+/// Count the request and its limit decisions (`metrics`), and complete its access-log entry.
 fn record(
     state: &State,
     trace: &Trace<'_>,
@@ -539,7 +481,10 @@ fn record(
     started: Instant,
     entry: &mut Option<Entry>,
 ) {
-    count(state, trace, status, started);
+    let route = trace.route.map(|r| (&r.counters, &*r.name, &r.limits[..]));
+    state
+        .metrics
+        .count_request(route, status, started, trace.decision.as_ref());
     let Some(entry) = entry else { return };
     entry.status = status.as_u16();
     entry.client_ip = trace.client_ip;
@@ -561,68 +506,13 @@ fn record(
     if trace.operator_ban {
         entry.outcome = "operator-ban";
     }
-    let Some(decision) = &trace.decision else {
-        return;
-    };
-    // The digest the closest limit counted this request under (never the raw identity).
-    let closest = decision
-        .rejected_by()
-        .or_else(|| decision.reported().map(|(r, _)| r));
-    entry.client = closest.and_then(|r| r.client).map(|id| (id.0 >> 64) as u64);
-    let limit;
-    (entry.outcome, limit) = match decision.rejected_by() {
-        Some(r) if r.outcome == Outcome::FailedClosed => {
-            ("store-unavailable", Some(&route.limits[r.index].name))
-        }
-        Some(r) if r.fallback => ("limited-without-store", Some(&route.limits[r.index].name)),
-        Some(r) => ("limited", Some(&route.limits[r.index].name)),
-        None if decision.results.iter().any(|r| r.fallback) => ("admitted-without-store", None),
-        None => ("admitted", None),
-    };
-    if let Some(limit) = limit {
-        entry.limit.extend_from_slice(limit.as_bytes());
-    }
-}
-
-/// Count the request, its duration and its limit decisions: through the route's cached
-/// handles, so no label is built on the request path (requests that matched no route are rare:
-/// 404s).
-fn count(state: &State, trace: &Trace<'_>, status: StatusCode, started: Instant) {
-    let m = &state.metrics;
-    let Some(route) = trace.route else {
-        m.unrouted(status);
-        return;
-    };
-    let counters = &route.counters;
-    counters.request(status);
-    counters.duration.observe(started.elapsed().as_secs_f64());
-    let Some(decision) = &trace.decision else {
-        return;
-    };
-    if decision.without_backend() {
-        m.without_backend.inc();
-    }
-    counters.decided(decision);
-    for r in &decision.results {
-        let family = match r.ban {
-            limiter::ban::BanEvent::None => continue,
-            limiter::ban::BanEvent::Refused => &m.banned_requests,
-            limiter::ban::BanEvent::Started(_) => &m.bans,
-            limiter::ban::BanEvent::Lifted => &m.ban_lifts,
-        };
-        let labels = crate::metrics::RouteLimitLabels {
-            route: route.name.to_string(),
-            limit: route.limits[r.index].name.to_string(),
-        };
-        family.get_or_create(&labels).inc();
-    }
-    for r in &decision.results {
-        if r.outcome == Outcome::ShadowLimited {
-            tracing::info!(
-                route = &*route.name,
-                limit = &*route.limits[r.index].name,
-                "shadow limit exceeded (dry run: not enforced)"
-            );
+    if let Some(decision) = &trace.decision {
+        let limit;
+        (entry.outcome, entry.client, limit) = decision.logged();
+        if let Some(i) = limit {
+            entry
+                .limit
+                .extend_from_slice(route.limits[i].name.as_bytes());
         }
     }
 }

@@ -20,7 +20,7 @@ use self::decision::decide;
 pub use self::decision::{Decision, Verdict};
 pub use self::limit::{BanRule, BanState, Exempted, Identity, Kind, LimitExplained, Now, Outcome};
 pub use self::text::render;
-use crate::identity::{self, RequestView};
+use crate::identity;
 use crate::runtime::{Route, Runtime};
 
 /// The request to explain, as the query (`method=`, `host=`, `path=`, `header=N:V`..., `ip=`)
@@ -201,7 +201,8 @@ pub(crate) async fn explain(
         now_us,
         peer: crate::limiter::local::Peer::of(client_ip),
     };
-    let (limits, ban) = limits(rt, control, route, &req, client_ip, &at).await?;
+    let arrival = identity::Arrival::of(&req, client_ip);
+    let (limits, ban) = limits(rt, control, route, &arrival, &at).await;
     out.limits = limits;
     out.decision = match &ban {
         Some(ban) => Decision::operator_ban(ban),
@@ -211,34 +212,17 @@ pub(crate) async fn explain(
     Ok(out)
 }
 
-/// Each of `route`'s limits explained for `req` from `client_ip`, reading identities as the
-/// request path does, with the operators' override of each and their ban in force, if any.
+/// Each of `route`'s limits explained for the request, reading identities as the request path
+/// does (the same `Arrival`), with the operators' override of each and their ban in force.
 async fn limits(
     rt: &Runtime,
     control: Option<&crate::control::Table>,
     route: &Route,
-    req: &Request<()>,
-    client_ip: IpAddr,
+    arrival: &identity::Arrival<'_>,
     at: &limit::At<'_>,
-) -> Result<(Vec<LimitExplained>, Option<crate::control::BanView>), String> {
-    // A case-insensitive route's limits read the path lower-cased.
-    let folded;
-    let uri = if route.fold_path && req.uri().path().bytes().any(|b| b.is_ascii_uppercase()) {
-        folded = identity::fold_path(req.uri())
-            .ok_or_else(|| crate::error::ProxyError::BadRequest.to_string())?;
-        &folded
-    } else {
-        req.uri()
-    };
-    let jwt = (rt.settings.jwt.as_deref())
-        .map(|v| identity::jwt::Context::new(v, identity::bearer(req.headers())));
-    let view = RequestView {
-        method: req.method(),
-        uri,
-        headers: req.headers(),
-        client_ip,
-        jwt: jwt.as_ref(),
-    };
+) -> (Vec<LimitExplained>, Option<crate::control::BanView>) {
+    let jwt = rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+    let view = arrival.view(route.fold_path, jwt.as_ref());
     let now_ms = crate::control::entry::now_ms();
     let ban = control.and_then(|c| {
         c.ban_for(&view, &route.name, now_ms)
@@ -253,7 +237,7 @@ async fn limits(
         });
         out.push(limit::explain(l, &view, at, tuned).await);
     }
-    Ok((out, ban))
+    (out, ban)
 }
 
 /// The request's parts as explained.

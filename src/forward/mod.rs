@@ -2,6 +2,7 @@
 //! client, streaming.
 
 mod balance;
+mod buffered;
 mod check;
 mod framing;
 mod health;
@@ -19,9 +20,10 @@ use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::error::ProxyError;
-use crate::metrics::{AttemptResult, RetryReason};
+use crate::metrics::{AttemptResult, Metrics, RetryReason, UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
+pub use buffered::{body_out, hold};
 use rewrite::rewrite;
 pub use rewrite::strip_hop_by_hop;
 use tunnel::is_websocket_upgrade;
@@ -66,6 +68,41 @@ pub struct Downstream<'a> {
     pub retry_idempotent: bool,
     /// The request-ID header and the request's ID (`request_id`), sent upstream.
     pub request_id: (&'a http::HeaderName, &'a HeaderValue),
+}
+
+/// `send`, timed: the answer comes back with the time to its response head, observed in the
+/// upstream's histogram; a failure is counted by kind in `metrics`.
+pub async fn send_timed(
+    upstream: &Upstream,
+    req: Box<Request<Guarded>>,
+    down: Downstream<'_>,
+    now: Instant,
+    metrics: &Metrics,
+) -> Result<(Forwarded, Duration), ProxyError> {
+    // Boxed: the exchange's state is large, and every future that held it inline (this one,
+    // the pipeline's, the request's) would be copied in full each time one is created and
+    // moved. In a statement of its own: a temporary of the `.await` statement would be kept in
+    // this future's state, unboxed, for the whole exchange.
+    let exchange = crate::boxed(|| send(upstream, req, down, now));
+    let result = exchange.await;
+    let kind = match &result {
+        Ok(_) => {
+            let took = now.elapsed();
+            upstream.seconds.observe(took.as_secs_f64());
+            return result.map(|forwarded| (forwarded, took));
+        }
+        Err(ProxyError::UpstreamTimeout) => UpstreamErrorKind::timeout,
+        Err(ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid) => {
+            UpstreamErrorKind::unreachable
+        }
+        Err(_) => return result.map(|forwarded| (forwarded, Duration::ZERO)),
+    };
+    let labels = UpstreamErrorLabels {
+        upstream: upstream.name.to_string(),
+        kind,
+    };
+    metrics.upstream_errors.get_or_create(&labels).inc();
+    result.map(|forwarded| (forwarded, Duration::ZERO))
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
@@ -159,9 +196,10 @@ pub async fn send(
                 }
             }
             Err(failed) => {
-                // A request whose own body failed is the client's fault, not the target's.
-                if sent.failure().is_some() {
-                    return Err(classify(&failed.error));
+                // A request whose own body failed is the client's fault, not the target's: the
+                // answer is the body's.
+                if let Some(why) = sent.failure() {
+                    return Err(why.into());
                 }
                 upstream.attempted(target, attempt_result(&failed.error));
                 upstream.failed(target, at);

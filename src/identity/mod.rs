@@ -5,18 +5,18 @@
 //! never sit in memory maps, Redis keys or logs, and a client cannot choose what its key looks
 //! like (no key injection, no chosen Redis Cluster hash tag).
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 
-use http::header::{AUTHORIZATION, COOKIE};
-use http::{HeaderMap, HeaderName, Method, Uri};
+use http::HeaderName;
 use ipnet::IpNet;
-use percent_encoding::percent_decode_str;
 
 mod address;
+mod digest;
 pub mod jwt;
 pub mod logged;
+mod view;
 pub use address::{client_ip, client_ip_from, host, is_trusted, ForwardedHeader};
+pub use view::{bearer, fold_path, Arrival, RequestView};
 
 /// The IPv6 prefix the `ip` source groups clients by.
 pub const DEFAULT_V6_PREFIX: u8 = 64;
@@ -183,19 +183,6 @@ impl std::fmt::Display for Alternative {
     }
 }
 
-/// `uri` with its path in lower case (query and authority as they are), as the limits of a
-/// case-insensitive route read it; `None` when that is no valid URI.
-pub fn fold_path(uri: &Uri) -> Option<Uri> {
-    let path = uri.path().to_ascii_lowercase();
-    let pq = match uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
-    };
-    let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(pq).ok()?);
-    Uri::from_parts(parts).ok()
-}
-
 /// A limit's `key`: alternatives in order, the first present one is the identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpec(pub Vec<Alternative>);
@@ -289,262 +276,10 @@ pub fn without_trailing_slash(path: &str) -> &str {
     }
 }
 
-/// The parts of a request identities are read from.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestView<'a> {
-    pub method: &'a Method,
-    pub uri: &'a Uri,
-    pub headers: &'a HeaderMap,
-    /// The client address, already resolved through trusted proxies.
-    pub client_ip: IpAddr,
-    /// The request's bearer JWT, verified on first use; `None` without `identity.jwt`.
-    pub jwt: Option<&'a jwt::Context<'a>>,
-}
-
-impl<'a> RequestView<'a> {
-    /// The value of one source, or `None` when the request does not carry it (empty values
-    /// count as absent: an empty API key identifies nobody).
-    fn value(&self, source: &Source) -> Option<Value<'a>> {
-        let v = match source {
-            Source::Ip(v6_prefix) => {
-                let (bytes, len) = ip_octets(self.client_ip, *v6_prefix);
-                Value::Octets(bytes, len)
-            }
-            Source::Header(name) => Value::Borrowed(self.headers.get(name)?.as_bytes()),
-            Source::Query(name) => match query_param(self.uri.query()?, name)? {
-                Cow::Borrowed(v) => Value::Borrowed(v),
-                Cow::Owned(v) => Value::Owned(v),
-            },
-            Source::Cookie(name) => Value::Borrowed(cookie(self.headers, name)?.as_bytes()),
-            Source::Bearer => Value::Borrowed(bearer(self.headers)?.as_bytes()),
-            Source::Global => Value::Borrowed(b"global"),
-            Source::Host => Value::Owned(
-                host(self.uri, self.headers)?
-                    .to_ascii_lowercase()
-                    .into_bytes(),
-            ),
-            Source::Method => Value::Borrowed(self.method.as_str().as_bytes()),
-            // As exact `path` routes compare it: `/login/` is `/login`'s bucket.
-            Source::Path => Value::Borrowed(without_trailing_slash(self.uri.path()).as_bytes()),
-            // A token that fails verification has no claims: the next alternative applies.
-            Source::Jwt(claim) => match self.jwt?.claims()?.get(claim)? {
-                Cow::Borrowed(v) => Value::Borrowed(v),
-                Cow::Owned(v) => Value::Owned(v),
-            },
-        };
-        (!v.is_empty()).then_some(v)
-    }
-
-    /// The identity `spec` gives this request: the digest of its first present alternative,
-    /// or the `anonymous` bucket.
-    pub fn resolve(&self, spec: &KeySpec) -> ClientId {
-        'alternatives: for (i, alt) in spec.0.iter().enumerate() {
-            if let [Source::Ip(v6_prefix)] = alt.0[..] {
-                // The most common key: the same address again and again (every request of a
-                // connection), so its digest is remembered.
-                let (bytes, len) = ip_octets(self.client_ip, v6_prefix);
-                return ip_digest(i as u8, bytes, len);
-            }
-            if let [Source::Global] = alt.0[..] {
-                // A limit all clients share: the same digest for every request.
-                return global_digest(i as u8);
-            }
-            let mut h = alternative_digest(i as u8);
-            for source in &alt.0 {
-                let Some(v) = self.value(source) else {
-                    continue 'alternatives;
-                };
-                digest_source(&mut h, source.tag(), &v);
-            }
-            return ClientId::from_hasher(&h);
-        }
-        ClientId::anonymous()
-    }
-
-    /// Whether the request's value of `source` has `digest` (`value_digest`): how an
-    /// operator's entry matches a value it keeps only as a digest.
-    pub fn has_value_digest(&self, source: &Source, digest: &[u8; 32]) -> bool {
-        self.value(source)
-            .is_some_and(|v| value_digest(&v) == *digest)
-    }
-
-    /// Whether any entry of `exempt` matches this request.
-    pub fn is_exempt(&self, exempt: &[Exemption]) -> bool {
-        self.exemption(exempt).is_some()
-    }
-
-    /// The index of the first entry of `exempt` that matches this request.
-    pub fn exemption(&self, exempt: &[Exemption]) -> Option<usize> {
-        exempt.iter().position(|e| match e {
-            Exemption::Net(net) => net.contains(&self.client_ip),
-            Exemption::Equals(source, value) => self
-                .value(source)
-                .is_some_and(|v| v.as_ref() == value.as_bytes()),
-        })
-    }
-
-    /// The index of the alternative of `spec` that `resolve` takes (every source present), or
-    /// `None` for the `anonymous` bucket.
-    pub fn alternative(&self, spec: &KeySpec) -> Option<usize> {
-        spec.0
-            .iter()
-            .position(|alt| alt.0.iter().all(|s| self.value(s).is_some()))
-    }
-}
-
-/// The value of one source: borrowed from the request, or made for it (an address fits inline,
-/// so the common `ip` key allocates nothing).
-enum Value<'a> {
-    Borrowed(&'a [u8]),
-    Owned(Vec<u8>),
-    Octets([u8; 16], usize),
-}
-
-impl std::ops::Deref for Value<'_> {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Value::Borrowed(v) => v,
-            Value::Owned(v) => v,
-            Value::Octets(v, len) => &v[..*len],
-        }
-    }
-}
-
-impl AsRef<[u8]> for Value<'_> {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
-/// The start of the digest of alternative number `alt`: its sources follow (`digest_source`).
-fn alternative_digest(alt: u8) -> blake3::Hasher {
-    let mut h = blake3::Hasher::new();
-    h.update(&[alt]);
-    h
-}
-
-/// One source's part of an alternative's digest.
-fn digest_source(h: &mut blake3::Hasher, tag: u8, value: &[u8]) {
-    h.update(&[tag]);
-    h.update(&(value.len() as u64).to_le_bytes());
-    h.update(value);
-}
-
-/// The digest of alternative number `alt` when it is `global` alone, as the general path
-/// computes it. Computed once: it is a constant, and a digest costs more than the rest of an
-/// in-process check.
-fn global_digest(alt: u8) -> ClientId {
-    const REMEMBERED: usize = 4;
-    static DIGESTS: std::sync::LazyLock<[ClientId; REMEMBERED]> =
-        std::sync::LazyLock::new(|| std::array::from_fn(|alt| compute_global(alt as u8)));
-    DIGESTS
-        .get(usize::from(alt))
-        .copied()
-        .unwrap_or_else(|| compute_global(alt))
-}
-
-fn compute_global(alt: u8) -> ClientId {
-    let mut h = alternative_digest(alt);
-    digest_source(&mut h, Source::Global.tag(), b"global");
-    ClientId::from_hasher(&h)
-}
-
-/// Entries of the per-thread memo of address digests (direct-mapped by address).
-const IP_MEMO: usize = 64;
-
-type IpMemo = [Option<(u8, [u8; 16], usize, ClientId)>; IP_MEMO];
-
-thread_local! {
-    /// Recent digests of alternatives that are an address alone, by alternative number and
-    /// address. A digest costs more than the rest of an in-process check, and a client's
-    /// requests repeat its address. Exact: an entry is used only for the very same input.
-    static IP_DIGESTS: std::cell::RefCell<IpMemo> = const { std::cell::RefCell::new([None; IP_MEMO]) };
-}
-
-/// The digest of alternative number `alt` when it is the `ip` source alone, with value
-/// `bytes[..len]`.
-fn ip_digest(alt: u8, bytes: [u8; 16], len: usize) -> ClientId {
-    let compute = || {
-        let mut h = alternative_digest(alt);
-        digest_source(&mut h, Source::Ip(0).tag(), &bytes[..len]);
-        ClientId::from_hasher(&h)
-    };
-    let fold = u128::from_le_bytes(bytes) ^ u128::from(alt);
-    let slot = ((fold as u64 ^ (fold >> 64) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58)
-        as usize
-        % IP_MEMO;
-    IP_DIGESTS
-        .try_with(|memo| {
-            let mut memo = memo.borrow_mut();
-            match memo[slot] {
-                Some((a, b, l, id)) if a == alt && b == bytes && l == len => id,
-                _ => {
-                    let id = compute();
-                    memo[slot] = Some((alt, bytes, len, id));
-                    id
-                }
-            }
-        })
-        .unwrap_or_else(|_| compute())
-}
-
-/// The address as the `ip` source counts it (IPv6 cut to its prefix): the first `len` bytes.
-fn ip_octets(ip: IpAddr, v6_prefix: u8) -> ([u8; 16], usize) {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            let mut octets = [0u8; 16];
-            octets[..4].copy_from_slice(&v4.octets());
-            (octets, 4)
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let mask = u128::MAX
-                .checked_shl(128 - u32::from(v6_prefix))
-                .unwrap_or(0);
-            ((bits & mask).to_be_bytes(), 16)
-        }
-    }
-}
-
-/// The percent-decoded value of query parameter `name` (decoded, so `%61` and `a` are one key).
-fn query_param<'a>(query: &'a str, name: &str) -> Option<Cow<'a, [u8]>> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k: Cow<'_, [u8]> = percent_decode_str(k).into();
-        (k.as_ref() == name.as_bytes()).then(|| {
-            if v.contains('+') {
-                Cow::Owned(percent_decode_str(&v.replace('+', " ")).collect())
-            } else {
-                percent_decode_str(v).into()
-            }
-        })
-    })
-}
-
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|line| line.split(';'))
-        .find_map(|pair| {
-            let (k, v) = pair.trim().split_once('=')?;
-            (k.trim() == name).then(|| v.trim().trim_matches('"'))
-        })
-}
-
-/// The token of an `Authorization: Bearer` header.
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::{HeaderMap, Method, Uri};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -271,6 +271,24 @@ impl Decision {
             .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
     }
 
+    /// How the access log words the decision: its outcome, the first 64 bits of the digest
+    /// the closest limit counted the request under (never the raw identity), and the index of
+    /// the limit that refused it.
+    pub fn logged(&self) -> (&'static str, Option<u64>, Option<usize>) {
+        let closest = self
+            .rejected_by()
+            .or_else(|| self.reported().map(|(r, _)| r));
+        let client = closest.and_then(|r| r.client).map(|id| (id.0 >> 64) as u64);
+        let (outcome, limit) = match self.rejected_by() {
+            Some(r) if r.outcome == Outcome::FailedClosed => ("store-unavailable", Some(r.index)),
+            Some(r) if r.fallback => ("limited-without-store", Some(r.index)),
+            Some(r) => ("limited", Some(r.index)),
+            None if self.without_backend() => ("admitted-without-store", None),
+            None => ("admitted", None),
+        };
+        (outcome, client, limit)
+    }
+
     /// The limit that rejected the request, if any (the first one in route order).
     pub fn rejected_by(&self) -> Option<&LimitResult> {
         self.results

@@ -191,6 +191,55 @@ impl RouteCounters {
     }
 }
 
+impl super::Metrics {
+    /// Count one finished request, its duration and its limit decisions: through its route's
+    /// cached handles (`route`: the counters, name and limits), so no label is built on the
+    /// request path; requests that matched no route are rare (404s).
+    pub fn count_request(
+        &self,
+        route: Option<(&RouteCounters, &str, &[Arc<crate::limiter::Limit>])>,
+        status: http::StatusCode,
+        started: tokio::time::Instant,
+        decision: Option<&Decision>,
+    ) {
+        let Some((counters, name, limits)) = route else {
+            self.unrouted(status);
+            return;
+        };
+        counters.request(status);
+        counters.duration.observe(started.elapsed().as_secs_f64());
+        let Some(decision) = decision else {
+            return;
+        };
+        if decision.without_backend() {
+            self.without_backend.inc();
+        }
+        counters.decided(decision);
+        for r in &decision.results {
+            let family = match r.ban {
+                crate::limiter::ban::BanEvent::None => continue,
+                crate::limiter::ban::BanEvent::Refused => &self.banned_requests,
+                crate::limiter::ban::BanEvent::Started(_) => &self.bans,
+                crate::limiter::ban::BanEvent::Lifted => &self.ban_lifts,
+            };
+            let labels = super::RouteLimitLabels {
+                route: name.to_owned(),
+                limit: limits[r.index].name.to_string(),
+            };
+            family.get_or_create(&labels).inc();
+        }
+        for r in &decision.results {
+            if r.outcome == Outcome::ShadowLimited {
+                tracing::info!(
+                    route = name,
+                    limit = &*limits[r.index].name,
+                    "shadow limit exceeded (dry run: not enforced)"
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::OutcomeLabel;
