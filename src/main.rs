@@ -24,31 +24,15 @@ fn main() -> ExitCode {
         init_logging(&opts);
     }
     match command {
-        Command::Check => match tollgate::config::load(&cli.config) {
-            Ok(snapshot) if snapshot.candidate_error().is_some() => {
-                if let Some(e) = snapshot.candidate_error() {
-                    eprintln!("{e}");
-                }
-                ExitCode::FAILURE
-            }
-            Ok(snapshot) => {
-                print!("{}", tollgate::cli::summary(&snapshot));
-                println!("{}: ok", cli.config.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Check => check(&cli.config),
         Command::Completions { shell } => {
             printed(tollgate::cli::completions(shell, &mut std::io::stdout()))
         }
         Command::Man => printed(tollgate::cli::man(&mut std::io::stdout())),
-        Command::Schema => printed(std::io::Write::write_all(
-            &mut std::io::stdout(),
-            tollgate::config::schema::text().as_bytes(),
-        )),
+        Command::Schema => written(
+            Ok::<_, String>(tollgate::config::schema::text()),
+            "tollgate",
+        ),
         Command::Health { url } => match tollgate::health::check(&cli.config, url.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -56,55 +40,77 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Explain(args) => {
-            match tollgate::explain::cli::run(&cli.config, &args.into_args()) {
-                Ok(text) => printed(std::io::Write::write_all(
-                    &mut std::io::stdout(),
-                    text.as_bytes(),
-                )),
-                Err(e) => {
-                    eprintln!("tollgate explain: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::Explain(args) => written(
+            tollgate::explain::cli::run(&cli.config, &args.into_args()),
+            "tollgate explain",
+        ),
+        Command::Simulate { log, format } => written(
+            tollgate::simulate::run(&cli.config, &log, format),
+            "tollgate",
+        ),
+        Command::Run(_) => run(&cli.config, &opts),
+    }
+}
+
+/// `tollgate check`: the config's summary, or every problem it has.
+fn check(config: &std::path::Path) -> ExitCode {
+    match tollgate::config::load(config) {
+        Ok(snapshot) if snapshot.candidate_error().is_some() => {
+            if let Some(e) = snapshot.candidate_error() {
+                eprintln!("{e}");
             }
+            ExitCode::FAILURE
         }
-        Command::Simulate { log, format } => {
-            match tollgate::simulate::run(&cli.config, &log, format) {
-                Ok(report) => printed(std::io::Write::write_all(
-                    &mut std::io::stdout(),
-                    report.as_bytes(),
-                )),
-                Err(e) => {
-                    eprintln!("tollgate: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+        Ok(snapshot) => {
+            print!("{}", tollgate::cli::summary(&snapshot));
+            println!("{}: ok", config.display());
+            ExitCode::SUCCESS
         }
-        Command::Run(_) => {
-            let format = match opts.access_log_format {
-                LogFormat::Text => tollgate::access_log::Format::Text,
-                LogFormat::Json => tollgate::access_log::Format::Json,
-            };
-            if let Err(e) = tollgate::access_log::install(&opts.access_log, format) {
-                let at = match &opts.access_log {
-                    tollgate::access_log::Destination::File(path) => format!(" {}", path.display()),
-                    _ => String::new(),
-                };
-                return failed(&opts, &format!("cannot open the access log{at}: {e}"));
-            }
-            // The control runtime (signals, reload, admin, Redis); requests are served by
-            // the worker threads `app::run` starts.
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return failed(&opts, &format!("cannot start the runtime: {e}")),
-            };
-            match runtime.block_on(tollgate::app::run(&cli.config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => failed(&opts, &e.to_string()),
-            }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tollgate run`: the access log opened, then the proxy served until a signal stops it.
+fn run(config: &std::path::Path, opts: &RunOptions) -> ExitCode {
+    let format = match opts.access_log_format {
+        LogFormat::Text => tollgate::access_log::Format::Text,
+        LogFormat::Json => tollgate::access_log::Format::Json,
+    };
+    if let Err(e) = tollgate::access_log::install(&opts.access_log, format) {
+        let at = match &opts.access_log {
+            tollgate::access_log::Destination::File(path) => format!(" {}", path.display()),
+            _ => String::new(),
+        };
+        return failed(opts, &format!("cannot open the access log{at}: {e}"));
+    }
+    // The control runtime (signals, reload, admin, Redis); requests are served by the worker
+    // threads `app::run` starts.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return failed(opts, &format!("cannot start the runtime: {e}")),
+    };
+    match runtime.block_on(tollgate::app::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failed(opts, &e.to_string()),
+    }
+}
+
+/// A command's text on stdout, or its error on stderr after `who: `.
+fn written(text: Result<impl AsRef<str>, impl std::fmt::Display>, who: &str) -> ExitCode {
+    match text {
+        Ok(text) => printed(std::io::Write::write_all(
+            &mut std::io::stdout(),
+            text.as_ref().as_bytes(),
+        )),
+        Err(e) => {
+            eprintln!("{who}: {e}");
+            ExitCode::FAILURE
         }
     }
 }

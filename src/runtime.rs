@@ -80,6 +80,8 @@ pub enum Action {
 impl Runtime {
     /// The runtime of `settings`, reusing what `previous` runs for unchanged specs. Needs a
     /// tokio runtime when the limiter is Redis (its client connects in the background).
+    // The runtime's parts built in order from the previous runtime; they share its reuse maps.
+    #[allow(clippy::too_many_lines)]
     pub fn build(
         settings: Settings,
         previous: Option<&Runtime>,

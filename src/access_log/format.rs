@@ -158,6 +158,8 @@ fn bytes_in(e: &Entry) -> u64 {
 
 // === text ===
 
+// One field after another in the line's order: the format reads as it is written out.
+#[allow(clippy::too_many_lines)]
 fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At) {
     clock.push(out, at.unix_us);
     out.extend_from_slice(b"  INFO tollgate::access: method=");
@@ -295,6 +297,8 @@ fn push_hex64(out: &mut Vec<u8>, n: u64) {
 
 // === JSON ===
 
+// One field after another in the line's order: the format reads as it is written out.
+#[allow(clippy::too_many_lines)]
 fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At) {
     out.extend_from_slice(b"{\"timestamp\":\"");
     clock.push(out, at.unix_us);

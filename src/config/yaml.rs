@@ -157,6 +157,8 @@ fn type_message(message: &str, found: &Value) -> Option<String> {
 
 /// For the errors a misplaced line typically causes, the key columns of the lines above the
 /// failing one that it could line up with (the block it follows and the blocks around it).
+// The hint's heuristics in order, each a few lines over the same text and columns.
+#[allow(clippy::too_many_lines)]
 fn indentation_hint(text: &str, line: usize, message: &str) -> Option<String> {
     const SIGNS: [&str; 3] = [
         "mapping values are not allowed",

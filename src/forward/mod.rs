@@ -115,6 +115,8 @@ pub async fn send_timed(
 /// always when none of it reached the target (it comes back from the pool unwritten), and when
 /// it did only if the route has `retry_idempotent`, the method is idempotent and the body can
 /// be sent again. A failure status from the last target tried is its answer.
+// One loop over the attempts: the response is made ready in place, and a helper would move (copy) it on its way out.
+#[allow(clippy::too_many_lines)]
 pub async fn send(
     upstream: &Upstream,
     mut req: Box<Request<Guarded>>,

@@ -60,6 +60,8 @@ pub const DEFAULT_MAX_IDLE_PER_WORKER: usize = 1024;
 impl Upstream {
     /// The live upstream of `spec`: one connection pool per worker of `workers`, counting in
     /// `metrics`; its active health check (if any) starts on the current tokio runtime.
+    // An upstream's connector, TLS, pools and health check set up in order from one spec.
+    #[allow(clippy::too_many_lines)]
     pub fn new(spec: &UpstreamSpec, workers: usize, metrics: UpstreamHandles) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.set_connect_timeout(Some(spec.connect_timeout));

@@ -59,6 +59,8 @@ pub struct Options<'a> {
 
 impl Verifier {
     /// The verifier of `options`, or why its keys cannot be used.
+    // Each key source (secret, JWKS file) with its validation, in the order they apply.
+    #[allow(clippy::too_many_lines)]
     pub fn new(options: &Options<'_>) -> Result<Self, String> {
         install_provider();
         let mut keys = Vec::new();

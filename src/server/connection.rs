@@ -98,6 +98,8 @@ impl Connection {
         }
     }
 
+    // The connection's whole life in one future: split, its state would move between futures.
+    #[allow(clippy::too_many_lines)]
     async fn serve<I>(self, io: I, tls: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,

@@ -78,6 +78,8 @@ pub struct Listening {
 /// Accept connections until `stop` flips to true, then let the open connections finish their
 /// in-flight requests for up to the live config's `shutdown_timeout` and return. Idle
 /// keep-alive connections close at once (HTTP/2: GOAWAY).
+// The accept loop and its drain share the listener's state; split, each would take all of it.
+#[allow(clippy::too_many_lines)]
 pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let settings = Arc::new(l.settings);
     let builder = Arc::new(builder(&settings));

@@ -3,6 +3,9 @@
 //! One test binary per area: each file below was a binary of its own, and linking them
 //! apart was most of the suite's build time.
 
+// A test is one scenario read top to bottom: its length is the scenario's.
+#![allow(clippy::too_many_lines)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -14,7 +14,11 @@ fn no_library_file_is_over_400_lines_of_code() {
         .filter(|(n, _)| *n > MAX_CODE_LINES)
         .map(|(n, m)| format!("{}: {n} lines of code", m.file.display()))
         .collect();
-    assert!(long.is_empty(), "over {MAX_CODE_LINES}:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "over {MAX_CODE_LINES}:\n{}",
+        long.join("\n")
+    );
 }
 
 #[test]

@@ -7,6 +7,8 @@ use super::{file, values, Problems};
 use crate::identity::jwt::{Options, Shared, Verifier};
 
 /// The verifier of `identity.jwt`, or `None` (with a problem when it is configured but broken).
+// Every `identity.jwt` key with its check, in the file's order.
+#[allow(clippy::too_many_lines)]
 pub(super) fn jwt(raw: &file::File, p: &mut Problems) -> Option<Shared> {
     let Some(cfg) = raw.identity.as_ref().and_then(|i| i.jwt.as_ref()) else {
         jwt_sources_need_a_verifier(raw, p);

@@ -19,6 +19,8 @@ pub(super) fn policy(s: &str) -> Result<FailurePolicy, String> {
     }
 }
 
+// Every `limiter:` key with its default and check, in the file's order.
+#[allow(clippy::too_many_lines)]
 pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings {
     let on_failure = raw
         .on_failure
@@ -89,6 +91,8 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
     }
 }
 
+// Every `redis:` key (url, cluster, sentinel, TLS) with its check, in the file's order.
+#[allow(clippy::too_many_lines)]
 fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
     let (url, cluster) = match (&r.url, &r.cluster, &r.sentinel) {
         (Some(url), None, None) => (Some(url.clone()), Vec::new()),

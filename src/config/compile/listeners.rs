@@ -39,6 +39,8 @@ pub(super) fn listeners(
         .collect()
 }
 
+// Every listener key with its default and check, in the file's order.
+#[allow(clippy::too_many_lines)]
 fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> ListenerSettings {
     let defaults = ListenerSettings::default();
     let timeouts = l.timeouts.as_ref();

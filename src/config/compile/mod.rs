@@ -25,11 +25,14 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file;
-use super::settings::{AdminToken, BufferSettings, HeaderPolicy, Listener, Settings, UpstreamSpec};
+use super::settings::{
+    AdminToken, BufferSettings, HeaderPolicy, LimiterSettings, Listener, RouteSpec, Settings,
+    UpstreamSpec,
+};
 use super::values;
 use super::Problem;
 use crate::identity::ForwardedHeader;
-use crate::route::Table;
+use crate::route::{Matcher, Table};
 
 /// Collects problems with the field path each belongs to.
 #[derive(Default)]
@@ -63,58 +66,12 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let mut p = Problems::default();
     let live = role == Role::Live;
     let (listeners, admin) = front(raw, live, &mut p);
-    let trusted_proxies: Vec<IpNet> = raw
-        .trusted_proxies
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
-        .collect();
+    let trusted_proxies = trusted_proxies(raw, &mut p);
     let limiter = limiter::limiter(&raw.limiter, &mut p);
-    let client_ip_header = match raw.client_ip_header.as_deref() {
-        None | Some("x-forwarded-for") => ForwardedHeader::XForwardedFor,
-        Some("forwarded") => ForwardedHeader::Forwarded,
-        Some(other) => {
-            p.add(
-                "client_ip_header",
-                format!("`{other}` is not x-forwarded-for or forwarded"),
-            );
-            ForwardedHeader::XForwardedFor
-        }
-    };
-    let shutdown_timeout = duration_or(
-        &mut p,
-        "shutdown_timeout".into(),
-        raw.shutdown_timeout.as_ref(),
-        Duration::from_secs(30),
-    );
-    let shutdown_delay = duration_or(
-        &mut p,
-        "shutdown_delay".into(),
-        raw.shutdown_delay.as_ref(),
-        Duration::ZERO,
-    );
+    let client_ip_header = client_ip_header(raw.client_ip_header.as_deref(), &mut p);
+    let (shutdown_timeout, shutdown_delay) = shutdown(raw, &mut p);
     let upstreams = upstreams::upstreams(&raw.upstreams, &mut p);
-    let mut ctx = routes::RouteCtx {
-        upstreams: &upstreams,
-        limiter: &limiter,
-        limit_names: HashSet::new(),
-        broken_upstreams: &raw.positions.broken_upstreams,
-    };
-    let mut route_names = HashSet::new();
-    let (mut routes, mut matchers) = (Vec::new(), Vec::new());
-    for (i, r) in raw.routes.iter().enumerate() {
-        let path = format!("routes[{}]", raw.positions.routes.get(i).unwrap_or(&i));
-        if !route_names.insert(r.name.as_str()) {
-            p.add(
-                format!("{path}.name"),
-                format!("duplicate route name `{}`", r.name),
-            );
-        }
-        if let Some((route, matcher)) = routes::route(r, &path, &mut ctx, &mut p) {
-            routes.push(route);
-            matchers.push(matcher);
-        }
-    }
+    let (routes, matchers) = all_routes(raw, &upstreams, &limiter, &mut p);
     let buffering = buffering(raw.buffering.as_ref(), &mut p);
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
@@ -160,6 +117,78 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         inputs_digest: [0; 32],
         candidate: None,
     })
+}
+
+/// `trusted_proxies:`, each entry a network or an address.
+fn trusted_proxies(raw: &file::File, p: &mut Problems) -> Vec<IpNet> {
+    raw.trusted_proxies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| p.take(format!("trusted_proxies[{i}]"), parse_net(s)))
+        .collect()
+}
+
+/// `client_ip_header:` (X-Forwarded-For unless it says `forwarded`).
+fn client_ip_header(raw: Option<&str>, p: &mut Problems) -> ForwardedHeader {
+    match raw {
+        None | Some("x-forwarded-for") => ForwardedHeader::XForwardedFor,
+        Some("forwarded") => ForwardedHeader::Forwarded,
+        Some(other) => {
+            p.add(
+                "client_ip_header",
+                format!("`{other}` is not x-forwarded-for or forwarded"),
+            );
+            ForwardedHeader::XForwardedFor
+        }
+    }
+}
+
+/// `shutdown_timeout:` (30 s) and `shutdown_delay:` (none).
+fn shutdown(raw: &file::File, p: &mut Problems) -> (Duration, Duration) {
+    let timeout = duration_or(
+        p,
+        "shutdown_timeout".into(),
+        raw.shutdown_timeout.as_ref(),
+        Duration::from_secs(30),
+    );
+    let delay = duration_or(
+        p,
+        "shutdown_delay".into(),
+        raw.shutdown_delay.as_ref(),
+        Duration::ZERO,
+    );
+    (timeout, delay)
+}
+
+/// Every route in file order with its matcher; route names are unique.
+fn all_routes(
+    raw: &file::File,
+    upstreams: &std::collections::HashMap<String, Option<Arc<UpstreamSpec>>>,
+    limiter: &LimiterSettings,
+    p: &mut Problems,
+) -> (Vec<RouteSpec>, Vec<Matcher>) {
+    let mut ctx = routes::RouteCtx {
+        upstreams,
+        limiter,
+        limit_names: HashSet::new(),
+        broken_upstreams: &raw.positions.broken_upstreams,
+    };
+    let mut route_names = HashSet::new();
+    let (mut routes, mut matchers) = (Vec::new(), Vec::new());
+    for (i, r) in raw.routes.iter().enumerate() {
+        let path = format!("routes[{}]", raw.positions.routes.get(i).unwrap_or(&i));
+        if !route_names.insert(r.name.as_str()) {
+            p.add(
+                format!("{path}.name"),
+                format!("duplicate route name `{}`", r.name),
+            );
+        }
+        if let Some((route, matcher)) = routes::route(r, &path, &mut ctx, p) {
+            routes.push(route);
+            matchers.push(matcher);
+        }
+    }
+    (routes, matchers)
 }
 
 /// The listeners and the admin address: a candidate's are ignored, so not compiled (their

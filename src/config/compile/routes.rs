@@ -144,6 +144,8 @@ fn body_limits(r: &file::Route, path: &str, p: &mut Problems) -> BodyLimits {
     }
 }
 
+// Every `match:` key compiled with its check, in the file's order.
+#[allow(clippy::too_many_lines)]
 fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
     let host = m
         .host
@@ -268,6 +270,8 @@ fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<Act
     })))
 }
 
+// Every key of a limit compiled with its check, in the file's order; the checks read each other.
+#[allow(clippy::too_many_lines)]
 fn limit(
     l: &file::Limit,
     path: &str,

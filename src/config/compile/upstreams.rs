@@ -16,6 +16,8 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Every upstream by name; `None` for one with problems (still known, so routes naming it get
 /// no second error).
+// Every upstream key with its default and check, in the file's order.
+#[allow(clippy::too_many_lines)]
 pub(super) fn upstreams(
     raw: &std::collections::BTreeMap<String, file::Upstream>,
     p: &mut Problems,

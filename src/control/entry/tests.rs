@@ -1,4 +1,6 @@
+use super::overrides::{fresh, numbers};
 use super::*;
+use crate::config::settings::Period;
 
 #[test]
 fn identities_are_shown_without_their_secret() {

@@ -153,6 +153,8 @@ fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
 }
 
 /// One script call for `batch`; every check gets its own part of the reply, or the failure.
+// One script call end to end: each check's part of the reply is handed over in place.
+#[allow(clippy::too_many_lines)]
 async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
     for late in batch.extract_if(.., |j| j.deadline <= now) {

@@ -153,6 +153,8 @@ impl NegativeCache {
 
     /// Learn the buckets of a request Redis rejected. `sent_us` is when it was sent (local
     /// clock); `verdicts` are what Redis answered, one per bucket.
+    // One pass over a rejected batch's verdicts; its parts share the clock readings and the lock.
+    #[allow(clippy::too_many_lines)]
     pub(super) fn remember(
         &self,
         buckets: &[Bucket<'_>],

@@ -9,18 +9,23 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+mod limits;
+mod upstream;
+
 use crate::access_log::{self, Entry};
-use crate::body::{Guarded, Sent};
+use crate::body::Sent;
 use crate::config::settings::Respond;
 use crate::error::ProxyError;
-use crate::forward::{self, Downstream, Tunnel};
-use crate::identity::{self, Arrival, RequestView};
-use crate::limiter::{self, Outcome};
+use crate::forward::Tunnel;
+use crate::identity::{self, Arrival};
+use crate::limiter;
 use crate::request_id;
 use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
+use limits::{beside, limits, operators, refusal};
+use upstream::{downstream, forward_to};
 
 /// The downstream connection a request arrived on.
 #[derive(Debug)]
@@ -266,188 +271,6 @@ fn client_ip<B>(
         &settings.trusted_proxies,
         settings.client_ip_header,
     )
-}
-
-/// Decide the route's limits (into `trace`); returns the instant they were decided at, on the
-/// limiter's clock, for the candidate config to decide at too.
-async fn limits(
-    state: &State,
-    rt: &Runtime,
-    conn: &ClientConn,
-    route: &Route,
-    asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    started: Instant,
-    trace: &mut Trace<'_>,
-) -> f64 {
-    let redis = rt.redis.as_deref();
-    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
-    let sent = redis.is_some().then(Instant::now);
-    let now_us = state.clock.at_us(sent.unwrap_or(started));
-    let decision = decide(conn, route, asked, now_us, &mut trace.slots, rt).await;
-    if let (Some(sent), false) = (sent, route.limits.is_empty()) {
-        let took = sent.elapsed().as_secs_f64();
-        state.metrics.backend_seconds.observe(took);
-    }
-    trace.decision = Some(decision);
-    // For replay (`tollgate simulate`): only with a JSON access log.
-    if !route.logged_keys.is_empty() && access_log::json() {
-        trace.keys = route.logged_keys.digests(asked.0);
-    }
-    now_us
-}
-
-/// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
-fn refusal(
-    route: &Route,
-    decision: &limiter::Decision,
-    headers: crate::config::settings::HeaderPolicy,
-) -> Option<Result<Response<Body>, ProxyError>> {
-    let rejected = decision.rejected_by()?;
-    if rejected.outcome == Outcome::FailedClosed {
-        let limit = route.limits[rejected.index].name.clone();
-        return Some(Err(ProxyError::LimiterUnavailable { limit }));
-    }
-    let limits = &route.limits;
-    Some(Ok(response::too_many_requests(
-        limits,
-        &route.rendered,
-        decision,
-        headers,
-    )))
-}
-
-/// The candidate config's decision of the request (see `candidate`), beside the live one,
-/// whatever that was; it never changes the answer. Its slots join `slots`, the request's.
-#[inline]
-fn beside(
-    rt: &Runtime,
-    arrival: &Arrival<'_>,
-    now_us: f64,
-    slots: &mut limiter::concurrency::Guard,
-) {
-    if let Some(c) = &rt.candidate {
-        c.evaluate(arrival, now_us, slots);
-    }
-}
-
-/// The route's limits for one request: concurrency slots first (into `slots`), so that a
-/// request they refuse takes no token from a rate limit, then the rate limits.
-async fn decide(
-    conn: &ClientConn,
-    route: &Route,
-    (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    now_us: f64,
-    slots: &mut limiter::concurrency::Guard,
-    rt: &Runtime,
-) -> limiter::Decision {
-    let (worker, redis) = (conn.worker, rt.redis.as_deref());
-    let mut taken = limiter::Small::new();
-    if limiter::concurrency::any(&route.limits) {
-        let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, &route.limits, view));
-        (*slots, taken) = acquire.await;
-    }
-    if taken
-        .iter()
-        .any(|r| matches!(r.outcome, Outcome::Limited | Outcome::FailedClosed))
-    {
-        return limiter::Decision {
-            results: taken.into_iter().collect(),
-        };
-    }
-    let mut d =
-        limiter::decide_tuned(redis, Some(worker), &route.limits, view, now_us, tuned).await;
-    d.results.extend(taken);
-    d
-}
-
-/// The operators' entries for one request (`control`): the numbers of its limits' overrides,
-/// or the answer of a ban that refuses it (counted). One atomic load while there are none.
-fn operators<'t>(
-    state: &State,
-    table: Option<&'t crate::control::Table>,
-    view: &RequestView<'_>,
-    route: &Route,
-    trace: &mut Trace<'_>,
-) -> Result<limiter::Small<Option<&'t limiter::Tuning>>, Box<Response<Body>>> {
-    let Some(table) = table else {
-        return Ok(limiter::Small::new());
-    };
-    if let Some(refused) = table.refusal_of(view, &route.name) {
-        let labels = crate::metrics::RouteLabels {
-            route: route.name.to_string(),
-        };
-        let banned = &state.metrics.admin_banned_requests;
-        banned.get_or_create(&labels).inc();
-        trace.operator_ban = true;
-        return Err(Box::new(refused));
-    }
-    Ok(table.tunings(view, &route.limits))
-}
-
-/// Forward the request upstream (its body received whole first where the route buffers it)
-/// and make the answer ready for the client.
-#[allow(clippy::too_many_arguments)] // the request, where it goes, and what it is traced into
-async fn forward_to(
-    state: &State,
-    rt: &Runtime,
-    route: &Route,
-    upstream: &forward::Upstream,
-    req: Request<Incoming>,
-    down: Downstream<'_>,
-    started: Instant,
-    trace: &mut Trace<'_>,
-) -> Result<Response<Body>, ProxyError> {
-    let (mut parts, body) = req.into_parts();
-    let mut body = Guarded::new(body, route.body, started);
-    trace.body_taken = true;
-    let buffered = route.buffer_request && !body.is_end_stream();
-    if buffered {
-        (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
-    }
-    trace.sent = body.sent();
-    let head = parts.method == http::Method::HEAD;
-    // Boxed: each stage down to hyper's client takes the request by value, and moved whole it
-    // would be copied twice per async stage (into the stage's future, then into its body's
-    // locals); boxed, those moves are of a pointer.
-    let req = Box::new(Request::from_parts(parts, body));
-    // Goes upstream now: with the in-process limiter that is microseconds after its arrival
-    // (no clock read); a Redis check may have taken milliseconds.
-    let now = if rt.redis.is_some() || buffered {
-        Instant::now()
-    } else {
-        started
-    };
-    let (forwarded, took) = forward::send_timed(upstream, req, down, now, &state.metrics).await?;
-    trace.upstream = Some((forwarded.target, took));
-    trace.tunnel = forwarded.tunnel;
-    let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
-    forward::body_out(forwarded.response, read_ahead, &rt.store).await
-}
-
-/// What forwarding needs to know about the client and the route.
-fn downstream<'a>(
-    conn: &'a ClientConn,
-    settings: &'a crate::config::Settings,
-    route: &'a Route,
-    client_ip: std::net::IpAddr,
-    request_id: &'a http::HeaderValue,
-) -> Downstream<'a> {
-    let peer = conn.peer.ip().to_canonical();
-    Downstream {
-        peer,
-        peer_value: &conn.peer_value,
-        peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
-        tls: conn.tls,
-        client_ip,
-        websocket_allowed: route.websocket,
-        websocket_idle: route.websocket_idle,
-        underscores: settings.underscores_in_headers,
-        untrusted_strip: &settings.strip_untrusted_headers,
-        worker: conn.worker,
-        route: &route.name,
-        retry_idempotent: route.retry_idempotent,
-        request_id: (&settings.request_id_header, request_id),
-    }
 }
 
 /// The Content-Length the client declared, if any.

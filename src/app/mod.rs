@@ -6,16 +6,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::config::{self, ConfigError};
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
-use crate::server;
 use crate::state::State;
 use crate::workers::Workers;
+use listen::{bind, per_worker, serve_admin, spawn_workers, worker_count};
+
+mod listen;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -35,41 +35,6 @@ pub enum StartError {
 
 /// How often idle (full) buckets are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
-
-/// How many worker threads serve the proxy listeners: `TOLLGATE_WORKERS`, else one per core.
-fn worker_count() -> usize {
-    std::env::var("TOLLGATE_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n: &usize| *n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
-}
-
-/// Bind `address` once per worker with SO_REUSEPORT, so the kernel spreads connections over
-/// the workers. The first socket resolves port 0; the others join it on that port.
-fn bind_shared(
-    address: SocketAddr,
-    workers: usize,
-) -> Result<Vec<std::net::TcpListener>, StartError> {
-    let bind = |at: SocketAddr| -> std::io::Result<std::net::TcpListener> {
-        let socket = Socket::new(Domain::for_address(at), Type::STREAM, Some(Protocol::TCP))?;
-        socket.set_reuse_address(true)?;
-        #[cfg(unix)]
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&at.into())?;
-        socket.listen(1024)?;
-        Ok(socket.into())
-    };
-    let err = |source| StartError::Bind { address, source };
-    let first = bind(address).map_err(err)?;
-    let resolved = first.local_addr().map_err(err)?;
-    let mut all = vec![first];
-    for _ in 1..workers {
-        all.push(bind(resolved).map_err(err)?);
-    }
-    Ok(all)
-}
 
 /// How to start: the worker count, and whether SIGHUP reloads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -141,18 +106,7 @@ pub async fn start(
     let metrics = Metrics::new();
     let settings = config::load(path)?;
     let runtime = Runtime::build(settings, None, &workers, &metrics).map_err(StartError::Redis)?;
-    let mut sockets = Vec::new();
-    for l in &runtime.settings.listeners {
-        sockets.push((l.clone(), bind_shared(l.address, workers.count())?));
-    }
-    let admin = match runtime.settings.admin {
-        Some(address) => Some(
-            TcpListener::bind(address)
-                .await
-                .map_err(|source| StartError::Bind { address, source })?,
-        ),
-        None => None,
-    };
+    let (sockets, admin) = bind(&runtime.settings, workers.count()).await?;
     let (routes, limits) = (runtime.routes.len(), runtime.limits().count());
     let state = Arc::new(State::new(runtime, workers.clone(), metrics));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -165,50 +119,9 @@ pub async fn start(
     }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
     start_control(&state, stop_rx.clone()).await;
-    let mut bound = Vec::new();
-    let mut per_worker: Vec<Vec<WorkerListener>> =
-        (0..workers.count()).map(|_| Vec::new()).collect();
-    for (l, socks) in sockets {
-        if let Some(address) = socks.first().and_then(|s| s.local_addr().ok()) {
-            tracing::info!(%address, "listening");
-            bound.push(address);
-        }
-        let slots = Arc::new(Semaphore::new(l.settings.max_connections));
-        let (balance, inboxes) = server::Balance::new(workers.count(), &state.metrics);
-        for (w, (sock, inbox)) in socks.into_iter().zip(inboxes).enumerate() {
-            per_worker[w].push(WorkerListener {
-                socket: sock,
-                listener: l.clone(),
-                slots: slots.clone(),
-                balance: balance.clone(),
-                inbox,
-            });
-        }
-    }
-    let (threads, inline) = if options.inline {
-        let listeners = per_worker.into_iter().next().unwrap_or_default();
-        let worker = tokio::spawn(serve_worker(0, listeners, state.clone(), stop_rx.clone()));
-        (Vec::new(), Some(worker))
-    } else {
-        let threads: Vec<_> = per_worker
-            .into_iter()
-            .enumerate()
-            .map(|(id, listeners)| spawn_worker(id, listeners, state.clone(), stop_rx.clone()))
-            .collect::<Result<_, _>>()
-            .map_err(StartError::Worker)?;
-        (threads, None)
-    };
-    let admin_address = match admin {
-        Some(admin) => {
-            let address = admin.local_addr().ok();
-            if let Some(address) = address {
-                tracing::info!(%address, "admin endpoints");
-            }
-            tokio::spawn(crate::admin::serve(admin, state.clone(), admin_stop_rx));
-            address
-        }
-        None => None,
-    };
+    let (bound, per_worker) = per_worker(sockets, &state);
+    let (threads, inline) = spawn_workers(options.inline, per_worker, &state, &stop_rx)?;
+    let admin_address = admin.and_then(|admin| serve_admin(admin, &state, admin_stop_rx));
     tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), "tollgate started");
     let stopping = Stopping {
         state: state.clone(),
@@ -284,82 +197,6 @@ impl Stopping {
         .await;
         let _ = self.admin_stop.send(true);
         tracing::info!("stopped");
-    }
-}
-
-/// One worker's socket for one configured listener.
-struct WorkerListener {
-    socket: std::net::TcpListener,
-    listener: config::settings::Listener,
-    slots: Arc<Semaphore>,
-    balance: Arc<server::Balance>,
-    inbox: tokio::sync::mpsc::UnboundedReceiver<server::Handoff>,
-}
-
-/// A worker thread: a single-threaded runtime of its own serving `listeners`.
-fn spawn_worker(
-    id: usize,
-    listeners: Vec<WorkerListener>,
-    state: Arc<State>,
-    stop: watch::Receiver<bool>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("tollgate-worker-{id}"))
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!(error = %e, worker = id, "cannot start a worker runtime");
-                    return;
-                }
-            };
-            runtime.block_on(serve_worker(id, listeners, state, stop));
-        })
-}
-
-/// Serve worker `id`'s listeners on the current runtime until `stop` and the drain end.
-async fn serve_worker(
-    id: usize,
-    listeners: Vec<WorkerListener>,
-    state: Arc<State>,
-    stop: watch::Receiver<bool>,
-) {
-    state.workers.started(id, tokio::runtime::Handle::current());
-    // Open this worker's Redis connection now, not on its first check.
-    if let Some(redis) = state.runtime.load().redis.clone() {
-        tokio::spawn(async move { redis.warm_up_worker(id).await });
-    }
-    let mut loops = Vec::new();
-    if crate::access_log::enabled() {
-        loops.push(tokio::spawn(crate::access_log::flush_periodically(
-            stop.clone(),
-        )));
-    }
-    for wl in listeners {
-        let listener = match TcpListener::from_std(wl.socket) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot register a listener");
-                continue;
-            }
-        };
-        let l = server::Listening {
-            listener,
-            configured: wl.listener.address,
-            settings: wl.listener.settings.clone(),
-            tls: wl.listener.tls.as_ref().map(|t| t.config.clone()),
-            slots: wl.slots,
-            balance: wl.balance,
-            worker: id,
-            inbox: wl.inbox,
-        };
-        loops.push(tokio::spawn(server::serve(l, state.clone(), stop.clone())));
-    }
-    for l in loops {
-        let _ = l.await;
     }
 }
 

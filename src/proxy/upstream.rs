@@ -1,0 +1,82 @@
+//! The forwarding stage of a request: its body held where the route buffers it, sent upstream,
+//! the answer made ready for the client.
+
+use http::{Request, Response};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::{ClientConn, Trace};
+use crate::body::Guarded;
+use crate::error::ProxyError;
+use crate::forward::{self, Downstream};
+use crate::identity;
+use crate::response::Body;
+use crate::runtime::{Route, Runtime};
+use crate::state::State;
+
+/// Forward the request upstream (its body received whole first where the route buffers it)
+/// and make the answer ready for the client.
+#[allow(clippy::too_many_arguments)] // the request, where it goes, and what it is traced into
+pub(super) async fn forward_to(
+    state: &State,
+    rt: &Runtime,
+    route: &Route,
+    upstream: &forward::Upstream,
+    req: Request<Incoming>,
+    down: Downstream<'_>,
+    started: Instant,
+    trace: &mut Trace<'_>,
+) -> Result<Response<Body>, ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let mut body = Guarded::new(body, route.body, started);
+    trace.body_taken = true;
+    let buffered = route.buffer_request && !body.is_end_stream();
+    if buffered {
+        (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
+    }
+    trace.sent = body.sent();
+    let head = parts.method == http::Method::HEAD;
+    // Boxed: each stage down to hyper's client takes the request by value, and moved whole it
+    // would be copied twice per async stage (into the stage's future, then into its body's
+    // locals); boxed, those moves are of a pointer.
+    let req = Box::new(Request::from_parts(parts, body));
+    // Goes upstream now: with the in-process limiter that is microseconds after its arrival
+    // (no clock read); a Redis check may have taken milliseconds.
+    let now = if rt.redis.is_some() || buffered {
+        Instant::now()
+    } else {
+        started
+    };
+    let (forwarded, took) = forward::send_timed(upstream, req, down, now, &state.metrics).await?;
+    trace.upstream = Some((forwarded.target, took));
+    trace.tunnel = forwarded.tunnel;
+    let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
+    forward::body_out(forwarded.response, read_ahead, &rt.store).await
+}
+
+/// What forwarding needs to know about the client and the route.
+pub(super) fn downstream<'a>(
+    conn: &'a ClientConn,
+    settings: &'a crate::config::Settings,
+    route: &'a Route,
+    client_ip: std::net::IpAddr,
+    request_id: &'a http::HeaderValue,
+) -> Downstream<'a> {
+    let peer = conn.peer.ip().to_canonical();
+    Downstream {
+        peer,
+        peer_value: &conn.peer_value,
+        peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
+        tls: conn.tls,
+        client_ip,
+        websocket_allowed: route.websocket,
+        websocket_idle: route.websocket_idle,
+        underscores: settings.underscores_in_headers,
+        untrusted_strip: &settings.strip_untrusted_headers,
+        worker: conn.worker,
+        route: &route.name,
+        retry_idempotent: route.retry_idempotent,
+        request_id: (&settings.request_id_header, request_id),
+    }
+}
