@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
+use futures_util::FutureExt as _;
+
 use super::redis::RedisLimiter;
+use super::store::{Answer, Asked, Local, Shared, Store};
 use super::{
-    local, quota, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small, Verdict,
+    local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small, Verdict,
 };
 use crate::identity::{ClientId, RequestView};
 
@@ -73,37 +76,35 @@ pub async fn decide_tuned(
         return Decision { results };
     }
     let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
-    // Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
-    let peer = local::Peer::of(view.client_ip);
+    let asked = Asked {
+        checks: &checks,
+        enforced: &enforced,
+        tuned: &tunings,
+        peer: local::Peer::of(view.client_ip),
+        now,
+        wall: None,
+    };
     match redis {
-        None => {
-            let numbers = Numbers::Own(&tunings);
-            local_decision(
-                &mut results,
-                &checks,
-                (&enforced, numbers),
-                peer,
-                (now, None),
-            );
-        }
-        // Boxed so that the Redis call's state does not inflate every request's future, in a
-        // statement of its own: a temporary of the `.await` statement would be kept unboxed.
-        Some(r) => {
-            let check = crate::boxed(|| r.check_tuned(worker, &checks, &enforced, &tunings));
-            match check.await {
-                Ok((verdicts, bans)) => {
-                    record(&mut results, &checks, &verdicts, false);
-                    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-                    for ((r, c), event) in checked.zip(&checks).zip(bans) {
-                        r.ban = event;
-                        super::ban::log(c, event);
-                    }
-                }
-                Err(_) => without_backend(&mut results, &checks, peer, now),
-            }
-        }
+        None => settle(&mut results, &Local { fallback: false }, asked).await,
+        Some(redis) => settle(&mut results, &Shared { redis, worker }, asked).await,
     }
     Decision { results }
+}
+
+/// Ask `store` for `asked`'s checks and fill in `results` (every limit of the route, the
+/// exempt ones included): from its answer, or by each limit's failure policy when it has none.
+pub(super) async fn settle<S: Store>(results: &mut [LimitResult], store: &S, asked: Asked<'_>) {
+    match store.check(asked).await {
+        Ok(answer) => {
+            record(results, asked.checks, &answer, false);
+            let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
+            for ((r, c), event) in checked.zip(asked.checks).zip(answer.bans) {
+                r.ban = event;
+                super::ban::log(c, event);
+            }
+        }
+        Err(_) => without_backend(results, asked),
+    }
 }
 
 /// `decide` in process for a request whose identities are known already (`clients[i]` is
@@ -130,8 +131,17 @@ pub fn decide_known(
     }
     if !checks.is_empty() {
         let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
-        let numbers = (&enforced[..], Numbers::Own(&[]));
-        local_decision(&mut results, &checks, numbers, peer, (now, Some(now)));
+        let asked = Asked {
+            checks: &checks,
+            enforced: &enforced,
+            tuned: &[],
+            peer,
+            now,
+            wall: Some(now),
+        };
+        let settled = settle(&mut results, &Local { fallback: false }, asked);
+        // The in-process store answers on the first poll.
+        let _ = settled.now_or_never();
     }
     Decision { results }
 }
@@ -153,148 +163,38 @@ fn unchecked(index: usize, limit: &Limit, client: Option<ClientId>) -> LimitResu
     }
 }
 
-/// The in-process decision: a banned identity is refused before any bucket is asked (Redis's
-/// bans come back with its verdicts instead), then the buckets all or nothing, then strikes.
-/// `at` is the in-process clock and, when given, the wall-clock time quotas count in.
-fn local_decision(
-    results: &mut [LimitResult],
-    checks: &[Check<'_>],
-    (enforced, numbers): (&[bool], Numbers<'_>),
-    peer: local::Peer,
-    (now, wall): (f64, Option<f64>),
-) {
-    if local_bans(results, checks, now) {
-        return;
-    }
-    let verdicts = in_process(checks, enforced, peer, (now, wall), numbers);
-    record(results, checks, &verdicts, false);
-    strikes(results, checks, now);
-}
-
-/// Refuse the request if an in-process ban holds one of its identities: that limit's result
-/// says so, and nothing is checked. Returns whether it did; notes the bans seen lifted.
-fn local_bans(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) -> bool {
+/// Fill in the results of the checked (non-exempt) limits from their verdicts; a check the
+/// store did not ask (a ban refused the request first) stays as it was.
+fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer, fallback: bool) {
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for (r, c) in checked.zip(checks) {
-        let Some(bans) = &c.limit.bans else {
-            continue;
-        };
-        let (left, event) = bans.banned(c.client, now);
-        r.ban = event;
-        super::ban::log(c, event);
-        if let Some(left) = left {
-            r.outcome = Outcome::Limited;
-            r.verdict = Some(Verdict {
-                admitted: false,
-                remaining: 0,
-                reset_us: left,
-                retry_after_us: left,
-            });
-            return true;
-        }
-    }
-    false
-}
-
-/// Count a strike for each limit with a ban that rejected the request; the one that bans
-/// answers with the ban's length as its retry time.
-fn strikes(results: &mut [LimitResult], checks: &[Check<'_>], now: f64) {
-    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for (r, c) in checked.zip(checks) {
-        let (Some(bans), Outcome::Limited) = (&c.limit.bans, r.outcome) else {
-            continue;
-        };
-        let event = bans.strike(c.client, now);
-        if let super::ban::BanEvent::Started(length) = event {
-            r.ban = event;
-            if let Some(v) = &mut r.verdict {
-                v.retry_after_us = length as f64;
-                v.reset_us = v.reset_us.max(length as f64);
-            }
-            super::ban::log(c, event);
-        }
-    }
-}
-
-/// Which numbers an in-process check counts with.
-#[derive(Clone, Copy)]
-enum Numbers<'a> {
-    /// Each limit's own, or its override's (aligned with the checks; empty: none).
-    Own(&'a [Option<&'a Tuning>]),
-    /// The stricter fallback numbers of a failed store.
-    Fallback,
-}
-
-/// The in-process check, at each limit's own rate (or its override's) or at its stricter
-/// fallback rate.
-fn in_process(
-    checks: &[Check<'_>],
-    enforced: &[bool],
-    peer: local::Peer,
-    (now, wall_at): (f64, Option<f64>),
-    numbers: Numbers<'_>,
-) -> Small<Verdict> {
-    // Quotas count in calendar windows, on the wall clock (read once, and only for them).
-    let wall = checks
-        .iter()
-        .any(|c| c.limit.quota.is_some())
-        .then(|| wall_at.unwrap_or_else(local::wall_us));
-    let items: Small<local::Item<'_>> = checks
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let tuning = match numbers {
-                Numbers::Own(tuned) => tuned.get(i).copied().flatten(),
-                Numbers::Fallback => None,
-            };
-            let fallback = matches!(numbers, Numbers::Fallback);
-            local::Item {
-                buckets: &c.limit.local,
-                client: c.client,
-                peer,
-                rate: match tuning {
-                    Some(t) => &t.rate,
-                    None if fallback => &c.limit.fallback,
-                    None => &c.limit.rate,
-                },
-                cost: c.limit.cost,
-                window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
-                    let count = match tuning.and_then(|t| t.quota) {
-                        Some(n) => n,
-                        None if fallback => q.fallback_count,
-                        None => q.count,
-                    };
-                    quota::window(q, wall, count)
-                }),
-            }
-        })
-        .collect();
-    local::check(&items, enforced, now)
-}
-
-/// Fill in the results of the checked (non-exempt) limits from their verdicts.
-fn record(results: &mut [LimitResult], checks: &[Check<'_>], verdicts: &[Verdict], fallback: bool) {
-    let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for ((r, c), v) in checked.zip(checks).zip(verdicts) {
-        r.verdict = Some(*v);
+    for ((r, c), v) in checked.zip(checks).zip(&answer.verdicts) {
         r.fallback = fallback;
-        r.outcome = outcome(v, c.limit);
+        if let Some(v) = v {
+            r.verdict = Some(*v);
+            r.outcome = outcome(v, c.limit);
+        }
     }
 }
 
 /// The shared store did not answer: each limit follows its `on_failure` policy. `local` limits
-/// are checked together in process (still all-or-nothing among themselves).
-fn without_backend(results: &mut [LimitResult], checks: &[Check<'_>], peer: local::Peer, now: f64) {
-    let local: Small<Check<'_>> = checks
-        .iter()
+/// are checked together in process at their fallback numbers (all or nothing among
+/// themselves).
+fn without_backend(results: &mut [LimitResult], asked: Asked<'_>) {
+    let local: Small<Check<'_>> = (asked.checks.iter())
         .filter(|c| c.limit.on_failure == FailurePolicy::Local)
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
-    let mut local_verdicts =
-        in_process(&local, &enforced, peer, (now, None), Numbers::Fallback).into_iter();
+    let fallback = Asked {
+        checks: &local,
+        enforced: &enforced,
+        tuned: &[],
+        ..asked
+    };
+    let answer = Local { fallback: true }.decide(fallback);
+    let mut local_verdicts = answer.verdicts.into_iter().flatten();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for (r, c) in checked.zip(checks) {
+    for (r, c) in checked.zip(asked.checks) {
         r.fallback = true;
         r.outcome = match c.limit.on_failure {
             FailurePolicy::Open => Outcome::FailedOpen,
@@ -322,3 +222,6 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
         (false, false) => Outcome::Limited,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,6 +23,7 @@ pub mod local;
 pub mod peek;
 pub mod quota;
 pub mod redis;
+pub mod store;
 
 pub use decide::{decide, decide_known, decide_tuned, Tuning};
 

@@ -1,0 +1,221 @@
+//! The failure policy and all-or-nothing, against stores that fail or answer as told.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_util::FutureExt as _;
+use parking_lot::Mutex;
+
+use super::settle;
+use crate::identity::ClientId;
+use crate::limiter::ban::BanEvent;
+use crate::limiter::redis::Unavailable;
+use crate::limiter::store::{Answer, Asked, Local, Store};
+use crate::limiter::{local, Check, Limit, LimitResult, Outcome, Small, Verdict};
+
+/// A store that cannot answer (Redis down, breaker open, timed out).
+struct Failing(Unavailable);
+
+impl Store for Failing {
+    fn check<'s>(
+        &'s self,
+        _: Asked<'s>,
+    ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
+        std::future::ready(Err(self.0))
+    }
+}
+
+/// A store that answers with the verdicts it is given and remembers how often it was asked.
+struct Told {
+    admitted: Vec<bool>,
+    bans: Vec<BanEvent>,
+    asked: Mutex<usize>,
+}
+
+impl Store for Told {
+    fn check<'s>(
+        &'s self,
+        asked: Asked<'s>,
+    ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
+        *self.asked.lock() += 1;
+        let verdicts = (self.admitted.iter().take(asked.checks.len()))
+            .map(|&admitted| Some(verdict(admitted)))
+            .collect();
+        let bans = self.bans.iter().copied().collect();
+        std::future::ready(Ok(Answer { verdicts, bans }))
+    }
+}
+
+fn verdict(admitted: bool) -> Verdict {
+    Verdict {
+        admitted,
+        remaining: u64::from(admitted),
+        reset_us: 1e6,
+        retry_after_us: if admitted { 0.0 } else { 1e6 },
+    }
+}
+
+/// The limits of one route, from `limits:` items of the YAML (in process, fallback at half).
+fn limits(items: &str) -> Vec<Arc<Limit>> {
+    let yaml = format!(
+        "listeners: [{{address: 127.0.0.1:0}}]\nlimiter: {{ local_fallback: {{ divide_by: 2 }} }}\nroutes:\n  - name: r\n    respond: {{ status: 200 }}\n    limits:\n{items}"
+    );
+    let settings = crate::config::parse(&yaml).expect("a valid config");
+    (settings.routes[0].limits.iter())
+        .map(|spec| Limit::build(spec, None, &settings.limiter))
+        .collect()
+}
+
+/// Decide one request of client `who` against `limits` with `store`, at `now` (µs).
+fn decide(store: &impl Store, limits: &[Arc<Limit>], who: u128, now: f64) -> Small<LimitResult> {
+    let checks: Small<Check<'_>> = (limits.iter())
+        .map(|limit| Check {
+            limit,
+            client: ClientId(who),
+        })
+        .collect();
+    let mut results: Small<LimitResult> = (limits.iter().enumerate())
+        .map(|(i, l)| super::unchecked(i, l, Some(ClientId(who))))
+        .collect();
+    let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
+    let asked = Asked {
+        checks: &checks,
+        enforced: &enforced,
+        tuned: &[],
+        peer: local::Peer::of("192.0.2.1".parse().unwrap()),
+        now,
+        wall: None,
+    };
+    settle(&mut results, store, asked)
+        .now_or_never()
+        .expect("these stores answer at once");
+    results
+}
+
+fn outcomes(results: &[LimitResult]) -> Vec<Outcome> {
+    results.iter().map(|r| r.outcome).collect()
+}
+
+#[test]
+fn a_failed_store_applies_each_limits_policy() {
+    let limits = limits(
+        "      - { name: o, rate: 1/s, burst: 4, key: [ip], on_failure: open }\n      - { name: c, rate: 1/s, burst: 4, key: [ip], on_failure: closed }\n      - { name: s, rate: 1/s, burst: 4, key: [ip], on_failure: closed, shadow: true }\n      - { name: l, rate: 1/s, burst: 4, key: [ip], on_failure: local }\n",
+    );
+    let whys = [
+        Unavailable::BreakerOpen,
+        Unavailable::Timeout,
+        Unavailable::Error,
+    ];
+    for (who, why) in (1..).zip(whys) {
+        let results = decide(&Failing(why), &limits, who, 0.0);
+        assert_eq!(
+            outcomes(&results),
+            [
+                Outcome::FailedOpen,
+                Outcome::FailedClosed,
+                Outcome::FailedOpen,
+                Outcome::Admitted
+            ],
+            "{why:?}: closed refuses, a shadow closed limit only reports, local counts here"
+        );
+        assert!(results.iter().all(|r| r.fallback), "every result says so");
+    }
+}
+
+#[test]
+fn the_local_policy_counts_at_the_fallback_share() {
+    // burst 4 divided by 2 replicas: 2 requests per replica while the store is away.
+    let limits =
+        limits("      - { name: l, rate: 1/min, burst: 4, key: [ip], on_failure: local }\n");
+    let store = Failing(Unavailable::Timeout);
+    let seen: Vec<Outcome> = (0..3)
+        .map(|_| decide(&store, &limits, 7, 0.0)[0].outcome)
+        .collect();
+    assert_eq!(
+        seen,
+        [Outcome::Admitted, Outcome::Admitted, Outcome::Limited]
+    );
+    // Another identity has its own fallback bucket.
+    assert_eq!(
+        decide(&store, &limits, 8, 0.0)[0].outcome,
+        Outcome::Admitted
+    );
+}
+
+#[test]
+fn in_process_a_request_one_limit_refuses_takes_nothing_from_the_others() {
+    let limits = limits(
+        "      - { name: wide, rate: 1/min, burst: 5, key: [ip] }\n      - { name: narrow, rate: 1/min, burst: 1, key: [ip] }\n",
+    );
+    let store = Local { fallback: false };
+    let first = decide(&store, &limits, 7, 0.0);
+    assert_eq!(outcomes(&first), [Outcome::Admitted, Outcome::Admitted]);
+    assert_eq!(first[0].verdict.map(|v| v.remaining), Some(4));
+    for _ in 0..3 {
+        let refused = decide(&store, &limits, 7, 0.0);
+        assert_eq!(outcomes(&refused), [Outcome::Admitted, Outcome::Limited]);
+    }
+    // The wide limit alone: the three refused requests took none of its tokens.
+    let alone = decide(&store, &limits[..1], 7, 0.0);
+    assert_eq!(alone[0].verdict.map(|v| v.remaining), Some(3));
+}
+
+#[test]
+fn a_shadow_limit_over_its_numbers_reports_and_refuses_nothing() {
+    let limits = limits(
+        "      - { name: real, rate: 1/min, burst: 5, key: [ip] }\n      - { name: dry, rate: 1/min, burst: 1, key: [ip], shadow: true }\n",
+    );
+    let store = Local { fallback: false };
+    decide(&store, &limits, 7, 0.0);
+    let second = decide(&store, &limits, 7, 0.0);
+    assert_eq!(
+        outcomes(&second),
+        [Outcome::Admitted, Outcome::ShadowLimited]
+    );
+    assert_eq!(second[0].verdict.map(|v| v.remaining), Some(3), "counted");
+}
+
+#[test]
+fn a_stores_verdicts_and_ban_events_become_the_results() {
+    let limits = limits(
+        "      - { name: a, rate: 1/s, burst: 4, key: [ip] }\n      - { name: b, rate: 1/s, burst: 4, key: [ip], ban: { after: 3, within: 1m, for: 10m, max: 1h } }\n",
+    );
+    let store = Told {
+        admitted: vec![true, false],
+        bans: vec![BanEvent::None, BanEvent::Started(600_000_000)],
+        asked: Mutex::new(0),
+    };
+    let results = decide(&store, &limits, 7, 0.0);
+    assert_eq!(outcomes(&results), [Outcome::Admitted, Outcome::Limited]);
+    assert_eq!(results[1].ban, BanEvent::Started(600_000_000));
+    assert!(results.iter().all(|r| !r.fallback));
+    assert_eq!(
+        *store.asked.lock(),
+        1,
+        "one call for every limit of the request"
+    );
+}
+
+#[test]
+fn exempt_limits_are_not_asked_of_any_store() {
+    let limits = limits("      - { name: a, rate: 1/s, burst: 4, key: [ip] }\n");
+    let mut results: Small<LimitResult> =
+        smallvec::smallvec![super::unchecked(0, &limits[0], None)];
+    let asked = Asked {
+        checks: &[],
+        enforced: &[],
+        tuned: &[],
+        peer: local::Peer::of("192.0.2.1".parse().unwrap()),
+        now: 0.0,
+        wall: None,
+    };
+    settle(&mut results, &Failing(Unavailable::Error), asked)
+        .now_or_never()
+        .expect("answers at once");
+    assert_eq!(
+        results[0].outcome,
+        Outcome::Exempt,
+        "a failed store changes nothing"
+    );
+    assert!(!results[0].fallback);
+}

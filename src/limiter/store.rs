@@ -1,0 +1,196 @@
+//! The limiter's store interface: where a request's buckets are checked and their cost taken,
+//! all or nothing, in one call: in process (`Local`) or in Redis (`Shared`).
+//!
+//! A check commits as it decides (in process under the buckets' locks, in Redis in one
+//! script): a separate commit step would cost Redis a second round trip per request. What a
+//! store cannot answer is `decide`'s to settle by each limit's failure policy, so that policy
+//! is tested here with stores that fail or answer as told.
+
+use std::future::Future;
+
+use super::ban::BanEvent;
+use super::redis::{RedisLimiter, Unavailable};
+use super::{local, quota, Check, Small, Tuning, Verdict};
+use crate::config::settings::Rate;
+
+/// One request's checks as a store is asked them: aligned slices, one entry per bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub checks: &'a [Check<'a>],
+    /// `false` for a shadow limit: counted, but it rejects nothing (and takes nothing from the
+    /// others when it is over).
+    pub enforced: &'a [bool],
+    /// An operator's numbers for a check (aligned with `checks`; empty: none).
+    pub tuned: &'a [Option<&'a Tuning>],
+    /// Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
+    pub peer: local::Peer,
+    /// The in-process clock, microseconds.
+    pub now: f64,
+    /// The wall-clock time quotas count in, when the caller knows it (a replay); else read.
+    pub wall: Option<f64>,
+}
+
+/// A store's answer: per check its verdict (`None`: not asked, an earlier ban refused the
+/// request first), and the ban events of each (bans started, refused, lifted).
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub verdicts: Small<Option<Verdict>>,
+    pub bans: Small<BanEvent>,
+}
+
+/// Where buckets are kept. `check` takes the cost of every check only if every enforced one
+/// admits it; an error means nothing was taken and nothing is known.
+pub trait Store {
+    fn check<'s>(
+        &'s self,
+        asked: Asked<'s>,
+    ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's;
+}
+
+// === impl Local ===
+
+/// This process's buckets (each limit's `local`), at each limit's own numbers (or its
+/// operator's), or at its stricter fallback numbers when standing in for a failed `Shared`.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    pub fallback: bool,
+}
+
+impl Store for Local {
+    fn check<'s>(
+        &'s self,
+        asked: Asked<'s>,
+    ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
+        std::future::ready(Ok(self.decide(asked)))
+    }
+}
+
+impl Local {
+    /// A banned identity is refused before any bucket is asked, then the buckets all or
+    /// nothing, then strikes for the limits with a ban that rejected the request.
+    pub(super) fn decide(self, asked: Asked<'_>) -> Answer {
+        let mut answer = Answer {
+            verdicts: asked.checks.iter().map(|_| None).collect(),
+            bans: asked.checks.iter().map(|_| BanEvent::None).collect(),
+        };
+        if !self.fallback && Self::banned(asked, &mut answer) {
+            return answer;
+        }
+        let verdicts = self.buckets(asked);
+        for (i, v) in verdicts.into_iter().enumerate() {
+            answer.verdicts[i] = Some(v);
+        }
+        if !self.fallback {
+            strikes(asked, &mut answer);
+        }
+        answer
+    }
+
+    /// Whether an in-process ban holds one of the identities: that check's verdict says so,
+    /// and nothing is checked. Notes the bans seen lifted.
+    fn banned(asked: Asked<'_>, answer: &mut Answer) -> bool {
+        for (i, c) in asked.checks.iter().enumerate() {
+            let Some(bans) = &c.limit.bans else {
+                continue;
+            };
+            let (left, event) = bans.banned(c.client, asked.now);
+            answer.bans[i] = event;
+            if let Some(left) = left {
+                answer.verdicts[i] = Some(Verdict {
+                    admitted: false,
+                    remaining: 0,
+                    reset_us: left,
+                    retry_after_us: left,
+                });
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The buckets checked together, all or nothing.
+    fn buckets(self, asked: Asked<'_>) -> Small<Verdict> {
+        // Quotas count in calendar windows, on the wall clock (read once, and only for them).
+        let wall = (asked.checks.iter())
+            .any(|c| c.limit.quota.is_some())
+            .then(|| asked.wall.unwrap_or_else(local::wall_us));
+        let items: Small<local::Item<'_>> = (asked.checks.iter())
+            .enumerate()
+            .map(|(i, c)| {
+                let tuning = (!self.fallback)
+                    .then(|| asked.tuned.get(i).copied().flatten())
+                    .flatten();
+                local::Item {
+                    buckets: &c.limit.local,
+                    client: c.client,
+                    peer: asked.peer,
+                    rate: self.rate(c, tuning),
+                    cost: c.limit.cost,
+                    window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                        let count = match tuning.and_then(|t| t.quota) {
+                            Some(n) => n,
+                            None if self.fallback => q.fallback_count,
+                            None => q.count,
+                        };
+                        quota::window(q, wall, count)
+                    }),
+                }
+            })
+            .collect();
+        local::check(&items, asked.enforced, asked.now)
+    }
+
+    fn rate<'a>(self, c: &Check<'a>, tuning: Option<&'a Tuning>) -> &'a Rate {
+        match tuning {
+            Some(t) => &t.rate,
+            None if self.fallback => &c.limit.fallback,
+            None => &c.limit.rate,
+        }
+    }
+}
+
+/// Count a strike for each limit with a ban that rejected the request; the one that bans
+/// answers with the ban's length as its retry time.
+fn strikes(asked: Asked<'_>, answer: &mut Answer) {
+    for (i, c) in asked.checks.iter().enumerate() {
+        let Some(bans) = &c.limit.bans else {
+            continue;
+        };
+        let rejected = answer.verdicts[i].is_some_and(|v| !v.admitted);
+        if !rejected || c.limit.shadow {
+            continue;
+        }
+        let event = bans.strike(c.client, asked.now);
+        if let BanEvent::Started(length) = event {
+            answer.bans[i] = event;
+            if let Some(v) = &mut answer.verdicts[i] {
+                v.retry_after_us = length as f64;
+                v.reset_us = v.reset_us.max(length as f64);
+            }
+        }
+    }
+}
+
+// === impl Shared ===
+
+/// The buckets in Redis, asked through worker `worker`'s connection (`None`: the shared one).
+/// Bans live in the same script's keys and come back with the verdicts.
+#[derive(Debug, Clone, Copy)]
+pub struct Shared<'r> {
+    pub redis: &'r RedisLimiter,
+    pub worker: Option<usize>,
+}
+
+impl Store for Shared<'_> {
+    async fn check<'s>(&'s self, asked: Asked<'s>) -> Result<Answer, Unavailable> {
+        // Boxed so that the Redis call's state does not inflate every request's future.
+        let call = crate::boxed(|| {
+            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned)
+        });
+        let (verdicts, bans) = call.await?;
+        Ok(Answer {
+            verdicts: verdicts.into_iter().map(Some).collect(),
+            bans,
+        })
+    }
+}
