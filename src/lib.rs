@@ -15,7 +15,7 @@
 //! Modules in layers, from the bottom up: a module uses only modules of its own layer and of
 //! the layers above it in this list, and no two modules use each other (`tests/structure`
 //! checks both, inline `crate::` paths included).
-//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `health`, `log_gate`, `request_id`, `access_log`:
+//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `request_id`, `access_log`:
 //!   leaves. Request-path errors; bodies held in memory and temporary files (request
 //!   buffering, response read-ahead); request bodies with their limits; the client address and
 //!   the identity digest a limit counts under (`identity::jwt`: claims of a verified bearer
@@ -70,13 +70,13 @@ pub mod control;
 pub(crate) mod error;
 pub mod explain;
 pub(crate) mod forward;
-pub mod health;
 pub mod identity;
 pub(crate) mod io;
 pub mod limiter;
 pub(crate) mod log_gate;
 pub(crate) mod metrics;
 pub(crate) mod pool;
+pub mod probe;
 pub mod proxy;
 pub(crate) mod proxy_protocol;
 pub mod reload;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             Ok::<_, String>(tollgate::config::schema::text()),
             "tollgate",
         ),
-        Command::Health { url } => match tollgate::health::check(&cli.config, url.as_deref()) {
+        Command::Health { url } => match tollgate::probe::check(&cli.config, url.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("unhealthy: {e}");

@@ -80,8 +80,8 @@ impl Reloader {
 pub enum ReloadError {
     #[error("{0}")]
     Invalid(#[from] ConfigError),
-    #[error("cannot set up the Redis client: {0}")]
-    Redis(String),
+    #[error("{0}")]
+    Build(#[from] crate::runtime::BuildError),
 }
 
 /// Load `path` and, if it is valid, make it the live config in one swap. In-flight requests
@@ -95,7 +95,7 @@ pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
     let current = state.runtime.load_full();
     let result = load(path).map_err(ReloadError::from).and_then(|settings| {
         Runtime::build(settings, Some(&current), &state.workers, &state.metrics)
-            .map_err(ReloadError::Redis)
+            .map_err(ReloadError::from)
     });
     match result {
         Ok(next) => {

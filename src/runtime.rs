@@ -23,6 +23,17 @@ use crate::metrics::{Metrics, RouteCounters};
 use crate::response::Rendered;
 use crate::workers::Workers;
 
+/// Why a config that passed validation could not be made live. Each names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The Redis client of `limiter.redis` (a malformed address, or no tokio runtime).
+    #[error("cannot set up the Redis client: {0}")]
+    Redis(String),
+    /// A route names an upstream the config has no spec for (validation refuses this first).
+    #[error("route `{route}` forwards to upstream `{upstream}`, which was not built")]
+    MissingUpstream { route: Arc<str>, upstream: Arc<str> },
+}
+
 /// One config, live. Immutable once built.
 #[derive(Debug)]
 pub struct Runtime {
@@ -87,8 +98,8 @@ impl Runtime {
         previous: Option<&Runtime>,
         workers: &Workers,
         metrics: &Metrics,
-    ) -> Result<Self, String> {
-        let redis = redis(&settings, previous, workers, metrics)?;
+    ) -> Result<Self, BuildError> {
+        let redis = redis(&settings, previous, workers, metrics).map_err(BuildError::Redis)?;
         let old_upstreams: HashMap<&str, &Arc<Upstream>> = previous
             .map(|p| p.upstreams.iter().map(|u| (&*u.name, u)).collect())
             .unwrap_or_default();
@@ -119,12 +130,14 @@ impl Runtime {
                 })
                 .collect();
             let action = match &spec.action {
-                ActionSpec::Forward(u) => Action::Forward(
-                    by_name
-                        .get(&*u.name)
-                        .map(|u| Arc::clone(u))
-                        .ok_or_else(|| format!("upstream `{}` was not built", u.name))?,
-                ),
+                ActionSpec::Forward(u) => {
+                    Action::Forward(by_name.get(&*u.name).map(|u| Arc::clone(u)).ok_or_else(
+                        || BuildError::MissingUpstream {
+                            route: spec.name.clone(),
+                            upstream: u.name.clone(),
+                        },
+                    )?)
+                }
                 ActionSpec::Respond(r) => Action::Respond(r.clone()),
             };
             routes.push(Route {

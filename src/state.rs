@@ -60,7 +60,7 @@ impl State {
     /// The state of a proxy serving `settings` with `workers` workers, built from nothing (no
     /// previous runtime): what `app::start` does, for harnesses that drive `proxy::handle`
     /// themselves. Needs a tokio runtime when the limiter is Redis.
-    pub fn build(settings: Settings, workers: usize) -> Result<Self, String> {
+    pub fn build(settings: Settings, workers: usize) -> Result<Self, crate::runtime::BuildError> {
         let workers = Arc::new(Workers::new(workers));
         let metrics = Metrics::new();
         let runtime = Runtime::build(settings, None, &workers, &metrics)?;

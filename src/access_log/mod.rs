@@ -157,13 +157,13 @@ const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent
 /// A response body that writes its request's access-log line when it ends or is dropped,
 /// with the bytes it carried.
 #[derive(Debug)]
-pub struct Logged<B> {
+pub struct LoggedBody<B> {
     body: B,
     entry: Option<Entry>,
     sent: u64,
 }
 
-impl<B> Logged<B> {
+impl<B> LoggedBody<B> {
     pub fn new(body: B, entry: Option<Entry>) -> Self {
         Self {
             body,
@@ -179,7 +179,7 @@ impl<B> Logged<B> {
     }
 }
 
-impl<B: Body + Unpin> Body for Logged<B> {
+impl<B: Body + Unpin> Body for LoggedBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -211,7 +211,7 @@ impl<B: Body + Unpin> Body for Logged<B> {
     }
 }
 
-impl<B> Drop for Logged<B> {
+impl<B> Drop for LoggedBody<B> {
     fn drop(&mut self) {
         self.write();
     }

@@ -88,15 +88,15 @@ async fn dispatch(state: &State, call: &Call) -> Response<Body> {
     match (&call.method, call.path.as_str()) {
         (&Method::GET, "/") => json_response(StatusCode::OK, &index()),
         (&Method::GET, "/explain") => explain(state, call).await,
-        (&Method::POST, "/bans") => super::control::post_ban(state, call).await,
-        (&Method::GET, "/bans") => super::control::list_bans(state),
+        (&Method::POST, "/bans") => super::entries::post_ban(state, call).await,
+        (&Method::GET, "/bans") => super::entries::list_bans(state),
         (&Method::DELETE, p) if p.starts_with("/bans/") => {
-            super::control::delete(state, Kind::Ban, &p["/bans/".len()..]).await
+            super::entries::delete(state, Kind::Ban, &p["/bans/".len()..]).await
         }
-        (&Method::POST, "/overrides") => super::control::post_override(state, call).await,
-        (&Method::GET, "/overrides") => super::control::list_overrides(state),
+        (&Method::POST, "/overrides") => super::entries::post_override(state, call).await,
+        (&Method::GET, "/overrides") => super::entries::list_overrides(state),
         (&Method::DELETE, p) if p.starts_with("/overrides/") => {
-            super::control::delete(state, Kind::Override, &p["/overrides/".len()..]).await
+            super::entries::delete(state, Kind::Override, &p["/overrides/".len()..]).await
         }
         (&Method::GET, "/dashboard") => super::dashboard::data(state, call),
         _ => problem(

@@ -3,8 +3,8 @@
 
 mod api;
 mod call;
-mod control;
 mod dashboard;
+mod entries;
 mod sampler;
 
 use std::convert::Infallible;

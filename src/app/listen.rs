@@ -89,7 +89,7 @@ pub(super) fn per_worker(
             bound.push(address);
         }
         let slots = Arc::new(Semaphore::new(l.settings.max_connections));
-        let (balance, inboxes) = server::Balance::new(count, &state.metrics);
+        let (balance, inboxes) = server::WorkerBalancer::new(count, &state.metrics);
         for (w, (sock, inbox)) in socks.into_iter().zip(inboxes).enumerate() {
             per_worker[w].push(WorkerListener {
                 socket: sock,
@@ -149,7 +149,7 @@ pub(super) struct WorkerListener {
     socket: std::net::TcpListener,
     listener: config::settings::Listener,
     slots: Arc<Semaphore>,
-    balance: Arc<server::Balance>,
+    balance: Arc<server::WorkerBalancer>,
     inbox: tokio::sync::mpsc::UnboundedReceiver<server::Handoff>,
 }
 

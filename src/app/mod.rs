@@ -22,8 +22,8 @@ mod listen;
 pub enum StartError {
     #[error("{0}")]
     Config(#[from] ConfigError),
-    #[error("cannot set up the Redis client: {0}")]
-    Redis(String),
+    #[error("{0}")]
+    Build(#[from] crate::runtime::BuildError),
     #[error("cannot start a worker thread: {0}")]
     Worker(std::io::Error),
     #[error("cannot listen on {address}: {source}")]
@@ -105,7 +105,7 @@ pub async fn start(
     let workers = Arc::new(Workers::new(count));
     let metrics = Metrics::new();
     let settings = config::load(path)?;
-    let runtime = Runtime::build(settings, None, &workers, &metrics).map_err(StartError::Redis)?;
+    let runtime = Runtime::build(settings, None, &workers, &metrics)?;
     let (sockets, admin) = bind(&runtime.settings, workers.count()).await?;
     let (routes, limits) = (runtime.routes.len(), runtime.limits().count());
     let state = Arc::new(State::new(runtime, workers.clone(), metrics));

@@ -292,7 +292,7 @@ pub struct UpstreamSpec {
     pub idle_timeout: Duration,
     /// Trust anchors for https targets (the system's, or a configured CA).
     pub tls: Arc<rustls::ClientConfig>,
-    pub balance: Balance,
+    pub balance: LoadBalancing,
     /// Extra attempts, on other targets, for a request that failed before it was answered.
     pub retries: u32,
     pub health: HealthSpec,
@@ -303,7 +303,7 @@ pub struct UpstreamSpec {
 
 /// How an upstream's requests are spread over its healthy targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
+pub enum LoadBalancing {
     /// Each target in turn.
     RoundRobin,
     /// Of two targets drawn at random, the one with fewer requests in flight.

@@ -27,14 +27,14 @@ use crate::Small;
 
 /// The entries in force (and those expired but not yet swept: matching skips them).
 #[derive(Debug, Default, Clone)]
-pub struct Table {
+pub struct InForce {
     /// Longest-lasting first: the first ban that matches answers with the longest wait.
     bans: Vec<Ban>,
     /// Newest first: of two overrides for one identity, the latest one applies.
     overrides: Vec<Override>,
 }
 
-impl Table {
+impl InForce {
     fn new(mut bans: Vec<Ban>, mut overrides: Vec<Override>) -> Self {
         bans.sort_by_key(|b| std::cmp::Reverse(b.span.expires_ms));
         overrides.sort_by_key(|o| std::cmp::Reverse(o.span.created_ms));
@@ -89,14 +89,14 @@ impl Table {
     }
 
     /// The entries expired at `now_ms`, and the table without them (`None`: none expired).
-    fn without_expired(&self, now_ms: i64) -> Option<(Vec<Ban>, Vec<Override>, Table)> {
+    fn without_expired(&self, now_ms: i64) -> Option<(Vec<Ban>, Vec<Override>, InForce)> {
         let gone = |s: entry::Span| s.expired(now_ms);
         if !self.bans.iter().any(|b| gone(b.span)) && !self.overrides.iter().any(|o| gone(o.span)) {
             return None;
         }
         let (old_bans, bans) = self.bans.iter().cloned().partition(|b| gone(b.span));
         let (old_overrides, overrides) = self.overrides.iter().cloned().partition(|o| gone(o.span));
-        Some((old_bans, old_overrides, Table { bans, overrides }))
+        Some((old_bans, old_overrides, InForce { bans, overrides }))
     }
 }
 
@@ -112,7 +112,7 @@ pub enum Kind {
 pub struct Control {
     /// Some entry exists: the request path reads this and nothing else while it is false.
     any: AtomicBool,
-    table: ArcSwap<Table>,
+    table: ArcSwap<InForce>,
     /// Changes and Redis reloads one at a time, so that none is lost or overtaken.
     sync: tokio::sync::Mutex<sync::Synced>,
 }
@@ -124,14 +124,14 @@ impl Control {
 
     /// The table, when it has entries (one atomic load when it has none).
     #[inline]
-    pub fn active(&self) -> Option<Arc<Table>> {
+    pub fn active(&self) -> Option<Arc<InForce>> {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
         Some(self.table.load_full())
     }
 
-    fn store(&self, table: Table) {
+    fn store(&self, table: InForce) {
         let any = !table.is_empty();
         self.table.store(Arc::new(table));
         self.any.store(any, Ordering::Release);
@@ -186,7 +186,7 @@ impl Control {
                 let t = self.table.load();
                 let mut bans = t.bans.clone();
                 bans.push(ban.clone());
-                self.store(Table::new(bans, t.overrides.clone()));
+                self.store(InForce::new(bans, t.overrides.clone()));
             }
         }
         log_ban("ban created", &ban);
@@ -209,7 +209,7 @@ impl Control {
                 let t = self.table.load();
                 let mut overrides = t.overrides.clone();
                 overrides.push(o.clone());
-                self.store(Table::new(t.bans.clone(), overrides));
+                self.store(InForce::new(t.bans.clone(), overrides));
             }
         }
         log_override("override created", &o);
@@ -240,7 +240,7 @@ impl Control {
                 }
             }
             None if removed.is_none() => return Ok(false),
-            None => self.store(Table::new(bans, overrides)),
+            None => self.store(InForce::new(bans, overrides)),
         }
         match removed {
             Some(Removed::Ban(b)) => log_ban("ban deleted", &b),

@@ -18,7 +18,7 @@ use std::time::Duration;
 use ::redis::Value;
 use tokio::sync::watch;
 
-use super::{Ban, Control, Kind, Override, Table};
+use super::{Ban, Control, InForce, Kind, Override};
 use crate::limiter::redis::RedisLimiter;
 
 /// How often each replica asks Redis whether the entries changed.
@@ -102,7 +102,7 @@ impl Control {
             if have == "0" {
                 return Ok(());
             }
-            self.store(Table::default());
+            self.store(InForce::default());
             synced.from = from;
             synced.version = Some("0".to_owned());
             return Ok(());
@@ -114,7 +114,7 @@ impl Control {
         let overrides = r.command(::redis::cmd("HGETALL").arg(&overrides)).await?;
         let bans = records(&bans, Ban::of_record);
         let overrides = records(&overrides, Override::of_record);
-        self.store(Table::new(bans, overrides));
+        self.store(InForce::new(bans, overrides));
         let version = now;
         synced.from = from;
         synced.version = Some(version);

@@ -48,7 +48,7 @@ fn remote(url: &str, args: &Args) -> Result<(Explanation, String), String> {
     let endpoint = format!("{}/api/v1/explain", url.trim_end_matches('/'));
     let full = format!("{endpoint}?{}", args.query.to_query_string());
     let bearer = format!("Bearer {token}");
-    let (status, body) = crate::health::get(&full, &[("Authorization", &bearer)])?;
+    let (status, body) = crate::probe::get(&full, &[("Authorization", &bearer)])?;
     if status != 200 {
         // A problem+json answer says why in `detail`.
         let detail = serde_json::from_str::<serde_json::Value>(&body)
@@ -75,7 +75,8 @@ fn from_config(config: &Path, query: &Query) -> Result<(Explanation, String), St
     rt.block_on(async {
         let workers = crate::workers::Workers::new(1);
         let metrics = crate::metrics::Metrics::new();
-        let runtime = crate::runtime::Runtime::build(settings, None, &workers, &metrics)?;
+        let runtime = crate::runtime::Runtime::build(settings, None, &workers, &metrics)
+            .map_err(|e| e.to_string())?;
         let source = format!(
             "from the config alone ({}): buckets are full, no bans, nothing in flight",
             config.display()

@@ -164,7 +164,7 @@ pub struct Asked {
 /// request.
 pub(crate) async fn explain(
     rt: &Runtime,
-    control: Option<&crate::control::Table>,
+    control: Option<&crate::control::InForce>,
     query: &Query,
     now_us: f64,
     source: String,
@@ -216,7 +216,7 @@ pub(crate) async fn explain(
 /// does (the same `Arrival`), with the operators' override of each and their ban in force.
 async fn limits(
     rt: &Runtime,
-    control: Option<&crate::control::Table>,
+    control: Option<&crate::control::InForce>,
     route: &Route,
     arrival: &identity::Arrival<'_>,
     at: &limit::At<'_>,

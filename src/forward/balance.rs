@@ -9,7 +9,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::health::Health;
-use crate::config::settings::Balance;
+use crate::config::settings::LoadBalancing;
 use crate::pool::{InFlight, Loads};
 
 /// One upstream's target choice.
@@ -22,10 +22,11 @@ pub struct Balancer {
 }
 
 impl Balancer {
-    pub fn new(policy: Balance, targets: usize) -> Self {
+    pub fn new(policy: LoadBalancing, targets: usize) -> Self {
         Self {
             next: AtomicUsize::new(0),
-            loads: (policy == Balance::LeastRequest && targets > 1).then(|| Loads::new(targets)),
+            loads: (policy == LoadBalancing::LeastRequest && targets > 1)
+                .then(|| Loads::new(targets)),
         }
     }
 
@@ -142,7 +143,7 @@ mod tests {
 
     #[test]
     fn round_robin_skips_ejected_targets() {
-        let (h, b) = (health(3), Balancer::new(Balance::RoundRobin, 3));
+        let (h, b) = (health(3), Balancer::new(LoadBalancing::RoundRobin, 3));
         h.failed(1, 0);
         let picks: Vec<usize> = (0..6).map(|_| b.pick(&h, 0, &[])).collect();
         assert_eq!(picks, [0, 2, 2, 0, 2, 2]);
@@ -150,7 +151,7 @@ mod tests {
 
     #[test]
     fn a_retry_goes_to_a_target_not_tried() {
-        let (h, b) = (health(3), Balancer::new(Balance::RoundRobin, 3));
+        let (h, b) = (health(3), Balancer::new(LoadBalancing::RoundRobin, 3));
         for _ in 0..3 {
             let second = b.pick(&h, 0, &[0]);
             assert_ne!(second, 0);
@@ -163,7 +164,7 @@ mod tests {
 
     #[test]
     fn with_every_target_out_the_first_back_is_picked() {
-        let (h, b) = (health(3), Balancer::new(Balance::RoundRobin, 3));
+        let (h, b) = (health(3), Balancer::new(LoadBalancing::RoundRobin, 3));
         h.failed(0, 0);
         h.failed(1, 5_000);
         h.failed(2, 2_000);
@@ -186,7 +187,7 @@ mod tests {
 
     #[test]
     fn least_request_takes_the_less_loaded_of_two() {
-        let (h, b) = (health(2), Balancer::new(Balance::LeastRequest, 2));
+        let (h, b) = (health(2), Balancer::new(LoadBalancing::LeastRequest, 2));
         let busy: Vec<InFlight> = (0..5).map(|_| b.enter(0).expect("counted")).collect();
         assert_eq!(b.in_flight(0), Some(5));
         for _ in 0..20 {
@@ -200,9 +201,11 @@ mod tests {
 
     #[test]
     fn round_robin_counts_nothing_in_flight() {
-        let b = Balancer::new(Balance::RoundRobin, 2);
+        let b = Balancer::new(LoadBalancing::RoundRobin, 2);
         assert!(b.enter(0).is_none());
-        assert!(Balancer::new(Balance::LeastRequest, 1).enter(0).is_none());
+        assert!(Balancer::new(LoadBalancing::LeastRequest, 1)
+            .enter(0)
+            .is_none());
     }
 
     #[test]

@@ -113,14 +113,14 @@ impl Drop for Slot {
 
 /// A slot in one of the two stores.
 #[derive(Debug)]
-enum Held {
+enum SlotHeld {
     Local(#[allow(dead_code)] Slot),
     Lease(#[allow(dead_code)] Lease),
 }
 
 /// The slots one request holds, given back when it is dropped.
 #[derive(Debug, Default)]
-pub struct Guard(Small<Held>);
+pub struct Guard(Small<SlotHeld>);
 
 impl Guard {
     /// Slots held.
@@ -182,12 +182,12 @@ pub async fn acquire(
             None => Some(
                 slots
                     .try_take(client, cap(spec.max))
-                    .map(|(s, n)| (Held::Local(s), n)),
+                    .map(|(s, n)| (SlotHeld::Local(s), n)),
             ),
             Some(r) => {
                 let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
                 match r.take_lease(leases, limit, client, cap(spec.max)).await {
-                    Ok(Taken::Slot(lease, n)) => Some(Ok((Held::Lease(lease), n))),
+                    Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::Lease(lease), n))),
                     Ok(Taken::Full(n)) => Some(Err(n)),
                     Err(_) => {
                         result.fallback = true;
@@ -202,7 +202,7 @@ pub async fn acquire(
                             FailurePolicy::Local => Some(
                                 slots
                                     .try_take(client, cap(spec.fallback))
-                                    .map(|(s, n)| (Held::Local(s), n)),
+                                    .map(|(s, n)| (SlotHeld::Local(s), n)),
                             ),
                         }
                     }

@@ -29,7 +29,7 @@ mod batch;
 mod breaker;
 mod cluster;
 mod conn;
-mod control;
+mod entries;
 mod failure;
 pub(crate) mod lease;
 mod link;

@@ -109,7 +109,7 @@ async fn decide(
 /// or the answer of a ban that refuses it (counted). One atomic load while there are none.
 pub(super) fn operators<'t>(
     state: &State,
-    table: Option<&'t crate::control::Table>,
+    table: Option<&'t crate::control::InForce>,
     view: &RequestView<'_>,
     route: &Route,
     trace: &mut Trace<'_>,

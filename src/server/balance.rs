@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 /// connection: an overloaded worker gets the same share of a core as an idle one, so its
 /// clients wait while CPU goes elsewhere.
 #[derive(Debug)]
-pub struct Balance {
+pub struct WorkerBalancer {
     /// By worker number.
     pub(super) workers: Vec<Share>,
 }
@@ -42,7 +42,7 @@ pub struct Handoff {
     pub(super) slot: OwnedSemaphorePermit,
 }
 
-impl Balance {
+impl WorkerBalancer {
     /// The balance of a listener served by `workers` workers, and each worker's inbox.
     pub fn new(
         workers: usize,
@@ -96,7 +96,7 @@ impl Balance {
 
 /// A connection counted as open on its worker until it ends.
 pub(super) struct Seat {
-    pub(super) balance: Arc<Balance>,
+    pub(super) balance: Arc<WorkerBalancer>,
     pub(super) worker: usize,
 }
 
@@ -109,7 +109,7 @@ impl Drop for Seat {
 /// Pass a connection worker `me` accepted to the worker serving fewest, if that is another
 /// one; `None`: it was passed. What comes back is this worker's to serve (already counted).
 pub(super) fn pass(
-    balance: &Balance,
+    balance: &WorkerBalancer,
     me: usize,
     stream: TcpStream,
     peer: SocketAddr,

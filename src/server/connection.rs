@@ -21,7 +21,7 @@ use super::balance::Seat;
 use super::request_line::LineGuard;
 use super::watchdog::{watchdog, AbortOnDrop, Activity, Command};
 use super::Builder;
-use crate::access_log::Logged;
+use crate::access_log::LoggedBody;
 use crate::config::settings::ListenerSettings;
 use crate::forward::Tunnel;
 use crate::io::ReadNoted;
@@ -144,7 +144,7 @@ impl Connection {
                     request.answered = true;
                     // In flight until the response body is sent: a long download is not idle.
                     Ok::<_, Infallible>(res.map(|body| Scoped {
-                        body: Logged::new(body, handled.access),
+                        body: LoggedBody::new(body, handled.access),
                         _slots: handled.slots,
                         request,
                         waiting: false,

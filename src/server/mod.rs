@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 pub use crate::config::settings::ListenerSettings;
 use crate::state::State;
 use balance::{pass, Seat};
-pub use balance::{Balance, Handoff};
+pub use balance::{Handoff, WorkerBalancer};
 use connection::Connection;
 
 type Builder = Arc<auto::Builder<TokioExecutor>>;
@@ -69,7 +69,7 @@ pub struct Listening {
     /// The listener's `max_connections`, shared by the workers serving it.
     pub slots: Arc<Semaphore>,
     /// How the listener's connections are spread over the workers, and this worker's number.
-    pub balance: Arc<Balance>,
+    pub balance: Arc<WorkerBalancer>,
     pub worker: usize,
     /// Connections other workers accepted and passed to this one.
     pub inbox: mpsc::UnboundedReceiver<Handoff>,

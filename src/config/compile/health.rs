@@ -8,7 +8,7 @@ use http::StatusCode;
 
 use super::{duration_or, Problems};
 use crate::config::file;
-use crate::config::settings::{Balance, CheckSpec, HealthSpec};
+use crate::config::settings::{CheckSpec, HealthSpec, LoadBalancing};
 
 /// `retries` when unset: enough to get past one dead target and one that just died, while a
 /// request that every target refuses still fails in a few connection attempts.
@@ -34,16 +34,16 @@ pub(super) fn resilience(
     u: &file::Upstream,
     path: &str,
     p: &mut Problems,
-) -> (Balance, u32, HealthSpec) {
+) -> (LoadBalancing, u32, HealthSpec) {
     let balance = match u.load_balancing.as_deref() {
-        None | Some("round_robin") => Balance::RoundRobin,
-        Some("least_request") => Balance::LeastRequest,
+        None | Some("round_robin") => LoadBalancing::RoundRobin,
+        Some("least_request") => LoadBalancing::LeastRequest,
         Some(other) => {
             p.add(
                 format!("{path}.load_balancing"),
                 format!("`{other}` is not a load-balancing policy (round_robin or least_request)"),
             );
-            Balance::RoundRobin
+            LoadBalancing::RoundRobin
         }
     };
     let retries = u.retries.unwrap_or(DEFAULT_RETRIES);
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn defaults_balance_round_robin_retry_twice_and_eject_after_three() {
         let u = upstream("");
-        assert_eq!((u.balance, u.retries), (Balance::RoundRobin, 2));
+        assert_eq!((u.balance, u.retries), (LoadBalancing::RoundRobin, 2));
         assert_eq!(
             u.health,
             HealthSpec {
@@ -192,7 +192,7 @@ mod tests {
         let u = upstream(
             "    load_balancing: least_request\n    health:\n      failure_statuses: [504, 502, 504]\n      check: { path: /healthz?deep=1, interval: 300ms }\n",
         );
-        assert_eq!(u.balance, Balance::LeastRequest);
+        assert_eq!(u.balance, LoadBalancing::LeastRequest);
         assert_eq!(
             u.health.failure_statuses,
             [StatusCode::BAD_GATEWAY, StatusCode::GATEWAY_TIMEOUT],
