@@ -63,7 +63,13 @@ pub struct BinaryProxy {
     child: Child,
     addrs: Vec<SocketAddr>,
     log: Arc<Log>,
-    config: tempfile::TempPath,
+    config: ConfigFile,
+}
+
+/// The config the binary runs on: a temporary file of the harness's, or a path of the test's.
+enum ConfigFile {
+    Temp(tempfile::TempPath),
+    At(std::path::PathBuf),
 }
 
 impl BinaryProxy {
@@ -87,10 +93,20 @@ impl BinaryProxy {
             .tempfile()
             .expect("create a temporary config file");
         file.write_all(yaml.as_bytes()).expect("write the config");
-        let config = file.into_temp_path();
+        Self::spawn(ConfigFile::Temp(file.into_temp_path()), yaml, args, env)
+    }
+
+    /// `start` on a config file of the test's own (a directory it edits for reload tests),
+    /// left in place when the proxy stops.
+    pub fn start_at(config: &Path) -> Self {
+        let yaml = std::fs::read_to_string(config).unwrap_or_default();
+        Self::spawn(ConfigFile::At(config.to_path_buf()), &yaml, &[], &[])
+    }
+
+    fn spawn(config: ConfigFile, yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(BIN)
             .args(["run", "--config"])
-            .arg(&*config)
+            .arg(config.path())
             .args(["--log-level", "info"])
             .args(args)
             .env_remove("TOLLGATE_CONFIG")
@@ -160,7 +176,7 @@ impl BinaryProxy {
 
     /// The config file the proxy runs with (for reload tests: rewrite it in place).
     pub fn config_path(&self) -> &Path {
-        &self.config
+        self.config.path()
     }
 
     /// Every stderr line so far.
@@ -281,4 +297,13 @@ pub fn run_cli(args: &[&str]) -> Output {
 /// `tollgate check --config PATH` (PATH relative to the repository root).
 pub fn check(path: &str) -> Output {
     run_cli(&["check", "--config", path])
+}
+
+impl ConfigFile {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Temp(t) => t,
+            Self::At(p) => p,
+        }
+    }
 }

@@ -12,11 +12,8 @@
 use crate::common;
 
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{config, BinaryProxy, Http, Reply, TestProxy};
@@ -143,100 +140,6 @@ fn sample(scrape: &str, series: &str) -> Option<u64> {
     })
 }
 
-/// The binary on a config path chosen by the test; its stderr lines collected. Killed on drop.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn start(config: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["run", "--config"])
-            .arg(config)
-            .args(["--log-level", "info"])
-            .env_remove("TOLLGATE_CONFIG")
-            .env_remove("TOLLGATE_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the tollgate binary");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let proc = Self { child, lines };
-        assert!(
-            proc.wait_for_log("tollgate started", Duration::from_secs(10)),
-            "tollgate did not start: {:#?}",
-            proc.logs()
-        );
-        proc
-    }
-
-    fn logs(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    /// Poll the collected lines for `needle` until `timeout`.
-    fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.logs().iter().any(|l| l.contains(needle)) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// The address logged after `marker` (`listening address=`, `admin endpoints address=`).
-    fn addr_after(&self, marker: &str) -> SocketAddr {
-        logged_addr(&self.logs(), marker)
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr_after("listening address="))
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-    }
-}
-
-impl Logs for Proc {
-    fn lines(&self) -> Vec<String> {
-        self.logs()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn logged_addr(lines: &[String], marker: &str) -> SocketAddr {
-    common::proxy::logged_addrs(lines, marker)
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| panic!("no `{marker}` in the logs: {lines:#?}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_place_edit_changes_the_limit_live() {
     bounded(async {
@@ -330,7 +233,7 @@ impl ConfigMap {
 async fn a_configmap_symlink_swap_reloads() {
     bounded(async {
         let mut map = ConfigMap::new(&answering("v1", 2));
-        let proxy = Proc::start(&map.path());
+        let proxy = BinaryProxy::start_at(&map.path());
         let url = proxy.url("/");
         assert_eq!(Http::new().get(&url).await.text(), "v1\n");
 
@@ -375,12 +278,9 @@ async fn an_invalid_edit_keeps_the_old_config_serving_and_is_counted() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("tollgate.yaml");
         std::fs::write(&path, with_admin("old", "1/min")).expect("write the config");
-        let proxy = Proc::start(&path);
+        let proxy = BinaryProxy::start_at(&path);
         let url = proxy.url("/");
-        let metrics = format!(
-            "http://{}/metrics",
-            proxy.addr_after("admin endpoints address=")
-        );
+        let metrics = format!("http://{}/metrics", proxy.admin_addr());
         let http = Http::new();
         let r = http.get(&url).await;
         assert_eq!((r.code(), r.text()), (200, "old\n"));
@@ -482,7 +382,7 @@ async fn sighup_reloads() {
         std::fs::write(&real, answering("v1", 2)).expect("write the config");
         let path = watched.path().join("tollgate.yaml");
         std::os::unix::fs::symlink(&real, &path).expect("link the config");
-        let proxy = Proc::start(&path);
+        let proxy = BinaryProxy::start_at(&path);
         let url = proxy.url("/");
         assert_eq!(Http::new().get(&url).await.text(), "v1\n");
 
