@@ -33,14 +33,14 @@ fn evaluate(c: &mut Criterion) {
     c.bench_function("candidate evaluate, 2 limits (ip + global)", |b| {
         b.iter(|| {
             let arrival = Arrival::of(black_box(&hit), ip);
-            candidate.evaluate(&arrival, clock.now_us(), &mut slots);
+            candidate.evaluate(&arrival, clock.now(), &mut slots);
         });
     });
     let miss = http::Request::get("/static/app.js").body(()).unwrap();
     c.bench_function("candidate evaluate, no candidate route", |b| {
         b.iter(|| {
             let arrival = Arrival::of(black_box(&miss), ip);
-            candidate.evaluate(&arrival, clock.now_us(), &mut slots);
+            candidate.evaluate(&arrival, clock.now(), &mut slots);
         });
     });
 }

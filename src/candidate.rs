@@ -20,7 +20,7 @@ use futures_util::FutureExt as _;
 use crate::config::settings::{Backend, LimitSpec, Settings};
 use crate::identity::{Arrival, RequestView};
 use crate::limiter::concurrency::{self, Guard};
-use crate::limiter::{self, Decision, Limit, Outcome};
+use crate::limiter::{self, Decision, Limit, Moment, Outcome};
 use crate::metrics::{CandidateCounters, CandidateOutcome, Metrics};
 use crate::sharded;
 
@@ -139,7 +139,7 @@ impl Candidate {
     /// Decide the request (already screened; `arrival`, as the live config read it: its
     /// client through the live `trusted_proxies`) against the candidate and count the outcome.
     /// Its concurrency slots join `slots`, the request's, to be held as long as it lives.
-    pub fn evaluate(&self, arrival: &Arrival<'_>, now_us: f64, slots: &mut Guard) {
+    pub fn evaluate(&self, arrival: &Arrival<'_>, now: Moment, slots: &mut Guard) {
         let Some(route) = self
             .settings
             .table
@@ -156,7 +156,7 @@ impl Candidate {
         decide(
             route,
             &arrival.view(route.fold_path, jwt.as_ref()),
-            now_us,
+            now,
             slots,
         );
     }
@@ -166,7 +166,7 @@ impl Candidate {
 /// concurrency slots first (they join `slots`), then the rate limits. The in-process store never
 /// waits: each future is ready on its first poll. Nothing is returned, so the decision is not
 /// copied out.
-fn decide(route: &Route, view: &RequestView<'_>, now_us: f64, slots: &mut Guard) {
+fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard) {
     let limits = &route.limits[..];
     if concurrency::any(limits) {
         let (held, taken) = concurrency::acquire(None, limits, view)
@@ -179,7 +179,7 @@ fn decide(route: &Route, view: &RequestView<'_>, now_us: f64, slots: &mut Guard)
             results: taken.into_iter().collect(),
         };
         if !refused {
-            let rates = limiter::decide(None, None, limits, view, now_us).now_or_never();
+            let rates = limiter::decide(None, None, limits, view, now).now_or_never();
             decision.results.extend(rates.unwrap_or_default().results);
         }
         route.counters.decided(&decision);
@@ -189,7 +189,7 @@ fn decide(route: &Route, view: &RequestView<'_>, now_us: f64, slots: &mut Guard)
         }
         return;
     }
-    if let Some(decision) = limiter::decide(None, None, limits, view, now_us).now_or_never() {
+    if let Some(decision) = limiter::decide(None, None, limits, view, now).now_or_never() {
         route.counters.decided(&decision);
     }
 }
@@ -226,7 +226,11 @@ mod tests {
         let mut slots = Guard::default();
         for path in ["/api/a", "/api/b", "/api/c", "/other"] {
             let req = http::Request::get(path).body(()).unwrap();
-            candidate.evaluate(&crate::identity::Arrival::of(&req, ip), 0.0, &mut slots);
+            candidate.evaluate(
+                &crate::identity::Arrival::of(&req, ip),
+                Moment(0.0),
+                &mut slots,
+            );
         }
         let counts: Vec<(String, String, CandidateOutcome, u64)> = (candidate.decisions())
             .into_iter()

@@ -155,7 +155,7 @@ async fn explain(state: &State, call: &Call) -> Response<Body> {
         "the running proxy (config generation {})",
         *state.generation.borrow()
     );
-    let now = state.clock.now_us();
+    let now = state.clock.now();
     let control = state.control.active();
     match crate::explain::explain(&runtime, control.as_deref(), &query, now, source).await {
         Ok(e) => json_response(StatusCode::OK, &e),

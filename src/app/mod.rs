@@ -210,7 +210,7 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
             _ = every.tick() => {}
         }
         let runtime = state.runtime.load_full();
-        let now = state.clock.now_us();
+        let now = state.clock.now().us();
         let mut forgotten = 0;
         for limit in runtime.limits() {
             forgotten += limit.local.sweep(now);

@@ -159,14 +159,14 @@ pub struct Asked {
     pub headers: Vec<String>,
 }
 
-/// Explain `query` against `rt` at `now_us` (the proxy's clock, as its buckets count), in Redis
+/// Explain `query` against `rt` at `now` (the proxy's clock, as its buckets count), in Redis
 /// when `rt` has it. `source` says whose state it is. An error is a query that describes no
 /// request.
 pub(crate) async fn explain(
     rt: &Runtime,
     control: Option<&crate::control::InForce>,
     query: &Query,
-    now_us: f64,
+    now: crate::limiter::Moment,
     source: String,
 ) -> Result<Explanation, String> {
     let (mut req, peer) = query.request()?;
@@ -198,7 +198,7 @@ pub(crate) async fn explain(
     out.request.client_ip = Some(client_ip.to_string());
     let at = limit::At {
         redis: rt.redis.as_deref(),
-        now_us,
+        now_us: now.us(),
         peer: crate::limiter::local::Peer::of(client_ip),
     };
     let arrival = identity::Arrival::of(&req, client_ip);

@@ -8,7 +8,8 @@ use futures_util::FutureExt as _;
 use super::redis::RedisLimiter;
 use super::store::{Answer, Asked, Local, Shared, Store};
 use super::{
-    local, Check, Decision, FailurePolicy, Limit, LimitResult, Outcome, Rate, Small, Verdict,
+    local, Check, Decision, FailurePolicy, Limit, LimitResult, Moment, Outcome, Rate, Small,
+    Verdict,
 };
 use crate::identity::{ClientId, RequestView};
 
@@ -34,7 +35,7 @@ pub async fn decide(
     worker: Option<usize>,
     limits: &[Arc<Limit>],
     view: &RequestView<'_>,
-    now: f64,
+    now: Moment,
 ) -> Decision {
     decide_tuned(redis, worker, limits, view, now, &[]).await
 }
@@ -46,7 +47,7 @@ pub async fn decide_tuned(
     worker: Option<usize>,
     limits: &[Arc<Limit>],
     view: &RequestView<'_>,
-    now: f64,
+    now: Moment,
     tuned: &[Option<&Tuning>],
 ) -> Decision {
     let mut results = smallvec::SmallVec::with_capacity(limits.len());
@@ -115,7 +116,7 @@ pub fn decide_known(
     limits: &[Arc<Limit>],
     clients: &[Option<ClientId>],
     peer: local::Peer,
-    now: f64,
+    now: Moment,
 ) -> Decision {
     let mut results = smallvec::SmallVec::with_capacity(limits.len());
     let mut checks: Small<Check<'_>> = Small::new();

@@ -59,14 +59,14 @@ impl Clock {
         }
     }
 
-    /// Microseconds since this clock was made.
-    pub fn now_us(&self) -> f64 {
-        self.at_us(Instant::now())
+    /// Now on this clock.
+    pub fn now(&self) -> super::Moment {
+        self.at(Instant::now())
     }
 
-    /// `at` on this clock, in microseconds (for a caller that has just read the time).
-    pub fn at_us(&self, at: Instant) -> f64 {
-        at.saturating_duration_since(self.origin).as_secs_f64() * 1e6
+    /// `at` on this clock (for a caller that has just read the time).
+    pub fn at(&self, at: Instant) -> super::Moment {
+        super::Moment(at.saturating_duration_since(self.origin).as_secs_f64() * 1e6)
     }
 }
 

@@ -141,6 +141,19 @@ impl Limit {
     }
 }
 
+/// A time on the limiter's clock (or, for quotas and replays, the wall clock), in
+/// microseconds. The bucket arithmetic and the Redis scripts work in `f64` microseconds; the
+/// type keeps a time from being passed where a duration or a count is meant.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
+pub struct Moment(pub f64);
+
+impl Moment {
+    /// Microseconds since the clock's origin (the Unix epoch for the wall clock).
+    pub fn us(self) -> f64 {
+        self.0
+    }
+}
+
 /// One bucket to check for one request: a limit and the identity it is counted under.
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {

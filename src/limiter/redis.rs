@@ -255,7 +255,7 @@ impl RedisLimiter {
         let buckets = self.buckets(checks, enforced, tuned);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
         let sent = Instant::now();
-        let sent_us = self.clock.at_us(sent);
+        let sent_us = self.clock.at(sent).us();
         if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
             tracing::trace!("rejected from the negative cache, without asking Redis");
@@ -296,7 +296,7 @@ impl RedisLimiter {
                 Ok((reply.verdicts, reply.bans))
             }
             Err(failure) => {
-                let now_us = self.clock.now_us() as u64;
+                let now_us = self.clock.now().us() as u64;
                 match failure.slot {
                     // One slot of several failed: only its range's breaker counts it.
                     Some(slot) => self.breakers[self.breaker_index(slot)].failure(now_us),
@@ -383,7 +383,7 @@ impl RedisLimiter {
         if failure.kind == Unavailable::Timeout {
             bump(&self.counters.timeouts);
         }
-        if let Some(held_back) = self.log_gate.open(self.clock.now_us() as u64) {
+        if let Some(held_back) = self.log_gate.open(self.clock.now().us() as u64) {
             tracing::warn!(
                 reason = %failure.kind,
                 detail = %failure.detail,

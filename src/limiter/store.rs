@@ -10,7 +10,7 @@ use std::future::Future;
 
 use super::ban::BanEvent;
 use super::redis::{RedisLimiter, Unavailable};
-use super::{local, quota, Check, Small, Tuning, Verdict};
+use super::{local, quota, Check, Moment, Small, Tuning, Verdict};
 use crate::config::settings::Rate;
 
 /// One request's checks as a store is asked them: aligned slices, one entry per bucket.
@@ -24,10 +24,10 @@ pub struct Asked<'a> {
     pub tuned: &'a [Option<&'a Tuning>],
     /// Who minted a new in-process bucket: the exhaustion policy caps buckets per peer.
     pub peer: local::Peer,
-    /// The in-process clock, microseconds.
-    pub now: f64,
+    /// Now on the in-process clock.
+    pub now: Moment,
     /// The wall-clock time quotas count in, when the caller knows it (a replay); else read.
-    pub wall: Option<f64>,
+    pub wall: Option<Moment>,
 }
 
 /// A store's answer: per check its verdict (`None`: not asked, an earlier ban refused the
@@ -93,7 +93,7 @@ impl Local {
             let Some(bans) = &c.limit.bans else {
                 continue;
             };
-            let (left, event) = bans.banned(c.client, asked.now);
+            let (left, event) = bans.banned(c.client, asked.now.us());
             answer.bans[i] = event;
             if let Some(left) = left {
                 answer.verdicts[i] = Some(Verdict {
@@ -113,7 +113,7 @@ impl Local {
         // Quotas count in calendar windows, on the wall clock (read once, and only for them).
         let wall = (asked.checks.iter())
             .any(|c| c.limit.quota.is_some())
-            .then(|| asked.wall.unwrap_or_else(local::wall_us));
+            .then(|| asked.wall.map_or_else(local::wall_us, Moment::us));
         let items: Small<local::Item<'_>> = (asked.checks.iter())
             .enumerate()
             .map(|(i, c)| {
@@ -137,7 +137,7 @@ impl Local {
                 }
             })
             .collect();
-        local::check(&items, asked.enforced, asked.now)
+        local::check(&items, asked.enforced, asked.now.us())
     }
 
     fn rate<'a>(self, c: &Check<'a>, tuning: Option<&'a Tuning>) -> &'a Rate {
@@ -160,7 +160,7 @@ fn strikes(asked: Asked<'_>, answer: &mut Answer) {
         if !rejected || c.limit.shadow {
             continue;
         }
-        let event = bans.strike(c.client, asked.now);
+        let event = bans.strike(c.client, asked.now.us());
         if let BanEvent::Started(length) = event {
             answer.bans[i] = event;
             if let Some(v) = &mut answer.verdicts[i] {

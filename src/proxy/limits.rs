@@ -23,12 +23,12 @@ pub(super) async fn limits(
     asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
     started: Instant,
     trace: &mut Trace<'_>,
-) -> f64 {
+) -> limiter::Moment {
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let sent = redis.is_some().then(Instant::now);
-    let now_us = state.clock.at_us(sent.unwrap_or(started));
-    let decision = decide(conn, route, asked, now_us, &mut trace.slots, rt).await;
+    let now = state.clock.at(sent.unwrap_or(started));
+    let decision = decide(conn, route, asked, now, &mut trace.slots, rt).await;
     if let (Some(sent), false) = (sent, route.limits.is_empty()) {
         let took = sent.elapsed().as_secs_f64();
         state.metrics.backend_seconds.observe(took);
@@ -38,7 +38,7 @@ pub(super) async fn limits(
     if !route.logged_keys.is_empty() && access_log::json() {
         trace.keys = route.logged_keys.digests(asked.0);
     }
-    now_us
+    now
 }
 
 /// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
@@ -67,11 +67,11 @@ pub(super) fn refusal(
 pub(super) fn beside(
     rt: &Runtime,
     arrival: &Arrival<'_>,
-    now_us: f64,
+    now: limiter::Moment,
     slots: &mut limiter::concurrency::Guard,
 ) {
     if let Some(c) = &rt.candidate {
-        c.evaluate(arrival, now_us, slots);
+        c.evaluate(arrival, now, slots);
     }
 }
 
@@ -81,7 +81,7 @@ async fn decide(
     conn: &ClientConn,
     route: &Route,
     (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    now_us: f64,
+    now: limiter::Moment,
     slots: &mut limiter::concurrency::Guard,
     rt: &Runtime,
 ) -> limiter::Decision {
@@ -99,8 +99,7 @@ async fn decide(
             results: taken.into_iter().collect(),
         };
     }
-    let mut d =
-        limiter::decide_tuned(redis, Some(worker), &route.limits, view, now_us, tuned).await;
+    let mut d = limiter::decide_tuned(redis, Some(worker), &route.limits, view, now, tuned).await;
     d.results.extend(taken);
     d
 }

@@ -195,8 +195,8 @@ async fn pipeline<'a>(
         Ok(tuned) => tuned,
         Err(refused) => return Ok(*refused),
     };
-    let now_us = limits(state, rt, conn, route, (&view, &tuned), started, trace).await;
-    beside(rt, &arrival, now_us, &mut trace.slots);
+    let now = limits(state, rt, conn, route, (&view, &tuned), started, trace).await;
+    beside(rt, &arrival, now, &mut trace.slots);
     let decision = trace.decision.as_ref().expect("decided above");
     if let Some(refused) = refusal(route, decision, rt.settings.headers) {
         // Refused by a rate limit: its concurrency slots are given back at once.
@@ -235,7 +235,7 @@ fn route<'a, B: http_body::Body>(
         if let Some(c) = &rt.candidate {
             let client_ip = client_ip(&rt.settings, conn, req);
             let arrival = Arrival::of(req, client_ip);
-            c.evaluate(&arrival, state.clock.at_us(started), &mut trace.slots);
+            c.evaluate(&arrival, state.clock.at(started), &mut trace.slots);
         }
         return Err(ProxyError::NoRoute);
     };

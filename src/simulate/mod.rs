@@ -322,7 +322,12 @@ fn decide(limits: &[Arc<Limit>], known: &Known<'_>, stats: &mut RouteStats) -> b
         return false;
     }
     let peer = local::Peer::of(rec.client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()));
-    let decision = limiter::decide_known(limits, &clients, peer, rec.arrival_us as f64);
+    let decision = limiter::decide_known(
+        limits,
+        &clients,
+        peer,
+        limiter::Moment(rec.arrival_us as f64),
+    );
     count(limits, known, &decision, &alts, stats);
     true
 }

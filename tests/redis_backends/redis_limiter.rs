@@ -33,7 +33,7 @@ fn local_one(lim: &Limit, client: u128, clock: &Clock) -> Verdict {
         cost: lim.cost,
         window: None,
     };
-    local::check(&[item], &[true], clock.now_us())[0]
+    local::check(&[item], &[true], clock.now().us())[0]
 }
 
 /// Step both backends through the same arrivals; their verdicts must agree.

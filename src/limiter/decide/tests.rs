@@ -11,7 +11,7 @@ use crate::identity::ClientId;
 use crate::limiter::ban::BanEvent;
 use crate::limiter::redis::Unavailable;
 use crate::limiter::store::{Answer, Asked, Local, Store};
-use crate::limiter::{local, Check, Limit, LimitResult, Outcome, Small, Verdict};
+use crate::limiter::{local, Check, Limit, LimitResult, Moment, Outcome, Small, Verdict};
 
 /// A store that cannot answer (Redis down, breaker open, timed out).
 struct Failing(Unavailable);
@@ -83,7 +83,7 @@ fn decide(store: &impl Store, limits: &[Arc<Limit>], who: u128, now: f64) -> Sma
         enforced: &enforced,
         tuned: &[],
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
-        now,
+        now: Moment(now),
         wall: None,
     };
     settle(&mut results, store, asked)
@@ -206,7 +206,7 @@ fn exempt_limits_are_not_asked_of_any_store() {
         enforced: &[],
         tuned: &[],
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
-        now: 0.0,
+        now: Moment(0.0),
         wall: None,
     };
     settle(&mut results, &Failing(Unavailable::Error), asked)

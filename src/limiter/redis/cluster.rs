@@ -197,7 +197,7 @@ fn refunded<'k, T>(
         Ok(_) => negative.forget(keys),
         Err(detail) => {
             bump(&counters.refund_failures);
-            if let Some(held_back) = log_gate.open(clock.now_us() as u64) {
+            if let Some(held_back) = log_gate.open(clock.now().us() as u64) {
                 tracing::warn!(
                     %detail,
                     similar_since_last = held_back,
