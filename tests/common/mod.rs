@@ -50,3 +50,21 @@ pub fn find_sample<T: std::str::FromStr>(scrape: &str, series: &str) -> Option<T
             .ok()
     })
 }
+
+/// Poll `condition` every 10 ms until it holds (true) or `timeout` passes (false): what a test
+/// waits on instead of sleeping for a guessed time.
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    timeout: std::time::Duration,
+    mut condition: impl FnMut() -> F,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -151,9 +151,20 @@ async fn slow_uploaders(proxy: SocketAddr, n: usize) -> Vec<tokio::task::JoinHan
 #[tokio::test]
 async fn slow_uploaders_do_not_pin_the_backend_threads() {
     let backend = LegacyBackend::start(2, Speaks::Http11);
-    let proxy = TestProxy::start(&yaml(backend.addr, "{ request: true }"));
+    let admin = "admin: { address: 127.0.0.1:0 }\n";
+    let proxy = TestProxy::start(&format!(
+        "{}{admin}",
+        yaml(backend.addr, "{ request: true }")
+    ));
     let uploads = slow_uploaders(proxy.addr(), 4).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The four uploads are under way at the proxy before the GETs go.
+    let open = || async {
+        common::find_sample::<u64>(&proxy.scrape().await, "tollgate_open_connections") == Some(4)
+    };
+    assert!(
+        common::eventually(Duration::from_secs(5), open).await,
+        "4 uploads connected"
+    );
     let http = Http::new();
     for _ in 0..4 {
         let r = http.get(&proxy.url("/")).await;
@@ -179,7 +190,11 @@ async fn without_request_buffering_slow_uploaders_pin_the_backend() {
     let backend = LegacyBackend::start(2, Speaks::Http11);
     let proxy = TestProxy::start(&yaml(backend.addr, "{ request: false }"));
     let _uploads = slow_uploaders(proxy.addr(), 4).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pinned = || async { backend.heads().len() >= 2 };
+    assert!(
+        common::eventually(Duration::from_secs(5), pinned).await,
+        "uploads reached the backend"
+    );
     let r = Http::new().get(&proxy.url("/")).await;
     assert_eq!(r.code(), 504, "both backend threads wait on uploads");
 }
@@ -222,7 +237,11 @@ async fn without_response_buffering_non_readers_hold_the_backend() {
     let backend = LegacyBackend::start(2, Speaks::Http11);
     let proxy = TestProxy::start(&yaml(backend.addr, "{ response: false }"));
     let _held = non_readers(proxy.addr(), 2, "/huge").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stuck = || async { backend.heads().len() >= 2 };
+    assert!(
+        common::eventually(Duration::from_secs(5), stuck).await,
+        "both downloads started"
+    );
     let r = Http::new().get(&proxy.url("/")).await;
     assert_eq!(r.code(), 504, "both backend threads are stuck writing");
 }

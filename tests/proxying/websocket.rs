@@ -152,7 +152,10 @@ async fn an_open_tunnel_keeps_its_connection_slot_and_is_drained() {
     // SIGTERM: the tunnel still works while the drain waits for it, and is cut at the timeout.
     let sent = std::time::Instant::now();
     proxy.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        proxy.wait_for_log("shutting down", Duration::from_secs(5)),
+        "the drain began"
+    );
     let during_drain = "the tunnel answers during the drain";
     echo(&mut tunnel, b"still", Duration::from_secs(2), during_drain).await;
     let status = proxy
