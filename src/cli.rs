@@ -55,6 +55,10 @@ pub struct RunArgs {
     /// Access-log format: text or json [default: the --log-format].
     #[arg(long, env = "TOLLGATE_ACCESS_LOG_FORMAT")]
     pub access_log_format: Option<LogFormat>,
+    /// Once serving, write the bound addresses to this file (`listener ADDR` and `admin ADDR`
+    /// lines), for supervisors and tests that bind port 0 (as Envoy's --admin-address-path).
+    #[arg(long, env = "TOLLGATE_ADDRESS_FILE")]
+    pub address_file: Option<std::path::PathBuf>,
 }
 
 /// `RunArgs` with every value decided.
@@ -64,6 +68,7 @@ pub struct RunOptions {
     pub log_format: LogFormat,
     pub access_log: crate::access_log::Destination,
     pub access_log_format: LogFormat,
+    pub address_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Command {
@@ -93,6 +98,7 @@ impl RunArgs {
                 .access_log_format
                 .or(outer.access_log_format)
                 .unwrap_or(log_format),
+            address_file: self.address_file.or(outer.address_file),
         }
     }
 }

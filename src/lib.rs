@@ -18,8 +18,9 @@
 //! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `request_id`, `access_log`:
 //!   leaves. Request-path errors; bodies held in memory and temporary files (request
 //!   buffering, response read-ahead); request bodies with their limits; the client address and
-//!   the identity digest a limit counts under (`identity::jwt`: claims of a verified bearer
-//!   JWT); rustls configs; the PROXY header; per-thread counters; socket wrappers; the worker
+//!   the identity digest a limit counts under (`identity::Arrival`: one request's parts, made
+//!   once and read by the live limits, the candidate's and `explain`; `identity::jwt`: claims
+//!   of a verified bearer JWT); rustls configs; the PROXY header; per-thread counters; socket wrappers; the worker
 //!   set; request screening (`host`: Host and `:authority` validated and canonicalised,
 //!   `path`: the path normalised and the spellings backends read differently refused); the
 //!   container health probe; one log line a second for a failure that repeats; the
@@ -30,7 +31,8 @@
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
 //! - `limiter`, `pool`, `forward`, `metrics`, `response`: token-bucket arithmetic, calendar
 //!   quotas (`quota`) and escalating bans (`ban`), the per-request `Decision`, the in-process
-//!   and Redis stores, a read-only look at one identity's state (`peek`), slots of requests in
+//!   and Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
+//!   read-only look at one identity's state (`peek`), slots of requests in
 //!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
 //!   the response body carries; keep-alive upstream connections; target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming,
@@ -43,7 +45,9 @@
 //! - `control`: operators' bans and overrides from the admin API, enforced on every replica
 //!   (kept in Redis and polled with `backend: redis`, in memory otherwise).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
-//! - `proxy`: one request through the stages, errors turned into responses in one place.
+//! - `proxy`: one request through the stages (`pipeline` lists them; `proxy::limits` and
+//!   `proxy::upstream` hold the limit and forwarding stages), errors turned into responses in
+//!   one place.
 //! - `explain`: what the stages would do with a request now, read without counting it
 //!   (`limiter::peek`), for the admin API and `tollgate explain`.
 //! - `server`, `admin`, `reload`: accept and balance, the connection, the request-line watch

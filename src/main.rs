@@ -95,7 +95,7 @@ fn run(config: &std::path::Path, opts: &RunOptions) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return failed(opts, &format!("cannot start the runtime: {e}")),
     };
-    match runtime.block_on(tollgate::app::run(config)) {
+    match runtime.block_on(tollgate::app::run(config, opts.address_file.as_deref())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => failed(opts, &e.to_string()),
     }

@@ -26,6 +26,11 @@ pub enum StartError {
     Build(#[from] crate::runtime::BuildError),
     #[error("cannot start a worker thread: {0}")]
     Worker(std::io::Error),
+    #[error("cannot write the address file {}: {source}", path.display())]
+    AddressFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: std::net::SocketAddr,
@@ -64,14 +69,35 @@ pub struct Running {
 }
 
 impl Running {
+    /// `listener ADDR` per proxy listener, then `admin ADDR`, one per line, written whole (a
+    /// temporary file renamed into place): a reader sees the old file or the whole new one.
+    pub fn write_addresses(&self, file: &Path) -> Result<(), StartError> {
+        use std::fmt::Write as _;
+        let mut text = String::new();
+        for a in &self.listeners {
+            let _ = writeln!(text, "listener {a}");
+        }
+        if let Some(a) = self.admin {
+            let _ = writeln!(text, "admin {a}");
+        }
+        let failed = |source| StartError::AddressFile {
+            path: file.to_path_buf(),
+            source,
+        };
+        let partial = file.with_extension("partial");
+        std::fs::write(&partial, text).map_err(failed)?;
+        std::fs::rename(&partial, file).map_err(failed)
+    }
+
     /// Wait until the proxy has stopped: the shutdown future resolved and the drain is over.
     pub async fn stopped(self) {
         let _ = self.stopped.await;
     }
 }
 
-/// Run the proxy with the config at `path` until SIGTERM or SIGINT.
-pub async fn run(path: &Path) -> Result<(), StartError> {
+/// Run the proxy with the config at `path` until SIGTERM or SIGINT; once it serves, write the
+/// bound addresses to `address_file` if given.
+pub async fn run(path: &Path, address_file: Option<&Path>) -> Result<(), StartError> {
     // Signal handlers go in before the first "listening" line, so that nobody who saw it can
     // kill the process with a SIGHUP or SIGTERM meant for it.
     let shutdown = shutdown_signal();
@@ -80,7 +106,11 @@ pub async fn run(path: &Path) -> Result<(), StartError> {
         sighup: true,
         ..Options::default()
     };
-    start(path, options, shutdown).await?.stopped().await;
+    let running = start(path, options, shutdown).await?;
+    if let Some(file) = address_file {
+        running.write_addresses(file)?;
+    }
+    running.stopped().await;
     Ok(())
 }
 

@@ -14,15 +14,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 /// How long the binary may take to bind its listeners.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The log marker `app::run` writes once per bound listener.
-const LISTENING: &str = "listening address=";
-
-/// The same marker with `--log-format json`, the address in the `address` field after it.
-const LISTENING_JSON: &str = r#""message":"listening""#;
-
-/// The log marker `app::run` writes for the admin listener.
-const ADMIN: &str = "admin endpoints address=";
-
 /// The stderr lines of a child, shared with the thread that reads them.
 #[derive(Default)]
 struct Log {
@@ -62,7 +53,10 @@ impl Log {
 pub struct BinaryProxy {
     child: Child,
     addrs: Vec<SocketAddr>,
+    admin: Option<SocketAddr>,
     log: Arc<Log>,
+    /// Holds the address file (`--address-file`) the binary writes once it serves.
+    _run_dir: tempfile::TempDir,
     config: ConfigFile,
 }
 
@@ -104,10 +98,13 @@ impl BinaryProxy {
     }
 
     fn spawn(config: ConfigFile, yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let run_dir = tempfile::tempdir().expect("a temporary directory");
+        let address_file = run_dir.path().join("addresses");
         let mut child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config.path())
-            .args(["--log-level", "info"])
+            .args(["--log-level", "info", "--address-file"])
+            .arg(&address_file)
             .args(args)
             .env_remove("TOLLGATE_CONFIG")
             .env_remove("TOLLGATE_LOG")
@@ -135,23 +132,23 @@ impl BinaryProxy {
         let mut proxy = Self {
             child,
             addrs: Vec::new(),
+            admin: None,
             log,
             config,
+            _run_dir: run_dir,
         };
-        let bound = proxy.log.wait_until(START_TIMEOUT, |lines| {
-            lines
-                .iter()
-                .any(|l| l.contains(LISTENING) || l.contains(LISTENING_JSON))
-        });
-        if !bound {
-            let _ = proxy.child.kill();
-            panic!(
-                "tollgate did not report a listening address within {START_TIMEOUT:?}; \
-                 its stderr:\n{}\nconfig:\n{yaml}",
-                proxy.log.snapshot().join("\n")
-            );
+        let deadline = Instant::now() + START_TIMEOUT;
+        match ready(&address_file, &proxy.log, deadline) {
+            Some((addrs, admin)) => (proxy.addrs, proxy.admin) = (addrs, admin),
+            None => {
+                let _ = proxy.child.kill();
+                panic!(
+                    "tollgate was not serving within {START_TIMEOUT:?} (no address file, or \
+                     its admin /healthz did not answer); its stderr:\n{}\nconfig:\n{yaml}",
+                    proxy.log.snapshot().join("\n")
+                );
+            }
         }
-        proxy.addrs = listening_addrs(&proxy.log.snapshot());
         proxy
     }
 
@@ -184,17 +181,9 @@ impl BinaryProxy {
         self.log.snapshot()
     }
 
-    /// The admin listener's address, from its log line (waited for up to 5 s).
+    /// The admin listener's address.
     pub fn admin_addr(&self) -> SocketAddr {
-        assert!(
-            self.wait_for_log(ADMIN, Duration::from_secs(5)),
-            "no admin listener logged: {:#?}",
-            self.logs()
-        );
-        logged_addrs(&self.logs(), ADMIN)
-            .into_iter()
-            .next()
-            .expect("an address after the marker")
+        self.admin.expect("the config has an admin listener")
     }
 
     /// Wait until a stderr line contains `needle`. False on timeout or if the process exited.
@@ -251,30 +240,51 @@ impl Drop for BinaryProxy {
     }
 }
 
-fn listening_addrs(lines: &[String]) -> Vec<SocketAddr> {
-    let mut addrs = logged_addrs(lines, LISTENING);
-    addrs.extend(
-        lines
-            .iter()
-            .filter(|l| l.contains(LISTENING_JSON))
-            .filter_map(|l| {
-                let marker = r#""address":""#;
-                let rest = &l[l.find(marker)? + marker.len()..];
-                rest[..rest.find('"')?].parse::<SocketAddr>().ok()
-            }),
-    );
-    addrs
+/// Wait until the binary serves: its address file written (once every listener is bound and
+/// served), and, with an admin listener, `/healthz` answering 200. The listeners' addresses and
+/// the admin's; `None` if the process exited or `deadline` passed first.
+fn ready(
+    file: &Path,
+    log: &Log,
+    deadline: Instant,
+) -> Option<(Vec<SocketAddr>, Option<SocketAddr>)> {
+    let text = loop {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            break text;
+        }
+        if log.lines.lock().unwrap().closed || Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let addrs_of = |kind: &str| -> Vec<SocketAddr> {
+        (text.lines())
+            .filter_map(|l| l.strip_prefix(kind)?.trim().parse().ok())
+            .collect()
+    };
+    let admin = addrs_of("admin ").into_iter().next();
+    if let Some(admin) = admin {
+        while !healthy(admin) {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    Some((addrs_of("listener "), admin))
 }
 
-/// Every address logged right after `marker` (such as `listening address=`), in log order.
-pub fn logged_addrs(lines: &[String], marker: &str) -> Vec<SocketAddr> {
-    lines
-        .iter()
-        .filter_map(|l| {
-            let rest = &l[l.find(marker)? + marker.len()..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .collect()
+/// `GET /healthz` on the admin listener answers 200.
+fn healthy(admin: SocketAddr) -> bool {
+    use std::io::Read;
+    let Ok(mut conn) = std::net::TcpStream::connect_timeout(&admin, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+    let asked =
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    let mut head = [0u8; 12];
+    asked.is_ok() && conn.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
 /// The repository root, where `tollgate check` is run so paths in its messages are relative.
