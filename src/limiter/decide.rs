@@ -180,9 +180,14 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer, fa
 /// The shared store did not answer: each limit follows its `on_failure` policy. `local` limits
 /// are checked together in process at their fallback numbers (all or nothing among
 /// themselves).
+///
+/// A request an enforced `closed` limit refuses takes nothing from the `local` ones either:
+/// all or nothing holds while the store is away too.
 fn without_backend(results: &mut [LimitResult], asked: Asked<'_>) {
+    let refused = (asked.checks.iter())
+        .any(|c| c.limit.on_failure == FailurePolicy::Closed && !c.limit.shadow);
     let local: Small<Check<'_>> = (asked.checks.iter())
-        .filter(|c| c.limit.on_failure == FailurePolicy::Local)
+        .filter(|c| c.limit.on_failure == FailurePolicy::Local && !refused)
         .copied()
         .collect();
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
@@ -201,6 +206,8 @@ fn without_backend(results: &mut [LimitResult], asked: Asked<'_>) {
             FailurePolicy::Open => Outcome::FailedOpen,
             FailurePolicy::Closed if c.limit.shadow => Outcome::FailedOpen,
             FailurePolicy::Closed => Outcome::FailedClosed,
+            // Not counted: the closed limit refuses the request.
+            FailurePolicy::Local if refused => Outcome::Admitted,
             FailurePolicy::Local => {
                 let v = local_verdicts.next().unwrap_or(Verdict {
                     admitted: true,

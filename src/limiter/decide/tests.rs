@@ -219,3 +219,22 @@ fn exempt_limits_are_not_asked_of_any_store() {
     );
     assert!(!results[0].fallback);
 }
+
+#[test]
+fn a_request_a_closed_limit_refuses_takes_no_local_fallback_token() {
+    let limits = limits(
+        "      - { name: l, rate: 1/min, burst: 4, key: [ip], on_failure: local }\n      - { name: c, rate: 1/min, burst: 4, key: [ip], on_failure: closed }\n",
+    );
+    let store = Failing(Unavailable::Error);
+    for _ in 0..5 {
+        let refused = decide(&store, &limits, 7, 0.0);
+        assert_eq!(
+            outcomes(&refused),
+            [Outcome::Admitted, Outcome::FailedClosed]
+        );
+        assert_eq!(refused[0].verdict, None, "the local limit was not counted");
+    }
+    // The local limit alone still has its whole fallback share (burst 4 / 2 replicas).
+    let alone = decide(&store, &limits[..1], 7, 0.0);
+    assert_eq!(alone[0].verdict.map(|v| v.remaining), Some(1));
+}
