@@ -24,10 +24,25 @@ pub(super) fn worker_count() -> usize {
 
 /// Bind `address` once per worker with SO_REUSEPORT, so the kernel spreads connections over
 /// the workers. The first socket resolves port 0; the others join it on that port.
+///
+/// SO_REUSEPORT would let a second process on the same port take a share of its connections
+/// (and double every in-process limit), so unless `share` says that is meant, the port is
+/// first bound alone, without SO_REUSEPORT: that fails if anyone listens there already.
 pub(super) fn bind_shared(
     address: SocketAddr,
     workers: usize,
+    share: bool,
 ) -> Result<Vec<std::net::TcpListener>, StartError> {
+    if !share && address.port() != 0 {
+        let alone = Socket::new(
+            Domain::for_address(address),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )
+        .and_then(|s| s.set_reuse_address(true).map(|()| s))
+        .and_then(|s| s.bind(&address.into()));
+        alone.map_err(|source| StartError::Bind { address, source })?;
+    }
     let bind = |at: SocketAddr| -> std::io::Result<std::net::TcpListener> {
         let socket = Socket::new(Domain::for_address(at), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
@@ -61,7 +76,10 @@ pub(super) async fn bind(
 > {
     let mut sockets = Vec::new();
     for l in &settings.listeners {
-        sockets.push((l.clone(), bind_shared(l.address, workers)?));
+        sockets.push((
+            l.clone(),
+            bind_shared(l.address, workers, l.settings.share_port)?,
+        ));
     }
     let admin = match settings.admin {
         Some(address) => Some(

@@ -86,6 +86,10 @@ pub struct Listener {
     /// Expect a PROXY protocol v1/v2 header from a trusted proxy on every connection.
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// Share the port with another process already listening on it (a new binary taking over
+    /// from the old one); without it, a port someone else serves is refused at start.
+    #[serde(default)]
+    pub share_port: bool,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

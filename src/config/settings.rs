@@ -380,6 +380,8 @@ pub struct ListenerSettings {
     pub h2_max_header_list: u32,
     /// Expect a PROXY protocol header (v1 or v2) from a trusted peer before anything else.
     pub proxy_protocol: bool,
+    /// Another process may already listen on the port (`share_port: true`).
+    pub share_port: bool,
 }
 
 impl Default for ListenerSettings {
@@ -399,6 +401,7 @@ impl Default for ListenerSettings {
             h2_connection_window: 1 << 20,
             h2_max_header_list: 64 << 10,
             proxy_protocol: false,
+            share_port: false,
         }
     }
 }

@@ -13,5 +13,6 @@ mod faults_buckets;
 mod faults_header_read;
 mod faults_reload;
 mod faults_shutdown;
+mod ports;
 mod reload;
 mod shutdown;

@@ -122,6 +122,7 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
             u64::from(defaults.h2_connection_window),
         ),
         proxy_protocol: l.proxy_protocol,
+        share_port: l.share_port,
         h2_max_header_list: sizes.window(
             "http2.max_header_list",
             h2.and_then(|h| h.max_header_list.as_ref()),
