@@ -31,6 +31,10 @@ use crate::state::State;
 /// for this long before it is read.
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
+/// The longest a stream of file events may put a reload off: edits that never pause for
+/// `DEBOUNCE` are read after this long anyway.
+const MAX_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a writer may keep the file open (modified, not closed) before it is read anyway.
 const WRITER_WAIT: Duration = Duration::from_secs(5);
 
@@ -235,14 +239,29 @@ impl Edit {
         }
     }
 
-    /// Wait until the edit is over (see the module doc). `false`: the reloader is gone.
+    /// Wait until the edit is over (see the module doc), for at most `MAX_WAIT` of events (and
+    /// `WRITER_WAIT` of an open writer); a signal ends the wait at once: SIGHUP reloads now.
+    /// `false`: the reloader is gone.
     async fn settle(&mut self, path: &Path, rx: &mut mpsc::UnboundedReceiver<Event>) -> bool {
+        if self.trigger == Trigger::Signal {
+            return true;
+        }
+        let give_up = tokio::time::Instant::now() + MAX_WAIT;
         let mut before = std::fs::read(path).ok();
         loop {
             // Quiet: no event about the file for DEBOUNCE.
             let mut quiet_from = tokio::time::Instant::now();
             loop {
-                match tokio::time::timeout_at(quiet_from + DEBOUNCE, rx.recv()).await {
+                // An open writer is waited for in DEBOUNCE steps, up to WRITER_WAIT.
+                let until = match self.writing {
+                    Some(_) => quiet_from + DEBOUNCE,
+                    None => (quiet_from + DEBOUNCE).min(give_up),
+                };
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(Event::Signal)) => {
+                        self.trigger = Trigger::Signal;
+                        return true;
+                    }
                     Ok(Some(event)) => {
                         if self.absorb(event) {
                             quiet_from = tokio::time::Instant::now();
@@ -263,7 +282,7 @@ impl Edit {
                 self.writing = None;
             }
             let now = std::fs::read(path).ok();
-            if now == before {
+            if now == before || tokio::time::Instant::now() >= give_up {
                 return true;
             }
             before = now;

@@ -148,3 +148,64 @@ async fn a_file_written_in_several_closes_is_applied_once_whole() {
     })
     .await;
 }
+
+/// Rewrite `path` every 30 ms, `versions` in turn, until `stop` is set.
+fn keep_editing(
+    path: std::path::PathBuf,
+    versions: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for v in versions.iter().cycle() {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::fs::write(&path, v).expect("rewrite the config");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_signal_during_continuous_edits_reloads_at_once() {
+    bounded(async {
+        let text = limited(5);
+        let proxy = TestProxy::start(&text);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The same bytes again and again: events that never pause, and nothing to reload.
+        let editor = keep_editing(proxy.config_path().to_path_buf(), vec![text], stop.clone());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asked = Instant::now();
+        proxy.reload();
+        let reloaded = proxy.wait_for_generation(2, Duration::from_secs(1)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        editor.join().unwrap();
+        assert!(reloaded, "SIGHUP reloads at once, not when the edits pause");
+        println!(
+            "reloaded {:?} after the signal, edits going on",
+            asked.elapsed()
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_that_never_pause_are_read_within_the_maximum_wait() {
+    bounded(async {
+        let proxy = TestProxy::start(&limited(5));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let versions = vec![limited(6), limited(7)];
+        let started = Instant::now();
+        let editor = keep_editing(proxy.config_path().to_path_buf(), versions, stop.clone());
+        let reloaded = proxy.wait_for_generation(2, Duration::from_secs(4)).await;
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        editor.join().unwrap();
+        assert!(
+            reloaded,
+            "a file that changes every 30 ms is still read, after at most 2 s"
+        );
+        println!("first reload {took:?} into edits every 30 ms");
+    })
+    .await;
+}
