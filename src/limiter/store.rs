@@ -69,20 +69,25 @@ impl Local {
     /// A banned identity is refused before any bucket is asked, then the buckets all or
     /// nothing, then strikes for the limits with a ban that rejected the request.
     pub(super) fn decide(self, asked: Asked<'_>) -> Answer {
+        // Most routes have no ban: their answer is the buckets' verdicts alone.
+        let bans = !self.fallback && asked.checks.iter().any(|c| c.limit.bans.is_some());
+        if !bans {
+            return Answer {
+                verdicts: self.buckets(asked).into_iter().map(Some).collect(),
+                bans: asked.checks.iter().map(|_| BanEvent::None).collect(),
+            };
+        }
         let mut answer = Answer {
             verdicts: asked.checks.iter().map(|_| None).collect(),
             bans: asked.checks.iter().map(|_| BanEvent::None).collect(),
         };
-        if !self.fallback && Self::banned(asked, &mut answer) {
+        if Self::banned(asked, &mut answer) {
             return answer;
         }
-        let verdicts = self.buckets(asked);
-        for (i, v) in verdicts.into_iter().enumerate() {
+        for (i, v) in self.buckets(asked).into_iter().enumerate() {
             answer.verdicts[i] = Some(v);
         }
-        if !self.fallback {
-            strikes(asked, &mut answer);
-        }
+        strikes(asked, &mut answer);
         answer
     }
 
