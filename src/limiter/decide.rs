@@ -97,7 +97,7 @@ pub async fn decide_tuned(
 pub(super) async fn settle<S: Store>(results: &mut [LimitResult], store: &S, asked: Asked<'_>) {
     match store.check(asked).await {
         Ok(answer) => {
-            record(results, asked.checks, &answer, false);
+            record(results, asked.checks, &answer);
             let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
             for ((r, c), event) in checked.zip(asked.checks).zip(answer.bans) {
                 r.ban = event;
@@ -164,16 +164,20 @@ fn unchecked(index: usize, limit: &Limit, client: Option<ClientId>) -> LimitResu
     }
 }
 
-/// Fill in the results of the checked (non-exempt) limits from their verdicts; a check the
-/// store did not ask (a ban refused the request first) stays as it was.
-fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer, fallback: bool) {
+/// Fill in the results of the checked (non-exempt) limits from their verdicts; when a ban
+/// refused the request first, only its limit's result changes.
+fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer) {
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    for ((r, c), v) in checked.zip(checks).zip(&answer.verdicts) {
-        r.fallback = fallback;
-        if let Some(v) = v {
-            r.verdict = Some(*v);
-            r.outcome = outcome(v, c.limit);
+    if let Some((i, v)) = answer.banned {
+        if let Some((r, c)) = checked.zip(checks).nth(i) {
+            r.verdict = Some(v);
+            r.outcome = outcome(&v, c.limit);
         }
+        return;
+    }
+    for ((r, c), v) in checked.zip(checks).zip(&answer.verdicts) {
+        r.verdict = Some(*v);
+        r.outcome = outcome(v, c.limit);
     }
 }
 
@@ -198,7 +202,7 @@ fn without_backend(results: &mut [LimitResult], asked: Asked<'_>) {
         ..asked
     };
     let answer = Local { fallback: true }.decide(fallback);
-    let mut local_verdicts = answer.verdicts.into_iter().flatten();
+    let mut local_verdicts = answer.verdicts.into_iter();
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
     for (r, c) in checked.zip(asked.checks) {
         r.fallback = true;

@@ -30,11 +30,16 @@ pub struct Asked<'a> {
     pub wall: Option<Moment>,
 }
 
-/// A store's answer: per check its verdict (`None`: not asked, an earlier ban refused the
-/// request first), and the ban events of each (bans started, refused, lifted).
+/// A store's answer: per check its verdict, or the one check whose ban refused the request
+/// before any bucket was asked; and per check what happened to its ban (started, refused,
+/// lifted; empty when nothing did). Shaped so that the common answer, a verdict per check and
+/// no ban, is the buckets' own list, not a copy of it.
 #[derive(Debug, Default)]
 pub struct Answer {
-    pub verdicts: Small<Option<Verdict>>,
+    /// In check order; empty when `banned` is set.
+    pub verdicts: Small<Verdict>,
+    /// The check an in-process ban refused the request for, with its verdict.
+    pub banned: Option<(usize, Verdict)>,
     pub bans: Small<BanEvent>,
 }
 
@@ -73,20 +78,18 @@ impl Local {
         let bans = !self.fallback && asked.checks.iter().any(|c| c.limit.bans.is_some());
         if !bans {
             return Answer {
-                verdicts: self.buckets(asked).into_iter().map(Some).collect(),
-                bans: asked.checks.iter().map(|_| BanEvent::None).collect(),
+                verdicts: self.buckets(asked),
+                ..Answer::default()
             };
         }
         let mut answer = Answer {
-            verdicts: asked.checks.iter().map(|_| None).collect(),
             bans: asked.checks.iter().map(|_| BanEvent::None).collect(),
+            ..Answer::default()
         };
         if Self::banned(asked, &mut answer) {
             return answer;
         }
-        for (i, v) in self.buckets(asked).into_iter().enumerate() {
-            answer.verdicts[i] = Some(v);
-        }
+        answer.verdicts = self.buckets(asked);
         strikes(asked, &mut answer);
         answer
     }
@@ -101,12 +104,13 @@ impl Local {
             let (left, event) = bans.banned(c.client, asked.now.us());
             answer.bans[i] = event;
             if let Some(left) = left {
-                answer.verdicts[i] = Some(Verdict {
+                let refused = Verdict {
                     admitted: false,
                     remaining: 0,
                     reset_us: left,
                     retry_after_us: left,
-                });
+                };
+                answer.banned = Some((i, refused));
                 return true;
             }
         }
@@ -161,14 +165,14 @@ fn strikes(asked: Asked<'_>, answer: &mut Answer) {
         let Some(bans) = &c.limit.bans else {
             continue;
         };
-        let rejected = answer.verdicts[i].is_some_and(|v| !v.admitted);
+        let rejected = answer.verdicts.get(i).is_some_and(|v| !v.admitted);
         if !rejected || c.limit.shadow {
             continue;
         }
         let event = bans.strike(c.client, asked.now.us());
         if let BanEvent::Started(length) = event {
             answer.bans[i] = event;
-            if let Some(v) = &mut answer.verdicts[i] {
+            if let Some(v) = answer.verdicts.get_mut(i) {
                 v.retry_after_us = length as f64;
                 v.reset_us = v.reset_us.max(length as f64);
             }
@@ -194,7 +198,8 @@ impl Store for Shared<'_> {
         });
         let (verdicts, bans) = call.await?;
         Ok(Answer {
-            verdicts: verdicts.into_iter().map(Some).collect(),
+            verdicts,
+            banned: None,
             bans,
         })
     }

@@ -39,10 +39,14 @@ impl Store for Told {
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
         *self.asked.lock() += 1;
         let verdicts = (self.admitted.iter().take(asked.checks.len()))
-            .map(|&admitted| Some(verdict(admitted)))
+            .map(|&admitted| verdict(admitted))
             .collect();
         let bans = self.bans.iter().copied().collect();
-        std::future::ready(Ok(Answer { verdicts, bans }))
+        std::future::ready(Ok(Answer {
+            verdicts,
+            banned: None,
+            bans,
+        }))
     }
 }
 
