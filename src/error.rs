@@ -10,6 +10,10 @@ use http::StatusCode;
 pub enum ProxyError {
     #[error("no route matches the request")]
     NoRoute,
+    /// `OPTIONS *`: a question about the server itself, answered here (200 with `Allow`, as
+    /// Apache httpd does), never forwarded.
+    #[error("OPTIONS * is answered by tollgate")]
+    ServerOptions,
     #[error("malformed request")]
     BadRequest,
     #[error("request target too long")]
@@ -61,6 +65,7 @@ impl ProxyError {
             | ProxyError::PayloadTooLarge
             | ProxyError::BufferUnavailable => true,
             ProxyError::NoRoute
+            | ProxyError::ServerOptions
             | ProxyError::MethodNotAllowed
             | ProxyError::UpstreamUnreachable
             | ProxyError::UpstreamTimeout
@@ -74,6 +79,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::ServerOptions => StatusCode::OK,
             ProxyError::BadRequest => StatusCode::BAD_REQUEST,
             ProxyError::UriTooLong => StatusCode::URI_TOO_LONG,
             ProxyError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

@@ -44,7 +44,7 @@ pub fn from_error(err: &ProxyError) -> Response<Body> {
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     }
-    if let ProxyError::MethodNotAllowed = err {
+    if let ProxyError::MethodNotAllowed | ProxyError::ServerOptions = err {
         res.headers_mut().insert(
             http::header::ALLOW,
             HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),

@@ -29,6 +29,15 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
     if req.method() == Method::CONNECT {
         return Err(ProxyError::MethodNotAllowed);
     }
+    // The asterisk form (RFC 9112 3.2.4) is only for OPTIONS, about the server as a whole:
+    // answered here, never routed or forwarded as the path `/*`.
+    if req.uri().path() == "*" {
+        return Err(if req.method() == Method::OPTIONS {
+            ProxyError::ServerOptions
+        } else {
+            ProxyError::BadRequest
+        });
+    }
     method(req.method())?;
     if req.version() <= Version::HTTP_11 {
         framing(req)?;

@@ -273,3 +273,21 @@ fn route_paths_and_path_case_are_validated() {
     }
     let _ = CATCH_ALL;
 }
+
+#[tokio::test]
+async fn the_asterisk_target_is_for_options_only_and_never_forwarded() {
+    let backend = RawBackend::start(ok_answer).await;
+    let proxy = TestProxy::start(&yaml(backend.addr, "", ROUTES));
+    // Not `/*` under another name: any other method with `*` is malformed.
+    for method in ["GET", "POST", "DELETE"] {
+        refused(&proxy, &backend, &format!("{method} * HTTP/1.1")).await;
+    }
+    // `OPTIONS *` asks about the server: tollgate answers it, as Apache httpd does.
+    let r = send(&proxy, "127.0.0.1", "OPTIONS * HTTP/1.1").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.header("allow").is_some_and(|a| a.contains("OPTIONS")),
+        "{r:?}"
+    );
+    assert!(backend.requests().is_empty(), "nothing forwarded");
+}
