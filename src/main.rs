@@ -62,6 +62,9 @@ fn check(config: &std::path::Path) -> ExitCode {
             ExitCode::FAILURE
         }
         Ok(snapshot) => {
+            for warning in snapshot.warnings() {
+                eprintln!("warning: {warning}");
+            }
             print!("{}", tollgate::cli::summary(&snapshot));
             println!("{}: ok", config.display());
             ExitCode::SUCCESS

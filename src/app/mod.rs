@@ -153,6 +153,9 @@ pub async fn start(
     let (threads, inline) = spawn_workers(options.inline, per_worker, &state, &stop_rx)?;
     let admin_address = admin.and_then(|admin| serve_admin(admin, &state, admin_stop_rx));
     tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), "tollgate started");
+    for warning in state.runtime.load().settings.warnings() {
+        tracing::warn!("{warning}");
+    }
     let stopping = Stopping {
         state: state.clone(),
         stop: stop_tx,

@@ -74,6 +74,19 @@ pub struct CandidateLoad {
 }
 
 impl Settings {
+    /// What is valid but likely not meant: `check` prints these, `run` logs them at WARN.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Some(admin) = self.admin.filter(|a| !a.ip().is_loopback()) {
+            warnings.push(format!(
+                "admin.address {admin} is not a loopback address: /metrics, /config and the \
+                 dashboard page answer whoever reaches it (the API still needs its token); bind \
+                 127.0.0.1, or keep the port off the public network"
+            ));
+        }
+        warnings
+    }
+
     /// Every limit of every route, in file order.
     pub fn limits(&self) -> impl Iterator<Item = &LimitSpec> {
         self.routes.iter().flat_map(|r| r.limits.iter())

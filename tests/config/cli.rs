@@ -239,3 +239,25 @@ fn check_and_health_list_and_accept_only_their_own_flags() {
     let out = run_cli(&["run", "--help"]);
     assert!(stdout(&out).contains("--log-level"), "{}", stdout(&out));
 }
+
+#[test]
+fn check_warns_of_an_admin_listener_off_loopback_and_still_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("open-admin.yaml");
+    std::fs::write(
+        &path,
+        "listeners: [{ address: 127.0.0.1:0 }]\nadmin: { address: 0.0.0.0:9901 }\nroutes:\n  - name: all\n    respond: { status: 200 }\n",
+    )
+    .unwrap();
+    let out = common::proxy::run_cli(&["check", "--config", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "a warning, not an error: {}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).starts_with("warning: admin.address 0.0.0.0:9901 is not a loopback address"),
+        "{}",
+        stderr(&out)
+    );
+}
