@@ -17,15 +17,38 @@ use super::Problem;
 
 /// Booleans are `true` and `false` only (YAML 1.2, as the JSON Schema and editors read them):
 /// `yes`, `on` and `y` are strings, refused where a boolean is expected.
+///
+/// The parser's budget is raised from serde-saphyr's defaults (250,000 nodes, 1,000,000
+/// events), which refuse a config of 25,000 routes: `MAX_NODES` holds about 100,000 routes of
+/// a few limits each, and a file past it is refused with the caps named (`too_large`).
 fn options() -> serde_saphyr::Options {
-    serde_saphyr::options! { strict_booleans: true }
+    serde_saphyr::options! {
+        strict_booleans: true,
+        budget: serde_saphyr::budget! { max_nodes: MAX_NODES, max_events: MAX_EVENTS },
+    }
+}
+
+/// The most YAML nodes (mappings, sequences and scalars) a config file may hold.
+pub const MAX_NODES: usize = 4_000_000;
+/// The most parser events a config file may produce (every node, and each container's end).
+pub const MAX_EVENTS: usize = 8_000_000;
+
+/// A budget breach, with the caps it is measured against.
+fn too_large(message: String) -> String {
+    if !message.contains("too large or too complex") {
+        return message;
+    }
+    format!(
+        "{message} (a config file is read up to {MAX_NODES} YAML nodes, {MAX_EVENTS} parser \
+         events, 64 MiB of scalar text and 64 levels of nesting)"
+    )
 }
 
 /// The document as a value tree, or its syntax error at the position the parser gives.
 pub fn tree(text: &str) -> Result<Value, Problem> {
     serde_saphyr::from_str_with_options::<Value>(text, options()).map_err(|e| {
         let at = position(&e);
-        let mut message = message(&e);
+        let mut message = too_large(message(&e));
         if let Some(hint) = at.and_then(|(line, _)| indentation_hint(text, line, &message)) {
             message.push_str("\n    hint: ");
             message.push_str(&hint);
@@ -244,6 +267,16 @@ fn key_column(line: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_breach_names_the_caps() {
+        let m = too_large("YAML document too large or too complex: limits breached".into());
+        assert!(
+            m.contains("4000000 YAML nodes") && m.contains("8000000 parser events"),
+            "{m}"
+        );
+        assert_eq!(too_large("other".into()), "other");
+    }
 
     #[test]
     fn strings_read_numbers_as_written_and_errors_name_the_field() {
