@@ -93,6 +93,14 @@ pub fn normalize_path(path: &str) -> Result<String, ProxyError> {
                 if s.contains(';') && matches!(s.split(';').next(), Some("." | "..")) {
                     return Err(ProxyError::BadRequest);
                 }
+                // `/login%20` is `/login` to a backend that trims names (IIS, some routers),
+                // past `/login`'s limit: a segment ending in encoded whitespace is refused.
+                if ["%20", "%09", "%0A", "%0D", "%0B", "%0C"]
+                    .iter()
+                    .any(|w| s.ends_with(w))
+                {
+                    return Err(ProxyError::BadRequest);
+                }
                 segments.push(s);
             }
         }
