@@ -41,6 +41,8 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
     method(req.method())?;
     if req.version() <= Version::HTTP_11 {
         framing(req)?;
+    } else {
+        field_values(req)?;
     }
     host::screen(req)?;
     path::screen(req)
@@ -52,6 +54,19 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
 /// lower-case letter is refused: `400`. One pass over a few bytes, no allocation.
 fn method(method: &Method) -> Result<(), ProxyError> {
     if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(ProxyError::BadRequest);
+    }
+    Ok(())
+}
+
+/// HTTP/2 and HTTP/3 field values must not start or end with whitespace (RFC 9113 8.2.1):
+/// HTTP/1.1's parser trims it, h2 passes it on, and a limit keyed on the value would count
+/// `" key"` apart from the `key` a trimming backend reads.
+fn field_values<B>(req: &Request<B>) -> Result<(), ProxyError> {
+    let padded = |b: &[u8]| {
+        matches!(b.first(), Some(b' ' | b'\t')) || matches!(b.last(), Some(b' ' | b'\t'))
+    };
+    if req.headers().values().any(|v| padded(v.as_bytes())) {
         return Err(ProxyError::BadRequest);
     }
     Ok(())

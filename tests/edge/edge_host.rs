@@ -218,3 +218,34 @@ async fn http10_without_host_still_goes_through_with_the_targets_host() {
         "{head:?}"
     );
 }
+
+/// A literal HPACK field with a new name, not indexed.
+fn literal(name: &str, value: &str) -> Vec<u8> {
+    let mut out = vec![0x00, u8::try_from(name.len()).unwrap()];
+    out.extend_from_slice(name.as_bytes());
+    out.push(u8::try_from(value.len()).unwrap());
+    out.extend_from_slice(value.as_bytes());
+    out
+}
+
+#[tokio::test]
+async fn an_http2_field_value_with_surrounding_whitespace_is_malformed() {
+    let backend = RawBackend::start(ok_answer).await;
+    let proxy = TestProxy::start(&yaml(backend.addr, "", KNOWN));
+    let request = |value: &str| {
+        let mut block = HPACK_GET_ROOT.to_vec();
+        block.extend(hpack_literal(1, "known.example"));
+        block.extend(literal("x-api-key", value));
+        block
+    };
+    // RFC 9113 8.2.1: a value may not start or end with whitespace. An identity read from it
+    // would be another bucket than the trimmed key the backend sees.
+    for value in [" abc", "abc ", "\tabc", "abc\t"] {
+        let frames = h2_exchange(proxy.addr(), &request(value)).await;
+        let refused = h2_status(&frames) == Some(400) || h2_reset(&frames);
+        assert!(refused, "{value:?}: {:02x?}", &frames);
+    }
+    assert!(backend.requests().is_empty(), "nothing forwarded");
+    let frames = h2_exchange(proxy.addr(), &request("a b")).await;
+    assert_eq!(h2_status(&frames), Some(200), "inner whitespace is fine");
+}
