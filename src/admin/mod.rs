@@ -13,10 +13,10 @@ use std::sync::Arc;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use crate::limiter::FailurePolicy;
 use crate::metrics::{CertSample, Format, Scrape, TargetSample};
@@ -26,10 +26,20 @@ use crate::state::State;
 
 /// Serve the admin endpoints on `listener` until `stop` (the end of the drain: `/readyz`
 /// answers 503 throughout the shutdown rather than vanishing with the proxy listeners).
+///
+/// The listener has none of the proxy listeners' settings, so it keeps fixed bounds of its own:
+/// at most `MAX_CONNECTIONS` open (one more is closed at once), a request head within
+/// `HEAD_TIMEOUT` (a keep-alive connection waiting for its next request too), and a
+/// connection closed after `LIFETIME` whatever it does, so no client can hold it open.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     // The dashboard's history, sampled while the admin listener serves it, stopped with it.
     tokio::spawn(sampler::run(state.clone(), stop.clone()));
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT);
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = tokio::select! {
             _ = stop.changed() => return,
@@ -39,6 +49,10 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
             },
         };
         let (stream, peer) = stream;
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open, closing one more");
+            continue;
+        };
         let state = state.clone();
         let service = service_fn(move |mut req: Request<Incoming>| {
             // Who called, for the admin API's log lines.
@@ -49,9 +63,19 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        tokio::spawn(conn);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(LIFETIME, conn).await;
+            drop(slot);
+        });
     }
 }
+
+/// Admin connections open at once: scrapers, probes and a few dashboards need a handful.
+const MAX_CONNECTIONS: usize = 64;
+/// A request head (or, on a kept-alive connection, the next one) must arrive within this.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest an admin connection stays open.
+const LIFETIME: std::time::Duration = std::time::Duration::from_mins(5);
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
     const TEXT: &str = "text/plain; charset=utf-8";

@@ -360,3 +360,49 @@ async fn config_metrics_follow_reloads() {
     })
     .await;
 }
+
+/// The admin listener bounds its clients itself: a request head within 10 s, at most 64
+/// connections. Served inline under tokio's paused clock, so the 10 s pass at once.
+#[tokio::test(start_paused = true)]
+async fn the_admin_listener_closes_slow_heads_and_caps_its_connections() {
+    let proxy = common::TestProxy::inline(&common::config(
+        "admin: { address: 127.0.0.1:0 }\nroutes:\n  - name: all\n    respond: { status: 200 }\n",
+    ))
+    .await;
+    let admin = proxy.admin_addr();
+    let started = tokio::time::Instant::now();
+    let mut slow = tokio::net::TcpStream::connect(admin).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = slow.read(&mut buf).await.unwrap_or(0);
+    let waited = started.elapsed();
+    assert!(
+        n == 0 || buf[..n].starts_with(b"HTTP/1.1 408"),
+        "an unfinished head is closed: {:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    assert!(
+        waited >= std::time::Duration::from_secs(10) && waited < std::time::Duration::from_secs(60),
+        "after the head timeout: {waited:?}"
+    );
+    // 64 open connections, then one more: that one is closed at once.
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        open.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let before = tokio::time::Instant::now();
+    assert_eq!(
+        extra.read(&mut buf).await.unwrap_or(0),
+        0,
+        "the 65th is closed"
+    );
+    assert!(
+        before.elapsed() < std::time::Duration::from_secs(1),
+        "at once"
+    );
+    drop(open);
+    proxy.shutdown().await;
+}
