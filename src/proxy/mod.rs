@@ -197,8 +197,8 @@ async fn pipeline<'a>(
     };
     let now = limits(state, rt, conn, route, (&view, &tuned), started, trace).await;
     beside(rt, &arrival, now, &mut trace.slots);
-    let decision = trace.decision.as_ref().expect("decided above");
-    if let Some(refused) = refusal(route, decision, rt.settings.headers) {
+    let refused = (trace.decision.as_ref()).and_then(|d| refusal(route, d, rt.settings.headers));
+    if let Some(refused) = refused {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
         return refused;
@@ -210,14 +210,16 @@ async fn pipeline<'a>(
         }
         Action::Respond(r) => respond(r),
     };
-    let decision = trace.decision.as_ref().expect("decided above");
-    response::add_headers(
-        res.headers_mut(),
-        &route.limits,
-        &route.rendered,
-        decision,
-        rt.settings.headers,
-    );
+    if let Some(decision) = &trace.decision {
+        let (limits, rendered) = (&route.limits, &route.rendered);
+        response::add_headers(
+            res.headers_mut(),
+            limits,
+            rendered,
+            decision,
+            rt.settings.headers,
+        );
+    }
     Ok(res)
 }
 
