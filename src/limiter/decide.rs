@@ -96,14 +96,7 @@ pub async fn decide_tuned(
 /// exempt ones included): from its answer, or by each limit's failure policy when it has none.
 pub(super) async fn settle<S: Store>(results: &mut [LimitResult], store: &S, asked: Asked<'_>) {
     match store.check(asked).await {
-        Ok(answer) => {
-            record(results, asked.checks, &answer);
-            let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-            for ((r, c), event) in checked.zip(asked.checks).zip(answer.bans) {
-                r.ban = event;
-                super::ban::log(c, event);
-            }
-        }
+        Ok(answer) => record(results, asked.checks, answer),
         Err(_) => without_backend(results, asked),
     }
 }
@@ -164,20 +157,25 @@ fn unchecked(index: usize, limit: &Limit, client: Option<ClientId>) -> LimitResu
     }
 }
 
-/// Fill in the results of the checked (non-exempt) limits from their verdicts; when a ban
-/// refused the request first, only its limit's result changes.
-fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer) {
+/// Fill in the results of the checked (non-exempt) limits from a store's answer, in one walk:
+/// each verdict (when a ban refused the request first, only its limit has one) and each ban
+/// event, logged.
+fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: Answer) {
     let checked = results.iter_mut().filter(|r| r.outcome != Outcome::Exempt);
-    if let Some((i, v)) = answer.banned {
-        if let Some((r, c)) = checked.zip(checks).nth(i) {
+    let mut bans = answer.bans.into_iter();
+    for (i, (r, c)) in checked.zip(checks).enumerate() {
+        let verdict = match answer.banned {
+            Some((banned, v)) => (banned == i).then_some(v),
+            None => answer.verdicts.get(i).copied(),
+        };
+        if let Some(v) = verdict {
             r.verdict = Some(v);
             r.outcome = outcome(&v, c.limit);
         }
-        return;
-    }
-    for ((r, c), v) in checked.zip(checks).zip(&answer.verdicts) {
-        r.verdict = Some(*v);
-        r.outcome = outcome(v, c.limit);
+        if let Some(event) = bans.next() {
+            r.ban = event;
+            super::ban::log(c, event);
+        }
     }
 }
 
@@ -190,10 +188,14 @@ fn record(results: &mut [LimitResult], checks: &[Check<'_>], answer: &Answer) {
 fn without_backend(results: &mut [LimitResult], asked: Asked<'_>) {
     let refused = (asked.checks.iter())
         .any(|c| c.limit.on_failure == FailurePolicy::Closed && !c.limit.shadow);
-    let local: Small<Check<'_>> = (asked.checks.iter())
-        .filter(|c| c.limit.on_failure == FailurePolicy::Local && !refused)
-        .copied()
-        .collect();
+    let local: Small<Check<'_>> = if refused {
+        Small::new()
+    } else {
+        (asked.checks.iter())
+            .filter(|c| c.limit.on_failure == FailurePolicy::Local)
+            .copied()
+            .collect()
+    };
     let enforced: Small<bool> = local.iter().map(|c| !c.limit.shadow).collect();
     let fallback = Asked {
         checks: &local,
