@@ -84,25 +84,29 @@ pub async fn send_timed(
     // moved. In a statement of its own: a temporary of the `.await` statement would be kept in
     // this future's state, unboxed, for the whole exchange.
     let exchange = crate::boxed(|| send(upstream, req, down, now));
-    let result = exchange.await;
-    let kind = match &result {
-        Ok(_) => {
+    let error = match exchange.await {
+        Ok(forwarded) => {
             let took = now.elapsed();
             upstream.seconds.observe(took.as_secs_f64());
-            return result.map(|forwarded| (forwarded, took));
+            return Ok((forwarded, took));
         }
-        Err(ProxyError::UpstreamTimeout) => UpstreamErrorKind::timeout,
-        Err(ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid) => {
-            UpstreamErrorKind::unreachable
+        Err(e) => e,
+    };
+    let kind = match &error {
+        ProxyError::UpstreamTimeout => Some(UpstreamErrorKind::timeout),
+        ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid => {
+            Some(UpstreamErrorKind::unreachable)
         }
-        Err(_) => return result.map(|forwarded| (forwarded, Duration::ZERO)),
+        _ => None,
     };
-    let labels = UpstreamErrorLabels {
-        upstream: upstream.name.to_string(),
-        kind,
-    };
-    metrics.upstream_errors.get_or_create(&labels).inc();
-    result.map(|forwarded| (forwarded, Duration::ZERO))
+    if let Some(kind) = kind {
+        let labels = UpstreamErrorLabels {
+            upstream: upstream.name.to_string(),
+            kind,
+        };
+        metrics.upstream_errors.get_or_create(&labels).inc();
+    }
+    Err(error)
 }
 
 /// Send `req` to one of the upstream's targets and return its response head, the body still
