@@ -33,11 +33,8 @@ pub const MAX_NODES: usize = 4_000_000;
 /// The most parser events a config file may produce (every node, and each container's end).
 pub const MAX_EVENTS: usize = 8_000_000;
 
-/// A budget breach, with the caps it is measured against.
-fn too_large(message: String) -> String {
-    if !message.contains("too large or too complex") {
-        return message;
-    }
+/// A budget breach's message, with the caps it is measured against.
+fn too_large(message: &str) -> String {
     format!(
         "{message} (a config file is read up to {MAX_NODES} YAML nodes, {MAX_EVENTS} parser \
          events, 64 MiB of scalar text and 64 levels of nesting)"
@@ -48,7 +45,10 @@ fn too_large(message: String) -> String {
 pub fn tree(text: &str) -> Result<Value, Problem> {
     serde_saphyr::from_str_with_options::<Value>(text, options()).map_err(|e| {
         let at = position(&e);
-        let mut message = too_large(message(&e));
+        let mut message = message(&e);
+        if let serde_saphyr::Error::Budget { .. } = e.without_snippet() {
+            message = too_large(&message);
+        }
         if let Some(hint) = at.and_then(|(line, _)| indentation_hint(text, line, &message)) {
             message.push_str("\n    hint: ");
             message.push_str(&hint);
@@ -270,12 +270,16 @@ mod tests {
 
     #[test]
     fn a_budget_breach_names_the_caps() {
-        let m = too_large("YAML document too large or too complex: limits breached".into());
+        // Nesting past the depth cap is a budget breach, as too many nodes is.
+        let deep = format!("a: {}1{}\n", "[".repeat(80), "]".repeat(80));
+        let m = tree(&deep).expect_err("too deep").message;
         assert!(
             m.contains("4000000 YAML nodes") && m.contains("8000000 parser events"),
             "{m}"
         );
-        assert_eq!(too_large("other".into()), "other");
+        // Any other error keeps its own message alone.
+        let other = tree("a: [1\n").expect_err("unclosed").message;
+        assert!(!other.contains("YAML nodes"), "{other}");
     }
 
     #[test]
