@@ -15,7 +15,7 @@
 //! Modules in layers, from the bottom up: a module uses only modules of its own layer and of
 //! the layers above it in this list, and no two modules use each other (`tests/structure`
 //! checks both, inline `crate::` paths included).
-//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `request_id`, `access_log`:
+//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `request_id`, `access_log`, `capacity`:
 //!   leaves. Request-path errors; bodies held in memory and temporary files (request
 //!   buffering, response read-ahead); request bodies with their limits; the client address and
 //!   the identity digest a limit counts under (`identity::Arrival`: one request's parts, made
@@ -25,7 +25,8 @@
 //!   `path`: the path normalised and the spellings backends read differently refused); the
 //!   container health probe; one log line a second for a failure that repeats; the
 //!   `X-Request-Id` kept or made; the access log (lines formatted per worker thread, written by
-//!   a thread of its own).
+//!   a thread of its own); an upstream's capacity (`capacity`: per-target caps, fixed or
+//!   learned from latency, and the queue fair across identities and priorities).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
@@ -67,6 +68,7 @@ pub(crate) mod admin;
 pub mod app;
 pub(crate) mod body;
 pub(crate) mod buffer;
+pub mod capacity;
 pub mod candidate;
 pub mod cli;
 pub mod config;

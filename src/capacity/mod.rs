@@ -1,0 +1,452 @@
+//! An upstream's capacity: at most a cap of requests in flight per target, the rest waiting in
+//! a bounded queue that is fair across identities (`queue`), the cap fixed or learned from
+//! latency (`adaptive`).
+//!
+//! One mutex per capped upstream, taken to enter and to leave: the queue's fairness needs one
+//! order of every waiting request, and an uncapped upstream has no gate at all.
+
+mod adaptive;
+mod queue;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+pub use adaptive::{AdaptiveSpec, PROBE_SAMPLES};
+pub use queue::{Priority, SHARES};
+use queue::{FairQueue, Waiter};
+
+/// `upstreams.NAME.max_in_flight` and `queue`, as compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    pub cap: Cap,
+    /// Requests that may wait at once (0: refused as soon as every target is at its cap).
+    pub queue_size: usize,
+    /// The longest a request waits for a slot.
+    pub timeout: Duration,
+}
+
+/// Requests in flight to one target at most.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cap {
+    Fixed(usize),
+    Adaptive(AdaptiveSpec),
+}
+
+/// Why a request got no slot: it is answered `503` and nothing reaches the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The queue was full when it came.
+    QueueFull,
+    /// It waited `timeout` in the queue.
+    QueueTimeout,
+}
+
+impl Refused {
+    pub const ALL: [Refused; 2] = [Refused::QueueFull, Refused::QueueTimeout];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::QueueFull => "queue_full",
+            Refused::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+/// The metric handles a gate counts into.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// Seconds each admitted request waited (0 for one that found a free slot).
+    pub wait: Histogram,
+    /// By reason, in `Refused::ALL` order.
+    pub refused: [Counter; 2],
+}
+
+/// Which targets take traffic now (health lives with the upstream).
+pub type Healthy = Box<dyn Fn(usize) -> bool + Send + Sync>;
+
+/// One capped upstream's slots and queue.
+pub struct Gate {
+    inner: Mutex<Inner>,
+    healthy: Healthy,
+    handles: Handles,
+    origin: Instant,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    spec: Spec,
+    targets: Vec<Target>,
+    queue: FairQueue<Grant>,
+    next_id: u64,
+    /// The average response time, smoothed: what `Retry-After` estimates the wait from.
+    latency: Duration,
+}
+
+/// One target's requests in flight and its cap.
+#[derive(Debug)]
+struct Target {
+    in_flight: usize,
+    adaptive: Option<adaptive::Gradient>,
+    fixed: usize,
+}
+
+impl Target {
+    fn new(cap: &Cap) -> Self {
+        match cap {
+            Cap::Fixed(n) => Self {
+                in_flight: 0,
+                adaptive: None,
+                fixed: *n,
+            },
+            Cap::Adaptive(spec) => Self {
+                in_flight: 0,
+                adaptive: Some(adaptive::Gradient::new(spec.clone())),
+                fixed: 0,
+            },
+        }
+    }
+
+    fn cap(&self) -> usize {
+        self.adaptive.as_ref().map_or(self.fixed, adaptive::Gradient::cap)
+    }
+
+    fn has_room(&self) -> bool {
+        self.in_flight < self.cap()
+    }
+}
+
+/// What a waiting request is handed when its turn comes: the target, and what it must
+/// prefer not to get (targets it already tried).
+#[derive(Debug)]
+struct Grant {
+    tried: crate::Small<usize>,
+    to: oneshot::Sender<usize>,
+}
+
+/// Who is asking for a slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket<'a> {
+    /// The identity the queue is fair across.
+    pub key: u128,
+    pub priority: Priority,
+    /// Targets this request already tried: another is chosen where one has room.
+    pub tried: &'a [usize],
+}
+
+/// A gate's state, for metrics, the dashboard and `explain`.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// By target: (in flight, cap).
+    pub targets: Vec<(usize, usize)>,
+    pub queued: usize,
+    /// Queued by class, in `Priority::ALL` order.
+    pub queued_by_class: [usize; 3],
+    pub identities_queued: usize,
+    pub queue_size: usize,
+    pub timeout: Duration,
+    /// The adaptive caps' measured no-load latency, by target.
+    pub min_rtt: Vec<Option<Duration>>,
+}
+
+impl Stats {
+    pub fn in_flight(&self) -> usize {
+        self.targets.iter().map(|t| t.0).sum()
+    }
+
+    pub fn cap(&self) -> usize {
+        self.targets.iter().map(|t| t.1).sum()
+    }
+}
+
+impl Gate {
+    pub fn new(spec: &Spec, targets: usize, healthy: Healthy, handles: Handles) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                targets: (0..targets).map(|_| Target::new(&spec.cap)).collect(),
+                spec: spec.clone(),
+                queue: FairQueue::default(),
+                next_id: 0,
+                latency: Duration::ZERO,
+            }),
+            healthy,
+            handles,
+            origin: Instant::now(),
+        })
+    }
+
+    /// New limits from a reload: requests waiting stay queued (a larger cap lets some go at
+    /// once), an adaptive cap keeps what it learned.
+    pub fn respec(&self, spec: &Spec) {
+        let mut inner = self.inner.lock();
+        for t in &mut inner.targets {
+            match (&spec.cap, &mut t.adaptive) {
+                (Cap::Adaptive(a), Some(g)) => g.respec(a.clone()),
+                (cap, _) => {
+                    let in_flight = t.in_flight;
+                    *t = Target::new(cap);
+                    t.in_flight = in_flight;
+                }
+            }
+        }
+        inner.spec = spec.clone();
+        self.dispatch(&mut inner);
+    }
+
+    /// A slot for `ticket`: at once when a target has room and nobody waits, else after its
+    /// turn in the queue. Dropping the future leaves the queue at once.
+    pub async fn admit(self: &Arc<Self>, ticket: Ticket<'_>) -> Result<Slot, Refusal> {
+        let since = Instant::now();
+        let (rx, id, deadline) = {
+            let mut inner = self.inner.lock();
+            if inner.queue.len() == 0 {
+                if let Some(target) = self.choose(&mut inner, ticket.tried) {
+                    drop(inner);
+                    self.handles.wait.observe(0.0);
+                    return Ok(self.slot(target, Duration::ZERO));
+                }
+            }
+            if inner.queue.len() >= inner.spec.queue_size {
+                let refusal = self.refusal(&inner, Refused::QueueFull);
+                return Err(refusal);
+            }
+            let (to, rx) = oneshot::channel();
+            let id = inner.next_id;
+            inner.next_id += 1;
+            let grant = Grant {
+                tried: ticket.tried.iter().copied().collect(),
+                to,
+            };
+            let waiter = Waiter { id, item: grant };
+            inner.queue.push(ticket.priority, ticket.key, waiter);
+            (rx, id, since + inner.spec.timeout)
+        };
+        let mut queued = Queued {
+            gate: self,
+            priority: ticket.priority,
+            key: ticket.key,
+            id,
+            rx,
+            done: false,
+        };
+        let target = match tokio::time::timeout_at(deadline, &mut queued.rx).await {
+            Ok(Ok(target)) => Some(target),
+            // The gate went away with the request still queued (not while it is alive).
+            Ok(Err(_)) => None,
+            // Its turn may have come at the deadline: taken, not wasted.
+            Err(_) => queued.rx.try_recv().ok(),
+        };
+        let Some(target) = target else {
+            drop(queued);
+            let inner = self.inner.lock();
+            return Err(self.refusal(&inner, Refused::QueueTimeout));
+        };
+        queued.done = true;
+        let waited = since.elapsed();
+        self.handles.wait.observe(waited.as_secs_f64());
+        Ok(self.slot(target, waited))
+    }
+
+    /// Would a request wait (or be refused) now?
+    pub fn stats(&self) -> Stats {
+        let inner = self.inner.lock();
+        Stats {
+            targets: inner.targets.iter().map(|t| (t.in_flight, t.cap())).collect(),
+            queued: inner.queue.len(),
+            queued_by_class: inner.queue.by_class(),
+            identities_queued: inner.queue.identities(),
+            queue_size: inner.spec.queue_size,
+            timeout: inner.spec.timeout,
+            min_rtt: inner
+                .targets
+                .iter()
+                .map(|t| t.adaptive.as_ref().and_then(adaptive::Gradient::min_rtt))
+                .collect(),
+        }
+    }
+
+    fn slot(self: &Arc<Self>, target: usize, waited: Duration) -> Slot {
+        let generation = {
+            let inner = self.inner.lock();
+            inner.targets[target]
+                .adaptive
+                .as_ref()
+                .map_or(0, |g| g.generation)
+        };
+        Slot {
+            gate: Arc::clone(self),
+            target,
+            generation,
+            sent: Instant::now(),
+            took: None,
+            waited,
+        }
+    }
+
+    fn refusal(&self, inner: &Inner, why: Refused) -> Refusal {
+        self.handles.refused[why as usize].inc();
+        let cap = inner.targets.iter().map(Target::cap).sum::<usize>().max(1);
+        // The queue ahead, served `cap` at a time at the average response time.
+        let ahead = inner.queue.len() as u32 / cap as u32 + 1;
+        let retry_after = (inner.latency * ahead).as_secs().max(1);
+        Refusal { why, retry_after }
+    }
+
+    /// A target with room for a request that tried `tried`: a healthy one (any, when none
+    /// is), one not tried yet where there is one, the least loaded of those. Counted in.
+    fn choose(&self, inner: &mut Inner, tried: &[usize]) -> Option<usize> {
+        let targets = &mut inner.targets;
+        let any_healthy = (0..targets.len()).any(|t| (self.healthy)(t));
+        let usable = |t: usize| !any_healthy || (self.healthy)(t);
+        let mut best: Option<(bool, f64, usize)> = None;
+        for (i, t) in targets.iter_mut().enumerate() {
+            if !usable(i) {
+                continue;
+            }
+            if !t.has_room() {
+                if let Some(g) = &mut t.adaptive {
+                    g.reached();
+                }
+                continue;
+            }
+            let rank = (tried.contains(&i), t.in_flight as f64 / t.cap() as f64, i);
+            if best.is_none_or(|b| (rank.0, rank.1) < (b.0, b.1)) {
+                best = Some(rank);
+            }
+        }
+        let (_, _, chosen) = best?;
+        let t = &mut targets[chosen];
+        t.in_flight += 1;
+        if !t.has_room() {
+            if let Some(g) = &mut t.adaptive {
+                g.reached();
+            }
+        }
+        Some(chosen)
+    }
+
+    /// Hand free slots to waiting requests, in their turn.
+    fn dispatch(&self, inner: &mut Inner) {
+        while inner.queue.len() > 0 {
+            let Some(target) = self.choose(inner, &[]) else {
+                return;
+            };
+            // Prefer a target the request has not tried: put the count where it goes.
+            let Some(waiter) = inner.queue.pop() else {
+                inner.targets[target].in_flight -= 1;
+                return;
+            };
+            let grant = waiter.item;
+            let target = if grant.tried.contains(&target) {
+                inner.targets[target].in_flight -= 1;
+                self.choose(inner, &grant.tried).unwrap_or_else(|| {
+                    inner.targets[target].in_flight += 1;
+                    target
+                })
+            } else {
+                target
+            };
+            if grant.to.send(target).is_err() {
+                inner.targets[target].in_flight -= 1;
+            }
+        }
+    }
+
+    fn release(&self, target: usize, generation: u64, took: Option<Duration>) {
+        let mut inner = self.inner.lock();
+        let now = self.origin.elapsed();
+        if let Some(took) = took {
+            // An average over about the last hundred responses.
+            inner.latency = if inner.latency.is_zero() {
+                took
+            } else {
+                (inner.latency * 99 + took) / 100
+            };
+        }
+        if let Some(t) = inner.targets.get_mut(target) {
+            t.in_flight = t.in_flight.saturating_sub(1);
+            if let (Some(g), Some(took)) = (&mut t.adaptive, took) {
+                g.sample(now, took, generation);
+            }
+        }
+        self.dispatch(&mut inner);
+    }
+}
+
+/// The answer to a request that got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub why: Refused,
+    /// Seconds until a slot is likely free.
+    pub retry_after: u64,
+}
+
+/// A request waiting in the queue: leaves it when dropped, or gives back the slot its turn
+/// brought if that came as it was dropped.
+struct Queued<'a> {
+    gate: &'a Gate,
+    priority: Priority,
+    key: u128,
+    id: u64,
+    rx: oneshot::Receiver<usize>,
+    done: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut inner = self.gate.inner.lock();
+        if inner.queue.remove(self.priority, self.key, self.id).is_some() {
+            return;
+        }
+        // Its turn came: the slot it was handed goes to the next in turn.
+        if let Ok(target) = self.rx.try_recv() {
+            if let Some(t) = inner.targets.get_mut(target) {
+                t.in_flight = t.in_flight.saturating_sub(1);
+            }
+            self.gate.dispatch(&mut inner);
+        }
+    }
+}
+
+/// A request's slot on one target, held until its response body ends (or it fails).
+#[derive(Debug)]
+pub struct Slot {
+    gate: Arc<Gate>,
+    pub target: usize,
+    generation: u64,
+    sent: Instant,
+    took: Option<Duration>,
+    /// How long the request waited for it.
+    pub waited: Duration,
+}
+
+impl Slot {
+    /// The target's response head came: the latency an adaptive cap learns from.
+    pub fn answered(&mut self) {
+        self.took = Some(self.sent.elapsed());
+    }
+
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gate.release(self.target, self.generation, self.took);
+    }
+}
+
+#[cfg(test)]
+mod tests;
