@@ -40,6 +40,13 @@ pub enum ProxyError {
     UpstreamInvalid,
     #[error("the shared rate-limit store is unavailable and limit `{limit}` fails closed")]
     LimiterUnavailable { limit: Arc<str> },
+    /// Every target of the upstream had its `max_in_flight` requests, and the request found
+    /// the queue full or waited its `timeout`: nothing reached the backend.
+    #[error("upstream `{upstream}` is at capacity ({})", refusal.why.as_str())]
+    AtCapacity {
+        upstream: Arc<str>,
+        refusal: crate::capacity::Refusal,
+    },
 }
 
 impl From<crate::body::BodyFailure> for ProxyError {
@@ -71,6 +78,7 @@ impl ProxyError {
             | ProxyError::UpstreamTimeout
             | ProxyError::UpstreamInvalid
             | ProxyError::LimiterUnavailable { .. }
+            | ProxyError::AtCapacity { .. }
             | ProxyError::Overloaded => false,
         }
     }
@@ -92,7 +100,8 @@ impl ProxyError {
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Overloaded
             | ProxyError::BufferUnavailable
-            | ProxyError::LimiterUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | ProxyError::LimiterUnavailable { .. }
+            | ProxyError::AtCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

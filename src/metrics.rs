@@ -101,6 +101,8 @@ pub struct Scrape<'a, L> {
     pub limits: L,
     pub redis: Option<&'a RedisLimiter>,
     pub targets: &'a [TargetSample],
+    /// Each capped upstream's queue depth.
+    pub queues: &'a [(Arc<str>, usize)],
     pub certs: &'a [CertSample],
 }
 
@@ -311,7 +313,7 @@ impl Metrics {
         format: Format,
         scrape: Scrape<'a, impl Iterator<Item = &'a Arc<Limit>>>,
     ) -> String {
-        self.targets.read(scrape.targets);
+        self.targets.read(scrape.targets, scrape.queues);
         self.certificates.clear();
         for c in scrape.certs {
             let labels = CertLabels {

@@ -417,14 +417,19 @@ async fn drive(connection: impl Future<Output = hyper::Result<()>>, watch: Arc<H
 pub struct Pooled {
     inner: Incoming,
     lease: Option<Lease>,
-    /// Counts the response as in flight to its target until the body ends.
-    in_flight: Option<InFlight>,
+    /// Counts the response as in flight to its target until the body ends (for
+    /// `least_request`, and in a capped upstream's slot).
+    in_flight: (Option<InFlight>, Option<crate::capacity::Slot>),
 }
 
 impl Pooled {
     /// `lease`: the connection to give back when the body ends (at once if it is empty).
-    /// `in_flight`: the count to leave then.
-    pub fn new(inner: Incoming, lease: Option<Lease>, in_flight: Option<InFlight>) -> Self {
+    /// `in_flight`: the counts to leave then.
+    pub fn new(
+        inner: Incoming,
+        lease: Option<Lease>,
+        in_flight: (Option<InFlight>, Option<crate::capacity::Slot>),
+    ) -> Self {
         let mut body = Self {
             inner,
             lease,
@@ -437,7 +442,7 @@ impl Pooled {
     }
 
     fn release(&mut self) {
-        self.in_flight = None;
+        self.in_flight = (None, None);
         if let Some(l) = self.lease.take() {
             if l.sent.is_done() {
                 l.pool.give_back(l.target, l.conn);
@@ -459,7 +464,7 @@ impl Body for Pooled {
             None => self.release(),
             Some(Err(_)) => {
                 self.lease = None;
-                self.in_flight = None;
+                self.in_flight = (None, None);
             }
             Some(Ok(_)) if self.inner.is_end_stream() => self.release(),
             Some(Ok(_)) => {}

@@ -37,6 +37,9 @@ pub fn fixed(
 
 /// The response for a request-path error. Bodies are short and generic: details go to logs.
 pub fn from_error(err: &ProxyError) -> Response<Body> {
+    if let ProxyError::AtCapacity { refusal, .. } = err {
+        return at_capacity(*refusal);
+    }
     let status = err.status();
     let reason = status.canonical_reason().unwrap_or("Error");
     let mut res = fixed(status, "text/plain; charset=utf-8", format!("{reason}\n"));
@@ -50,6 +53,31 @@ pub fn from_error(err: &ProxyError) -> Response<Body> {
             HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
         );
     }
+    res
+}
+
+/// `503` for a request the upstream's capacity refused: when to come back, and why, as
+/// problem+json (the upstream's name stays in the logs).
+fn at_capacity(refusal: crate::capacity::Refusal) -> Response<Body> {
+    let detail = match refusal.why {
+        crate::capacity::Refused::QueueFull => "the backend is at capacity and its queue is full",
+        crate::capacity::Refused::QueueTimeout => {
+            "the backend is at capacity: no slot came free while the request waited"
+        }
+    };
+    let body = format!(
+        "{{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"{detail}; retry in {} s.\",\"reason\":\"{}\",\"retry_after\":{}}}\n",
+        refusal.retry_after,
+        refusal.why.as_str(),
+        refusal.retry_after
+    );
+    let mut res = fixed(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "application/problem+json",
+        body,
+    );
+    res.headers_mut()
+        .insert(RETRY_AFTER, number(refusal.retry_after));
     res
 }
 

@@ -79,6 +79,8 @@ pub struct Route {
     pub fold_path: bool,
     /// The identity sources its limits read that a JSON access line gives digests of.
     pub logged_keys: crate::access_log::KeySources,
+    /// Its class in the upstream's queue.
+    pub priority: crate::capacity::Priority,
 }
 
 /// What a route does with an admitted request.
@@ -107,7 +109,10 @@ impl Runtime {
             .upstreams
             .iter()
             .map(|spec| match old_upstreams.get(&*spec.name) {
-                Some(kept) if kept.fingerprint == spec.fingerprint => Arc::clone(kept),
+                Some(kept) if kept.fingerprint == spec.fingerprint => {
+                    kept.respec(spec);
+                    Arc::clone(kept)
+                }
                 _ => Arc::new(Upstream::new(spec, workers.count(), metrics.upstream(spec))),
             })
             .collect();
@@ -154,6 +159,7 @@ impl Runtime {
                 buffer_response: spec.buffer_response,
                 retry_idempotent: spec.retry_idempotent,
                 fold_path: spec.fold_path,
+                priority: spec.priority,
             });
         }
         let store = store(&settings, previous);

@@ -205,6 +205,11 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
         Some(d) => push_ms(out, d),
         None => out.push(b'-'),
     }
+    out.extend_from_slice(b" queue_ms=");
+    match e.queue_time {
+        Some(d) => push_ms(out, d),
+        None => out.push(b'-'),
+    }
     out.extend_from_slice(b" ms=");
     push_ms(out, at.took);
     out.extend_from_slice(b" request_id=");
@@ -363,6 +368,10 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
     }
     if let Some(d) = e.upstream_time {
         json_key(out, b"upstream.duration_ms");
+        push_ms(out, d);
+    }
+    if let Some(d) = e.queue_time {
+        json_key(out, b"tollgate.queue_ms");
         push_ms(out, d);
     }
     json_key(out, b"duration_ms");

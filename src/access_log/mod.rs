@@ -107,6 +107,8 @@ pub struct Entry {
     pub upstream: Name,
     /// From sending upstream to the upstream's response head.
     pub upstream_time: Option<Duration>,
+    /// The wait for a slot of a capped upstream.
+    pub queue_time: Option<Duration>,
     /// Request body bytes read from the client when it was received whole.
     pub bytes_in: u64,
     /// A streamed request body's progress (its bytes are read when the line is written).
@@ -145,6 +147,7 @@ impl Entry {
             client: None,
             upstream: Name::new(),
             upstream_time: None,
+            queue_time: None,
             bytes_in: 0,
             body_in: Sent::default(),
             keys: Keys::default(),

@@ -111,6 +111,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
                     limits: runtime.limits(),
                     redis: runtime.redis.as_deref(),
                     targets: &target_samples(&runtime),
+                    queues: &queue_samples(&runtime),
                     certs: &cert_samples(&runtime),
                 },
             );
@@ -143,10 +144,18 @@ fn target_samples(runtime: &Runtime) -> Vec<TargetSample> {
                 target: t.to_string(),
                 healthy: u.is_healthy(i, now),
                 in_flight: u.in_flight(i),
+                cap: u.cap(i),
             });
         }
     }
     samples
+}
+
+/// Every capped upstream's queue depth, for a scrape.
+fn queue_samples(runtime: &Runtime) -> Vec<(std::sync::Arc<str>, usize)> {
+    (runtime.upstreams.iter())
+        .filter_map(|u| Some((u.name.clone(), u.capacity()?.queued)))
+        .collect()
 }
 
 /// Every live listener certificate's expiry, for a scrape.

@@ -130,7 +130,9 @@ impl Gradient {
             return;
         }
         let average = self.sum / self.count;
-        let Some(min_rtt) = self.min_rtt.filter(|m| average.as_secs_f64() > 0.9 * m.as_secs_f64())
+        let Some(min_rtt) = self
+            .min_rtt
+            .filter(|m| average.as_secs_f64() > 0.9 * m.as_secs_f64())
         else {
             // Clearly faster than the no-load latency: the backend sped up, measure it again.
             self.probing = Some(self.limit);
@@ -139,8 +141,8 @@ impl Gradient {
         };
         let min_rtt = min_rtt.min(average);
         self.min_rtt = Some(min_rtt);
-        let gradient = (self.spec.tolerance * min_rtt.as_secs_f64() / average.as_secs_f64())
-            .clamp(0.5, 2.0);
+        let gradient =
+            (self.spec.tolerance * min_rtt.as_secs_f64() / average.as_secs_f64()).clamp(0.5, 2.0);
         let next = if self.saturated {
             self.limit * gradient + 1.0
         } else {

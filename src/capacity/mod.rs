@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use adaptive::{AdaptiveSpec, PROBE_SAMPLES};
-pub use queue::{Priority, SHARES};
 use queue::{FairQueue, Waiter};
+pub use queue::{Priority, SHARES};
 
 /// `upstreams.NAME.max_in_flight` and `queue`, as compiled.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +80,9 @@ pub struct Gate {
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gate").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("Gate")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -119,7 +121,9 @@ impl Target {
     }
 
     fn cap(&self) -> usize {
-        self.adaptive.as_ref().map_or(self.fixed, adaptive::Gradient::cap)
+        self.adaptive
+            .as_ref()
+            .map_or(self.fixed, adaptive::Gradient::cap)
     }
 
     fn has_room(&self) -> bool {
@@ -262,7 +266,11 @@ impl Gate {
     pub fn stats(&self) -> Stats {
         let inner = self.inner.lock();
         Stats {
-            targets: inner.targets.iter().map(|t| (t.in_flight, t.cap())).collect(),
+            targets: inner
+                .targets
+                .iter()
+                .map(|t| (t.in_flight, t.cap()))
+                .collect(),
             queued: inner.queue.len(),
             queued_by_class: inner.queue.by_class(),
             identities_queued: inner.queue.identities(),
@@ -409,7 +417,11 @@ impl Drop for Queued<'_> {
             return;
         }
         let mut inner = self.gate.inner.lock();
-        if inner.queue.remove(self.priority, self.key, self.id).is_some() {
+        if inner
+            .queue
+            .remove(self.priority, self.key, self.id)
+            .is_some()
+        {
             return;
         }
         // Its turn came: the slot it was handed goes to the next in turn.
@@ -439,7 +451,6 @@ impl Slot {
     pub fn answered(&mut self) {
         self.took = Some(self.sent.elapsed());
     }
-
 }
 
 impl Drop for Slot {

@@ -163,8 +163,22 @@ mod tests {
         for id in 0..1000 {
             q.push(Priority::Normal, 1, Waiter { id, item: "heavy" });
         }
-        q.push(Priority::Normal, 2, Waiter { id: 1000, item: "light" });
-        q.push(Priority::Normal, 3, Waiter { id: 1001, item: "other" });
+        q.push(
+            Priority::Normal,
+            2,
+            Waiter {
+                id: 1000,
+                item: "light",
+            },
+        );
+        q.push(
+            Priority::Normal,
+            3,
+            Waiter {
+                id: 1001,
+                item: "other",
+            },
+        );
         let served = order(&mut q);
         // The light identities' only requests come within the first turn.
         assert_eq!(&served[..3], ["heavy", "light", "other"]);

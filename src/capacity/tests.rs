@@ -83,7 +83,11 @@ async fn a_request_whose_client_left_leaves_the_queue_at_once() {
     let _ = waiting.await;
     assert_eq!(g.stats().queued, 0);
     drop(a);
-    assert_eq!(g.stats().in_flight(), 0, "no slot kept for the request that left");
+    assert_eq!(
+        g.stats().in_flight(),
+        0,
+        "no slot kept for the request that left"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -147,7 +151,9 @@ async fn an_unhealthy_target_gets_no_slot_while_another_is_healthy() {
     let again = g.admit(ticket(1));
     tokio::pin!(again);
     assert!(
-        tokio::time::timeout(Duration::from_millis(10), &mut again).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(10), &mut again)
+            .await
+            .is_err(),
         "waits for target 1"
     );
     drop(a);

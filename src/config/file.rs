@@ -283,6 +283,54 @@ pub struct Upstream {
     /// Extra attempts on other targets for a request that failed before it could be answered.
     pub retries: Option<u32>,
     pub health: Option<Health>,
+    /// Requests in flight to each target at most: a number, or `adaptive` (learned from
+    /// latency, within `adaptive`'s bounds). Requests past it wait in `queue`.
+    pub max_in_flight: Option<MaxInFlight>,
+    /// The adaptive cap's bounds and controller (with `max_in_flight: adaptive`).
+    pub adaptive: Option<Adaptive>,
+    /// Where requests wait while every target is at its cap.
+    pub queue: Option<Queue>,
+}
+
+/// `upstreams.NAME.max_in_flight`: a number, or `adaptive`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MaxInFlight {
+    Fixed(u64),
+    #[schemars(extend("enum" = ["adaptive"]))]
+    Word(String),
+}
+
+/// `upstreams.NAME.adaptive`: the learned cap's bounds and controller.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Adaptive {
+    /// The lowest cap (and the concurrency no-load latency is probed at).
+    pub min: Option<u64>,
+    /// The highest cap.
+    pub max: Option<u64>,
+    /// How often the cap moves, at least (longer for slow backends: five no-load latencies).
+    #[schemars(pattern(DURATION))]
+    pub window: Option<String>,
+    /// The latency over the no-load one that counts as keeping up (`1.1`: 10% more).
+    pub tolerance: Option<f64>,
+    /// How often the no-load latency is measured again.
+    #[schemars(pattern(DURATION))]
+    pub probe_every: Option<String>,
+}
+
+/// `upstreams.NAME.queue`: the waiting requests' bound and patience.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Queue {
+    /// Requests waiting at once (0: refuse at once when every target is at its cap).
+    pub size: Option<u64>,
+    /// The longest a request waits for a slot before its `503`.
+    #[schemars(pattern(DURATION))]
+    pub timeout: Option<String>,
+    /// The identity the queue is fair across, as a limit's `key` (default: the one the
+    /// route's first limit counted the request under, else the client address).
+    pub key: Option<Vec<String>>,
 }
 
 /// `upstreams.NAME.health`: when a target is taken out of rotation, and how it comes back.
@@ -377,6 +425,9 @@ pub struct Route {
     /// Send an idempotent request that reached a target which then failed to another target.
     #[serde(default)]
     pub retry_idempotent: bool,
+    /// The route's class in its upstream's queue: `high`, `normal` (default) or `low`.
+    #[schemars(extend("enum" = ["high", "normal", "low"]))]
+    pub priority: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -122,6 +122,8 @@ pub struct RouteSpec {
     pub retry_idempotent: bool,
     /// `match.path_case: insensitive`: the `path` key source reads the path lower-cased.
     pub fold_path: bool,
+    /// The route's class in its upstream's queue.
+    pub priority: crate::capacity::Priority,
 }
 
 /// The `buffering` section.
@@ -309,8 +311,13 @@ pub struct UpstreamSpec {
     /// Extra attempts, on other targets, for a request that failed before it was answered.
     pub retries: u32,
     pub health: HealthSpec,
+    /// `max_in_flight` and `queue`: none when the upstream is uncapped.
+    pub capacity: Option<crate::capacity::Spec>,
+    /// `queue.key`: the identity the queue is fair across, when not the route's limit's.
+    pub queue_key: Option<KeySpec>,
     /// Identifies the settings and the CA file's bytes: a reload keeps an upstream (and its
-    /// warm connections) whose fingerprint did not change.
+    /// warm connections) whose fingerprint did not change. A change of the caps or the queue
+    /// alone keeps it too (the caps change in place, waiting requests stay queued).
     pub fingerprint: [u8; 32],
 }
 

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::body::Guarded;
+use crate::capacity::{Priority, Slot, Ticket};
 use crate::error::ProxyError;
 use crate::metrics::{AttemptResult, Metrics, RetryReason, UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::{Failed, Lease, Pooled, SendError};
@@ -38,6 +39,8 @@ pub struct Forwarded {
     pub tunnel: Option<Tunnel>,
     /// The target that answered (its index in the upstream's `targets`).
     pub target: usize,
+    /// How long the request waited for a slot of a capped upstream (retries included).
+    pub waited: Duration,
 }
 
 /// What the rewrite needs to know about the downstream connection.
@@ -68,6 +71,8 @@ pub struct Downstream<'a> {
     pub retry_idempotent: bool,
     /// The request-ID header and the request's ID (`request_id`), sent upstream.
     pub request_id: (&'a http::HeaderName, &'a HeaderValue),
+    /// The identity and class the queue of a capped upstream serves the request by.
+    pub queue: (u128, Priority),
 }
 
 /// `send`, timed: the answer comes back with the time to its response head, observed in the
@@ -130,7 +135,12 @@ pub async fn send(
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
     let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
-    let mut target = upstream.pick(now, &[]);
+    let mut at = now;
+    let mut slot = admit(upstream, down.queue, &[], &mut at).await?;
+    let mut waited = slot.as_ref().map_or(Duration::ZERO, |s| s.waited);
+    let mut target = slot
+        .as_ref()
+        .map_or_else(|| upstream.pick(now, &[]), |s| s.target);
     let host_is_target = rewrite(&mut req, &upstream.targets[target], down)?;
     if websocket {
         let headers = req.headers_mut();
@@ -139,7 +149,6 @@ pub async fn send(
     }
     let replayable = down.retry_idempotent && upstream.retries > 0 && idempotent(req.method());
     let mut tried: Small<usize> = Small::new();
-    let mut at = now;
     loop {
         tried.push(target);
         let left = tried.len() <= upstream.retries as usize;
@@ -175,6 +184,9 @@ pub async fn send(
             // One arm for every answer, the response made ready in place and returned from
             // here: each move of the response on its way out is a copy of it.
             Ok((mut res, mut lease)) => {
+                if let Some(slot) = &mut slot {
+                    slot.answered();
+                }
                 // Refused whole, its connection dropped: nothing of it reaches the client.
                 framing::check_response(&res, client_side.is_some())
                     .inspect_err(|_| upstream.attempted(target, AttemptResult::unreachable))?;
@@ -195,9 +207,10 @@ pub async fn send(
                         down.websocket_idle,
                     );
                     return Ok(Forwarded {
-                        response: res.map(|body| Pooled::new(body, lease, in_flight)),
+                        response: res.map(|body| Pooled::new(body, lease, (in_flight, slot))),
                         tunnel,
                         target,
+                        waited,
                     });
                 }
             }
@@ -209,6 +222,10 @@ pub async fn send(
                 }
                 upstream.attempted(target, attempt_result(&failed.error));
                 upstream.failed(target, at);
+                // A timeout is latency the adaptive cap must see; a refused connection is not.
+                if let (Some(slot), SendError::HeadTimeout) = (&mut slot, &failed.error) {
+                    slot.answered();
+                }
                 match (failed.unsent, replay) {
                     (Some(unsent), _) if left => (RetryReason::unreached, unsent),
                     (None, Some(next)) => (RetryReason::idempotent, next),
@@ -226,13 +243,49 @@ pub async fn send(
         };
         req = next;
         at = Instant::now();
-        target = upstream.pick(at, &tried);
+        // The cap counts attempts: the failed one's slot goes, the next one takes its own.
+        drop(slot.take());
+        slot = admit(upstream, down.queue, &tried, &mut at).await?;
+        waited += slot.as_ref().map_or(Duration::ZERO, |s| s.waited);
+        target = slot
+            .as_ref()
+            .map_or_else(|| upstream.pick(at, &tried), |s| s.target);
         if host_is_target {
             if let Ok(host) = HeaderValue::from_str(upstream.targets[target].as_str()) {
                 req.headers_mut().insert(HOST, host);
             }
         }
         upstream.retried(retry);
+    }
+}
+
+/// A slot of a capped upstream (none when uncapped), for a request that tried `tried`; `at`
+/// moves to when it came if the request waited.
+async fn admit(
+    upstream: &Upstream,
+    (key, priority): (u128, Priority),
+    tried: &[usize],
+    at: &mut Instant,
+) -> Result<Option<Slot>, ProxyError> {
+    let Some(gate) = &upstream.gate else {
+        return Ok(None);
+    };
+    let ticket = Ticket {
+        key,
+        priority,
+        tried,
+    };
+    match gate.admit(ticket).await {
+        Ok(slot) => {
+            if !slot.waited.is_zero() {
+                *at = Instant::now();
+            }
+            Ok(Some(slot))
+        }
+        Err(refusal) => Err(ProxyError::AtCapacity {
+            upstream: upstream.name.clone(),
+            refusal,
+        }),
     }
 }
 

@@ -307,6 +307,7 @@ mod tests {
             route: "r",
             retry_idempotent: false,
             request_id: (&id_header, &peer_value),
+            queue: (0, crate::capacity::Priority::Normal),
         };
         forwarded_for(&mut h, down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");

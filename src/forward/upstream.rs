@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::balance::Balancer;
 use super::check::{self, Checker, Probe};
 use super::health::Health;
+use crate::capacity::Gate;
 use crate::config::settings::UpstreamSpec;
 use crate::log_gate::LogGate;
 use crate::metrics::{AttemptResult, RetryReason, UpstreamHandles};
@@ -47,6 +48,10 @@ pub struct Upstream {
     attempts: Vec<[crate::sharded::Counter; 4]>,
     /// Keeps the warnings of a dead upstream to one a second.
     pub(super) log_gate: LogGate,
+    /// `max_in_flight`: the slots and queue, when capped.
+    pub gate: Option<Arc<Gate>>,
+    /// `queue.key`: the identity the queue is fair across, when not the route's limit's.
+    pub queue_key: Option<crate::identity::KeySpec>,
     /// The active health check, stopped with the upstream.
     _checker: Option<Checker>,
 }
@@ -122,6 +127,11 @@ impl Upstream {
             check::start(probe, &health)
         });
         let several = spec.targets.len() > 1;
+        let gate = spec.capacity.as_ref().map(|c| {
+            let health = Arc::clone(&health);
+            let healthy = Box::new(move |t| health.is_healthy(t, health.ms(Instant::now())));
+            Gate::new(c, spec.targets.len(), healthy, metrics.capacity)
+        });
         Self {
             name: spec.name.clone(),
             scheme: spec.scheme.clone(),
@@ -138,8 +148,27 @@ impl Upstream {
             retried: metrics.retries,
             attempts: metrics.attempts,
             log_gate: LogGate::new(Duration::from_secs(1)),
+            gate,
+            queue_key: spec.queue_key.clone(),
             _checker: checker,
         }
+    }
+
+    /// A reload kept this upstream: its caps and queue bounds become `spec`'s.
+    pub fn respec(&self, spec: &UpstreamSpec) {
+        if let (Some(gate), Some(c)) = (&self.gate, &spec.capacity) {
+            gate.respec(c);
+        }
+    }
+
+    /// The caps and the queue now, when capped.
+    pub fn capacity(&self) -> Option<crate::capacity::Stats> {
+        self.gate.as_ref().map(|g| g.stats())
+    }
+
+    /// `target`'s cap now, when capped.
+    pub fn cap(&self, target: usize) -> Option<usize> {
+        Some(self.capacity()?.targets.get(target)?.1)
     }
 
     /// Close idle connections past their timeout, in every worker's pool.
@@ -169,8 +198,11 @@ impl Upstream {
         self.balancer.enter(target)
     }
 
-    /// Requests in flight to `target` now (counted for `least_request` only).
+    /// Requests in flight to `target` now (counted for `least_request` and capped upstreams).
     pub fn in_flight(&self, target: usize) -> Option<usize> {
+        if let Some(stats) = self.capacity() {
+            return stats.targets.get(target).map(|t| t.0);
+        }
         self.balancer.in_flight(target)
     }
 

@@ -25,7 +25,7 @@ use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
 use limits::{beside, limits, operators, refusal};
-use upstream::{downstream, forward_to};
+use upstream::{downstream, forward_to, queue_key};
 
 /// The downstream connection a request arrived on.
 #[derive(Debug)]
@@ -77,6 +77,10 @@ struct Trace<'a> {
     tunnel: Option<Tunnel>,
     /// The target that answered, and the time to its response head.
     upstream: Option<(usize, std::time::Duration)>,
+    /// The time it waited for a slot of a capped upstream.
+    queued: std::time::Duration,
+    /// A capped upstream had no slot for it (`503`).
+    at_capacity: bool,
     /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
     bytes_in: u64,
     sent: Sent,
@@ -205,7 +209,8 @@ async fn pipeline<'a>(
     }
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let down = downstream(conn, &rt.settings, route, client_ip, request_id);
+            let queue = queue_key(upstream, &view, trace.decision.as_ref(), client_ip);
+            let down = downstream(conn, &rt.settings, route, (client_ip, queue), request_id);
             forward_to(state, rt, route, upstream, req, down, started, trace).await?
         }
         Action::Respond(r) => respond(r),
@@ -327,6 +332,12 @@ fn record(
             entry.upstream.extend_from_slice(t.as_str().as_bytes());
         }
         entry.upstream_time = Some(took);
+        if upstream.gate.is_some() {
+            entry.queue_time = Some(trace.queued);
+        }
+    }
+    if trace.at_capacity {
+        entry.outcome = "at-capacity";
     }
     if trace.operator_ban {
         entry.outcome = "operator-ban";

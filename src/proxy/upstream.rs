@@ -11,6 +11,7 @@ use crate::body::Guarded;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream};
 use crate::identity;
+use crate::limiter;
 use crate::response::Body;
 use crate::runtime::{Route, Runtime};
 use crate::state::State;
@@ -48,11 +49,40 @@ pub(super) async fn forward_to(
     } else {
         started
     };
-    let (forwarded, took) = forward::send_timed(upstream, req, down, now, &state.metrics).await?;
+    let sent = forward::send_timed(upstream, req, down, now, &state.metrics).await;
+    trace.at_capacity = matches!(sent, Err(ProxyError::AtCapacity { .. }));
+    let (forwarded, took) = sent?;
     trace.upstream = Some((forwarded.target, took));
+    trace.queued = forwarded.waited;
     trace.tunnel = forwarded.tunnel;
     let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
     forward::body_out(forwarded.response, read_ahead, &rt.store).await
+}
+
+/// The identity a capped upstream's queue serves the request by: its `queue.key`, else the
+/// identity the route's first limit counted it under, else the client address.
+pub(super) fn queue_key(
+    upstream: &forward::Upstream,
+    view: &identity::RequestView<'_>,
+    decision: Option<&limiter::Decision>,
+    client_ip: std::net::IpAddr,
+) -> u128 {
+    if upstream.gate.is_none() {
+        return 0;
+    }
+    if let Some(key) = &upstream.queue_key {
+        return view.resolve(key).0;
+    }
+    let counted = decision.and_then(|d| d.results.iter().find_map(|r| r.client));
+    counted.map_or_else(
+        || {
+            u128::from(match client_ip {
+                std::net::IpAddr::V4(a) => a.to_ipv6_mapped(),
+                std::net::IpAddr::V6(a) => a,
+            })
+        },
+        |id| id.0,
+    )
 }
 
 /// What forwarding needs to know about the client and the route.
@@ -60,7 +90,7 @@ pub(super) fn downstream<'a>(
     conn: &'a ClientConn,
     settings: &'a crate::config::Settings,
     route: &'a Route,
-    client_ip: std::net::IpAddr,
+    (client_ip, queue): (std::net::IpAddr, u128),
     request_id: &'a http::HeaderValue,
 ) -> Downstream<'a> {
     let peer = conn.peer.ip().to_canonical();
@@ -78,5 +108,6 @@ pub(super) fn downstream<'a>(
         route: &route.name,
         retry_idempotent: route.retry_idempotent,
         request_id: (&settings.request_id_header, request_id),
+        queue: (queue, route.priority),
     }
 }

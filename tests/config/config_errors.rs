@@ -43,6 +43,15 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    bad_capacity: r"
+{f}: 6 problems
+  {f}:6:20: upstreams.zero.max_in_flight: must be at least 1 (leave it out for no cap)
+  {f}:9:5: upstreams.uncapped.queue: needs `max_in_flight`: without a cap no request ever waits
+  {f}:13:23: upstreams.instant.queue.timeout: must be longer than zero (`size: 0` refuses at once instead)
+  {f}:17:22: upstreams.learned.adaptive.min: is 50 but max is 10: min must not exceed max
+  {f}:20:20: upstreams.word.max_in_flight: `lots` is neither a number of requests nor `adaptive`
+  {f}:24:15: routes[0].priority: `urgent` is not a priority: high, normal or low
+",
     bad_address: r"
 {f}: 1 problem
   {f}:2:14: listeners[0].address: `localhost` is not an address like `0.0.0.0:8000` or `[::]:8000`

@@ -1,4 +1,4 @@
-//! Forwarding: routing, upstream rewrite, WebSocket, legacy backends, upstream health, TLS.
+//! Forwarding: routing, upstream rewrite, WebSocket, legacy backends, upstream health and capacity, TLS.
 //!
 //! One test binary per area: each file below was a binary of its own, and linking them
 //! apart was most of the suite's build time.
@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity;
 mod forwarding;
 mod legacy_backends;
 mod routing;

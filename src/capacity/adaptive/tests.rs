@@ -59,7 +59,8 @@ impl Simulation {
             let (done, sent, generation) = self.serving.swap_remove(next);
             self.now = done;
             self.served += 1;
-            self.gradient.sample(self.now, done - sent, generation);
+            self.gradient
+                .sample(self.now, done.saturating_sub(sent), generation);
             while self.serving.len() < self.workers {
                 let Some((sent, generation)) = self.waiting.pop_front() else {
                     break;
@@ -94,11 +95,17 @@ fn the_cap_settles_between_k_and_tolerance_times_k_plus_two() {
         let caps = sim.run(20 * S, 5 * S);
         let (lo, hi) = band(&caps);
         let top = (1.1 * k as f64 + 2.0).floor() as usize;
-        assert!(lo >= k && hi <= top, "K={k}: cap in {lo}..={hi}, want {k}..={top}");
+        assert!(
+            lo >= k && hi <= top,
+            "K={k}: cap in {lo}..={hi}, want {k}..={top}"
+        );
         // Goodput: the backend's workers stay busy (probes cost a little).
         let capacity = 15.0 * k as f64 / 0.020;
         let served = sim.served_settled as f64;
-        assert!(served > 0.97 * capacity, "K={k}: served {served} of {capacity}");
+        assert!(
+            served > 0.97 * capacity,
+            "K={k}: served {served} of {capacity}"
+        );
     }
 }
 

@@ -5,6 +5,7 @@
 //! certificate and CA files a config names, but builds no live object: `tollgate check` runs
 //! exactly this.
 
+mod capacity;
 mod concurrency;
 mod health;
 mod identity;

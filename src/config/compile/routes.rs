@@ -93,6 +93,7 @@ pub(super) fn route(
         websocket: r.websocket,
         websocket_idle,
         retry_idempotent: r.retry_idempotent,
+        priority: super::capacity::priority(r, path, p),
     };
     Some((route, matcher?))
 }

@@ -88,6 +88,7 @@ pub(super) fn upstreams(
             }
         }
         let (balance, retries, health) = health::resilience(u, &path, p);
+        let (capacity, queue_key) = super::capacity::capacity(u, &path, p);
         // A broken upstream is still known by name, so routes using it get no second error.
         let upstream = tls
             .filter(|_| !targets.is_empty() && targets.len() == u.targets.len())
@@ -104,6 +105,8 @@ pub(super) fn upstreams(
                     balance,
                     retries,
                     health,
+                    capacity,
+                    queue_key,
                     fingerprint: [0; 32],
                 };
                 spec.fingerprint = upstream_fingerprint(&spec, ca);
@@ -115,7 +118,7 @@ pub(super) fn upstreams(
 }
 
 /// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive,
-/// balancing, retry and health settings, and the bytes of the CA file (a renewed CA must reach
+/// balancing, retry and health settings, whether it is capped and its queue's key, and the bytes of the CA file (a renewed CA must reach
 /// new connections).
 fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
@@ -130,6 +133,9 @@ fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u
     h.update(&spec.idle_timeout.as_nanos().to_le_bytes());
     // Debug is a complete, stable rendering of these plain values.
     h.update(format!("{:?}{}{:?}", spec.balance, spec.retries, spec.health).as_bytes());
+    // Whether there is a gate at all, and what the queue is fair across: the caps and the
+    // queue's bounds change in place on a reload.
+    h.update(format!("{}{:?}", spec.capacity.is_some(), spec.queue_key).as_bytes());
     if let Some(ca) = ca {
         h.update(b"\0ca\0");
         h.update(&std::fs::read(ca).unwrap_or_default());

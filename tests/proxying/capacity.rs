@@ -1,0 +1,431 @@
+//! An upstream's capacity with real sockets: at most `max_in_flight` requests reach the
+//! backend, the rest wait in the queue (fair across identities, by priority) or get `503`
+//! with `Retry-After` when it is full or their wait too long, and a client that leaves its
+//! queued request takes it out of the queue.
+
+use crate::common;
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{config, find_sample, sample, Http, TestProxy};
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{oneshot, Semaphore};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A backend that holds every request until the test lets one go (`release`), and counts
+/// the requests inside it at once.
+struct Held {
+    addr: SocketAddr,
+    state: Arc<HeldState>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+struct HeldState {
+    active: AtomicUsize,
+    max_active: AtomicUsize,
+    /// `X-Client` of each request, in arrival order.
+    arrived: Mutex<Vec<String>>,
+    permits: Semaphore,
+}
+
+impl Held {
+    fn start() -> Self {
+        let listener = StdListener::bind("127.0.0.1:0").expect("bind the backend");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("local addr");
+        let state = Arc::new(HeldState {
+            active: AtomicUsize::new(0),
+            max_active: AtomicUsize::new(0),
+            arrived: Mutex::new(Vec::new()),
+            permits: Semaphore::new(0),
+        });
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("backend runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let stream = tokio::select! {
+                        _ = &mut stopped => return,
+                        accepted = listener.accept() => match accepted {
+                            Ok((stream, _)) => stream,
+                            Err(_) => continue,
+                        },
+                    };
+                    let state = shared.clone();
+                    let service = service_fn(move |req| hold(req, state.clone()));
+                    tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            });
+        });
+        Self {
+            addr,
+            state,
+            stop: Some(stop),
+        }
+    }
+
+    /// Let `n` held requests (or future ones) be answered.
+    fn release(&self, n: usize) {
+        self.state.permits.add_permits(n);
+    }
+
+    fn arrived(&self) -> Vec<String> {
+        self.state.arrived.lock().expect("arrivals").clone()
+    }
+
+    fn max_active(&self) -> usize {
+        self.state.max_active.load(Ordering::SeqCst)
+    }
+
+    async fn wait_arrived(&self, n: usize) -> bool {
+        common::eventually(WAIT, || async { self.arrived().len() >= n }).await
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release(10_000);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn hold(
+    req: Request<Incoming>,
+    state: Arc<HeldState>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let now = state.active.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_active.fetch_max(now, Ordering::SeqCst);
+    let client = req
+        .headers()
+        .get("x-client")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    state.arrived.lock().expect("arrivals").push(client);
+    if let Ok(permit) = state.permits.acquire().await {
+        permit.forget();
+    }
+    state.active.fetch_sub(1, Ordering::SeqCst);
+    Ok(Response::new(Full::new(Bytes::from_static(b"ok\n"))))
+}
+
+fn capped(backend: &Held, upstream: &str, routes: &str) -> String {
+    config(&format!(
+        "admin: {{ address: 127.0.0.1:0 }}
+upstreams:
+  app:
+    targets: [{}]
+    timeout: 30s
+{upstream}
+routes:
+{routes}",
+        backend.addr
+    ))
+}
+
+const ONE_ROUTE: &str = "  - name: all
+    upstream: app
+    limits:
+      - name: per-client
+        rate: 100000/s
+        burst: 100000
+        key: [header:X-Client]
+";
+
+fn get(
+    proxy: &TestProxy,
+    path: &str,
+    client: &str,
+) -> tokio::task::JoinHandle<common::client::Reply> {
+    let (url, client) = (proxy.url(path), client.to_owned());
+    tokio::spawn(async move { Http::new().get_with(&url, &[("x-client", &client)]).await })
+}
+
+#[tokio::test]
+async fn the_backend_never_sees_more_than_the_cap_and_the_rest_wait() {
+    let backend = Held::start();
+    let proxy = TestProxy::start(&capped(
+        &backend,
+        "    max_in_flight: 2\n    queue: { size: 100, timeout: 20s }",
+        ONE_ROUTE,
+    ));
+    let replies: Vec<_> = (0..10)
+        .map(|i| get(&proxy, "/", &format!("c{i}")))
+        .collect();
+    assert!(backend.wait_arrived(2).await);
+    let scrape = proxy.scrape().await;
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(8)
+        })
+        .await,
+        "{scrape}"
+    );
+    let scrape = proxy.scrape().await;
+    let target = format!("{{upstream=\"app\",target=\"{}\"}}", backend.addr);
+    assert_eq!(
+        sample::<u64>(
+            &scrape,
+            &format!("tollgate_upstream_target_max_in_flight{target}")
+        ),
+        2
+    );
+    assert_eq!(
+        sample::<u64>(
+            &scrape,
+            &format!("tollgate_upstream_target_requests_in_flight{target}")
+        ),
+        2
+    );
+    backend.release(10);
+    for r in replies {
+        assert_eq!(r.await.expect("request task").code(), 200);
+    }
+    assert_eq!(backend.max_active(), 2, "the cap holds at the backend");
+    assert_eq!(
+        backend.arrived().len(),
+        10,
+        "every queued request was served"
+    );
+    let scrape = proxy.scrape().await;
+    assert_eq!(
+        sample::<u64>(
+            &scrape,
+            "tollgate_upstream_queue_wait_seconds_count{upstream=\"app\"}"
+        ),
+        10
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_and_a_long_wait_get_503_and_nothing_reaches_the_backend() {
+    let backend = Held::start();
+    let proxy = TestProxy::start(&capped(
+        &backend,
+        "    max_in_flight: 1\n    queue: { size: 1, timeout: 300ms }",
+        ONE_ROUTE,
+    ));
+    let first = get(&proxy, "/", "a");
+    assert!(backend.wait_arrived(1).await);
+    let queued = get(&proxy, "/", "b");
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(1)
+        })
+        .await
+    );
+    let full = Http::new()
+        .get_with(&proxy.url("/"), &[("x-client", "c")])
+        .await;
+    assert_eq!(full.code(), 503);
+    assert_eq!(full.header("content-type"), "application/problem+json");
+    assert!(full.header("retry-after").parse::<u64>().expect("seconds") >= 1);
+    assert!(
+        full.text().contains("\"reason\":\"queue_full\""),
+        "{}",
+        full.text()
+    );
+    let late = queued.await.expect("request task");
+    assert_eq!(late.code(), 503);
+    assert!(
+        late.text().contains("\"reason\":\"queue_timeout\""),
+        "{}",
+        late.text()
+    );
+    assert!(late.opt_header("retry-after").is_some());
+    backend.release(1);
+    assert_eq!(first.await.expect("request task").code(), 200);
+    assert_eq!(
+        backend.arrived(),
+        ["a"],
+        "refused requests never reached the backend"
+    );
+    let scrape = proxy.scrape().await;
+    for reason in ["queue_full", "queue_timeout"] {
+        let series = format!(
+            "tollgate_upstream_capacity_rejections_total{{upstream=\"app\",reason=\"{reason}\"}}"
+        );
+        assert_eq!(sample::<u64>(&scrape, &series), 1, "{series}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_takes_its_request_out_of_the_queue() {
+    let backend = Held::start();
+    let proxy = TestProxy::start(&capped(&backend, "    max_in_flight: 1", ONE_ROUTE));
+    let first = get(&proxy, "/", "a");
+    assert!(backend.wait_arrived(1).await);
+    let mut raw = tokio::net::TcpStream::connect(proxy.addr())
+        .await
+        .expect("connect");
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Client: gone\r\n\r\n")
+        .await
+        .expect("send");
+    let depth = || async {
+        find_sample::<u64>(
+            &proxy.scrape().await,
+            "tollgate_upstream_queue_depth{upstream=\"app\"}",
+        )
+    };
+    assert!(common::eventually(WAIT, || async { depth().await == Some(1) }).await);
+    drop(raw);
+    assert!(common::eventually(WAIT, || async { depth().await == Some(0) }).await);
+    backend.release(5);
+    assert_eq!(first.await.expect("request task").code(), 200);
+    let after = Http::new()
+        .get_with(&proxy.url("/"), &[("x-client", "b")])
+        .await;
+    assert_eq!(after.code(), 200);
+    assert_eq!(
+        backend.arrived(),
+        ["a", "b"],
+        "the request whose client left never went"
+    );
+}
+
+#[tokio::test]
+async fn a_heavy_identity_does_not_hold_up_a_light_one() {
+    let backend = Held::start();
+    let proxy = TestProxy::start(&capped(&backend, "    max_in_flight: 1", ONE_ROUTE));
+    let first = get(&proxy, "/", "heavy");
+    assert!(backend.wait_arrived(1).await);
+    let depth = |n| {
+        let proxy = &proxy;
+        async move {
+            common::eventually(WAIT, || async {
+                find_sample::<u64>(
+                    &proxy.scrape().await,
+                    "tollgate_upstream_queue_depth{upstream=\"app\"}",
+                ) == Some(n)
+            })
+            .await
+        }
+    };
+    let mut replies = vec![first];
+    for i in 0..20 {
+        replies.push(get(&proxy, "/", "heavy"));
+        assert!(depth(i + 1).await);
+    }
+    replies.push(get(&proxy, "/", "light"));
+    assert!(depth(21).await);
+    backend.release(100);
+    for r in replies {
+        assert_eq!(r.await.expect("request task").code(), 200);
+    }
+    let arrived = backend.arrived();
+    let light = arrived
+        .iter()
+        .position(|c| c == "light")
+        .expect("light served");
+    // The one in service, then at most one heavy turn before the light identity's.
+    assert!(light <= 2, "light served at {light}: {arrived:?}");
+}
+
+#[tokio::test]
+async fn a_high_priority_route_goes_first_and_a_low_one_still_moves() {
+    let backend = Held::start();
+    let routes = "  - name: health
+    match: { path: /health }
+    upstream: app
+    priority: high
+  - name: export
+    match: { path: /export }
+    upstream: app
+    priority: low
+";
+    let proxy = TestProxy::start(&capped(&backend, "    max_in_flight: 1", routes));
+    let first = get(&proxy, "/export", "x0");
+    assert!(backend.wait_arrived(1).await);
+    let depth = |n| {
+        let proxy = &proxy;
+        async move {
+            common::eventually(WAIT, || async {
+                find_sample::<u64>(
+                    &proxy.scrape().await,
+                    "tollgate_upstream_queue_depth{upstream=\"app\"}",
+                ) == Some(n)
+            })
+            .await
+        }
+    };
+    let mut replies = vec![first];
+    for i in 0..3 {
+        replies.push(get(&proxy, "/export", &format!("x{}", i + 1)));
+        assert!(depth(i + 1).await);
+    }
+    for i in 0..10 {
+        replies.push(get(&proxy, "/health", &format!("h{i}")));
+        assert!(depth(i + 4).await);
+    }
+    backend.release(100);
+    for r in replies {
+        assert_eq!(r.await.expect("request task").code(), 200);
+    }
+    let arrived: String = backend.arrived().iter().map(|c| &c[..1]).collect();
+    // Eight high turns, then the low class gets one, then the rest.
+    assert_eq!(arrived, "xhhhhhhhhxhhxx", "{arrived}");
+}
+
+#[tokio::test]
+async fn a_reload_changes_the_cap_and_keeps_the_queue() {
+    let backend = Held::start();
+    let yaml = capped(&backend, "    max_in_flight: 1", ONE_ROUTE);
+    let proxy = TestProxy::start(&yaml);
+    let replies: Vec<_> = (0..4).map(|i| get(&proxy, "/", &format!("c{i}"))).collect();
+    assert!(backend.wait_arrived(1).await);
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(3)
+        })
+        .await
+    );
+    std::fs::write(
+        proxy.config_path(),
+        capped(&backend, "    max_in_flight: 3", ONE_ROUTE),
+    )
+    .expect("rewrite the config");
+    proxy.reload();
+    assert!(proxy.wait_for_generation(2, WAIT).await);
+    assert!(
+        backend.wait_arrived(3).await,
+        "the larger cap let queued requests go"
+    );
+    backend.release(10);
+    for r in replies {
+        assert_eq!(r.await.expect("request task").code(), 200);
+    }
+    assert_eq!(backend.max_active(), 3);
+    // Nothing of the queue was lost in the reload.
+    assert_eq!(backend.arrived().len(), 4);
+}
