@@ -64,6 +64,9 @@ fn at_capacity(refusal: crate::capacity::Refusal) -> Response<Body> {
         crate::capacity::Refused::QueueTimeout => {
             "the backend is at capacity: no slot came free while the request waited"
         }
+        crate::capacity::Refused::ShuttingDown => {
+            "the proxy is shutting down and the backend had no slot free before it stops"
+        }
     };
     let body = format!(
         "{{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"{detail}; retry in {} s.\",\"reason\":\"{}\",\"retry_after\":{}}}\n",

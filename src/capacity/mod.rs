@@ -45,15 +45,22 @@ pub enum Refused {
     QueueFull,
     /// It waited `timeout` in the queue.
     QueueTimeout,
+    /// The proxy is shutting down and the drain would end before its turn came.
+    ShuttingDown,
 }
 
 impl Refused {
-    pub const ALL: [Refused; 2] = [Refused::QueueFull, Refused::QueueTimeout];
+    pub const ALL: [Refused; 3] = [
+        Refused::QueueFull,
+        Refused::QueueTimeout,
+        Refused::ShuttingDown,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Refused::QueueFull => "queue_full",
             Refused::QueueTimeout => "queue_timeout",
+            Refused::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -64,7 +71,7 @@ pub struct Handles {
     /// Seconds each admitted request waited (0 for one that found a free slot).
     pub wait: Histogram,
     /// By reason, in `Refused::ALL` order.
-    pub refused: [Counter; 2],
+    pub refused: [Counter; 3],
 }
 
 /// Which targets take traffic now (health lives with the upstream).
@@ -73,6 +80,8 @@ pub type Healthy = Box<dyn Fn(usize) -> bool + Send + Sync>;
 /// One capped upstream's slots and queue.
 pub struct Gate {
     inner: Mutex<Inner>,
+    /// Wakes the waiting requests when the drain sets `close_at`.
+    closing: tokio::sync::Notify,
     healthy: Healthy,
     handles: Handles,
     origin: Instant,
@@ -94,6 +103,8 @@ struct Inner {
     next_id: u64,
     /// The average response time, smoothed: what `Retry-After` estimates the wait from.
     latency: Duration,
+    /// When a drain ends: requests still waiting then are answered `503` before it does.
+    close_at: Option<Instant>,
 }
 
 /// One target's requests in flight and its cap.
@@ -183,7 +194,9 @@ impl Gate {
                 queue: FairQueue::default(),
                 next_id: 0,
                 latency: Duration::ZERO,
+                close_at: None,
             }),
+            closing: tokio::sync::Notify::new(),
             healthy,
             handles,
             origin: Instant::now(),
@@ -244,17 +257,13 @@ impl Gate {
             rx,
             done: false,
         };
-        let target = match tokio::time::timeout_at(deadline, &mut queued.rx).await {
-            Ok(Ok(target)) => Some(target),
-            // The gate went away with the request still queued (not while it is alive).
-            Ok(Err(_)) => None,
-            // Its turn may have come at the deadline: taken, not wasted.
-            Err(_) => queued.rx.try_recv().ok(),
-        };
-        let Some(target) = target else {
-            drop(queued);
-            let inner = self.inner.lock();
-            return Err(self.refusal(&inner, Refused::QueueTimeout));
+        let target = match self.wait(&mut queued.rx, deadline).await {
+            Ok(target) => target,
+            Err(why) => {
+                drop(queued);
+                let inner = self.inner.lock();
+                return Err(self.refusal(&inner, why));
+            }
         };
         queued.done = true;
         let waited = since.elapsed();
@@ -262,7 +271,45 @@ impl Gate {
         Ok(self.slot(target, waited))
     }
 
-    /// Would a request wait (or be refused) now?
+    /// The slot `rx` brings by `deadline`, or by the drain's end if that comes first.
+    async fn wait(
+        &self,
+        rx: &mut oneshot::Receiver<usize>,
+        deadline: Instant,
+    ) -> Result<usize, Refused> {
+        loop {
+            let closing = self.closing.notified();
+            tokio::pin!(closing);
+            closing.as_mut().enable();
+            let close_at = self.inner.lock().close_at;
+            let (until, why) = match close_at {
+                Some(at) if at < deadline => (at, Refused::ShuttingDown),
+                _ => (deadline, Refused::QueueTimeout),
+            };
+            tokio::select! {
+                biased;
+                granted = &mut *rx => return granted.map_err(|_| why),
+                () = tokio::time::sleep_until(until) => {
+                    // Its turn may have come at the deadline: taken, not wasted.
+                    return rx.try_recv().map_err(|_| why);
+                }
+                () = &mut closing => {}
+            }
+        }
+    }
+
+    /// The proxy drains until `by`: requests still waiting shortly before are answered `503`
+    /// (a drain that ends first would cut them without an answer).
+    pub fn close_by(&self, by: Instant) {
+        let mut inner = self.inner.lock();
+        if inner.close_at.is_none_or(|at| by < at) {
+            inner.close_at = Some(by);
+            drop(inner);
+            self.closing.notify_waiters();
+        }
+    }
+
+    /// The caps and the queue now.
     pub fn stats(&self) -> Stats {
         let inner = self.inner.lock();
         Stats {

@@ -66,7 +66,7 @@ async fn a_full_queue_and_a_long_wait_are_refused() {
     assert_eq!(late.why, Refused::QueueTimeout);
     assert_eq!(started.elapsed(), Duration::from_secs(2));
     assert_eq!(g.stats().queued, 0);
-    assert_eq!(g.handles.refused.each_ref().map(Counter::get), [1, 1]);
+    assert_eq!(g.handles.refused.each_ref().map(Counter::get), [1, 1, 0]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -167,4 +167,23 @@ async fn an_unhealthy_target_gets_no_slot_while_another_is_healthy() {
         tried: &tried,
     };
     assert_eq!(g.admit(t).await.unwrap().target, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_answers_what_is_still_waiting_before_it_ends() {
+    let g = gate(1, 10, 1);
+    let _a = g.admit(ticket(1)).await.unwrap();
+    let waiting = tokio::spawn({
+        let g = g.clone();
+        async move { g.admit(ticket(2)).await.map(|_| ()) }
+    });
+    tokio::task::yield_now().await;
+    let started = tokio::time::Instant::now();
+    g.close_by(started + Duration::from_millis(500));
+    let refused = waiting.await.unwrap().unwrap_err();
+    assert_eq!(refused.why, Refused::ShuttingDown);
+    assert_eq!(started.elapsed(), Duration::from_millis(500));
+    // A request that comes during the drain is told at once once the time is past.
+    let late = g.admit(ticket(3)).await.unwrap_err();
+    assert_eq!(late.why, Refused::ShuttingDown);
 }

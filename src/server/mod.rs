@@ -141,6 +141,7 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
     // From now on, a connection another worker passes here is served by that worker.
     drop(inbox);
     let drain = state.runtime.load().settings.shutdown_timeout;
+    close_queues(&state, drain);
     let drained = tokio::time::timeout(drain, async {
         while connections.join_next().await.is_some() {}
     });
@@ -150,6 +151,19 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
             "drain timed out; closing the remaining connections"
         );
         connections.shutdown().await;
+    }
+}
+
+/// Requests waiting for a capped upstream's slot are answered `503` before the drain of
+/// `drain` ends, if their turn has not come by then: never cut without an answer.
+fn close_queues(state: &State, drain: Duration) {
+    // Time to write the 503s before the connections close.
+    let margin = (drain / 2).min(Duration::from_secs(1));
+    let by = tokio::time::Instant::now() + drain.saturating_sub(margin);
+    for upstream in &state.runtime.load().upstreams {
+        if let Some(gate) = &upstream.gate {
+            gate.close_by(by);
+        }
     }
 }
 

@@ -429,3 +429,48 @@ async fn a_reload_changes_the_cap_and_keeps_the_queue() {
     // Nothing of the queue was lost in the reload.
     assert_eq!(backend.arrived().len(), 4);
 }
+
+#[tokio::test]
+async fn a_shutdown_answers_the_queued_requests_before_the_drain_ends() {
+    let backend = Held::start();
+    let yaml = capped(
+        &backend,
+        "    max_in_flight: 1\n    queue: { timeout: 60s }",
+        ONE_ROUTE,
+    )
+    .replace("admin:", "shutdown_timeout: 2s\nadmin:");
+    let proxy = TestProxy::start(&yaml);
+    let first = get(&proxy, "/", "a");
+    assert!(backend.wait_arrived(1).await);
+    let queued = get(&proxy, "/", "b");
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(1)
+        })
+        .await
+    );
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(proxy.shutdown());
+    let refused = queued.await.expect("request task");
+    assert_eq!(refused.code(), 503);
+    assert!(
+        refused.text().contains("\"reason\":\"shutting_down\""),
+        "{}",
+        refused.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered before the drain ended"
+    );
+    backend.release(1);
+    assert_eq!(
+        first.await.expect("request task").code(),
+        200,
+        "in flight: drained"
+    );
+    stopping.await.expect("shutdown");
+    assert_eq!(backend.arrived(), ["a"]);
+}
