@@ -355,8 +355,16 @@ function upstreams(data) {
   const rows = data.upstreams.map((u) =>
     el("tr", {}, el("td", { class: "name" }, u.upstream), el("td", { class: "mono" }, u.target),
       el("td", {}, u.healthy ? pill("ok", "healthy") : pill("bad", "ejected")),
-      el("td", { class: "num" }, u.in_flight === null ? "—" : int(u.in_flight))));
-  $("upstreams").replaceChildren(rows.length ? table([["Upstream"], ["Target"], ["Health"], ["In flight", "num"]], rows) : empty("No upstream: every route answers itself."));
+      el("td", { class: "num" }, u.in_flight === null ? "—" : int(u.in_flight)),
+      el("td", { class: "num" }, u.cap === null ? "—" : int(u.cap)),
+      el("td", { class: "num" }, u.queued === null ? "—" : queue(u))));
+  $("upstreams").replaceChildren(rows.length ? table([["Upstream"], ["Target"], ["Health"], ["In flight", "num"], ["Cap", "num"], ["Queued", "num"]], rows) : empty("No upstream: every route answers itself."));
+}
+
+function queue(u) {
+  const text = int(u.queued) + " / " + int(u.queue_size);
+  if (u.queued === 0) return text;
+  return pill(u.queued >= u.queue_size ? "bad" : "warn", text);
 }
 
 function render(data, bans, overrides) {

@@ -271,16 +271,23 @@ fn other_series(state: &State, step: usize) -> Value {
     Value::Object(out)
 }
 
-/// Every upstream target's health and load.
+/// Every upstream target's health, load and cap, with its upstream's queue when capped.
 fn upstreams(rt: &Runtime) -> Vec<Value> {
+    let queues: std::collections::HashMap<&str, crate::capacity::Stats> = (rt.upstreams.iter())
+        .filter_map(|u| Some((&*u.name, u.capacity()?)))
+        .collect();
     super::target_samples(rt)
         .into_iter()
         .map(|t| {
+            let queue = queues.get(&*t.upstream);
             json!({
                 "upstream": &*t.upstream,
                 "target": t.target,
                 "healthy": t.healthy,
                 "in_flight": t.in_flight,
+                "cap": t.cap,
+                "queued": queue.map(|q| q.queued),
+                "queue_size": queue.map(|q| q.queue_size),
             })
         })
         .collect()

@@ -143,6 +143,52 @@ pub struct Explanation {
     pub operator_ban: Option<serde_json::Value>,
     /// The route's limits in route order (empty without a route).
     pub limits: Vec<LimitExplained>,
+    /// A capped upstream's slots and queue, and what they would do with the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityExplained>,
+}
+
+/// What a capped upstream would do with an admitted request now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CapacityExplained {
+    pub upstream: String,
+    /// `forward` (a target has a free slot), `wait` (in the queue) or `refuse` (503: the
+    /// queue is full).
+    pub would: String,
+    pub in_flight: usize,
+    /// All targets' caps together, fixed or learned now.
+    pub cap: usize,
+    pub queued: usize,
+    pub queue_size: usize,
+    /// The longest it would wait before its `503`.
+    pub queue_timeout_s: f64,
+    pub priority: String,
+}
+
+/// `route`'s upstream's capacity, when it is capped.
+fn capacity(route: &Route) -> Option<CapacityExplained> {
+    let crate::runtime::Action::Forward(upstream) = &route.action else {
+        return None;
+    };
+    let stats = upstream.capacity()?;
+    let free = stats.targets.iter().any(|(n, cap)| n < cap);
+    let would = if stats.queued == 0 && free {
+        "forward"
+    } else if stats.queued < stats.queue_size {
+        "wait"
+    } else {
+        "refuse"
+    };
+    Some(CapacityExplained {
+        upstream: upstream.name.to_string(),
+        would: would.to_owned(),
+        in_flight: stats.in_flight(),
+        cap: stats.cap(),
+        queued: stats.queued,
+        queue_size: stats.queue_size,
+        queue_timeout_s: stats.timeout.as_secs_f64(),
+        priority: route.priority.as_str().to_owned(),
+    })
 }
 
 /// The request as the proxy sees it, once screened (host canonical, path normalised).
@@ -178,6 +224,7 @@ pub(crate) async fn explain(
         decision: Decision::no_route(),
         operator_ban: None,
         limits: Vec::new(),
+        capacity: None,
     };
     let max_uri = (rt.settings.listeners.first()).map_or(8 << 10, |l| l.settings.max_uri_bytes);
     if let Err(e) = crate::screen::screen(&mut req, max_uri) {
@@ -209,6 +256,9 @@ pub(crate) async fn explain(
         None => decide(&out.limits),
     };
     out.operator_ban = ban.and_then(|b| serde_json::to_value(b).ok());
+    if matches!(out.decision.outcome, Verdict::Admitted | Verdict::Exempt) {
+        out.capacity = capacity(route);
+    }
     Ok(out)
 }
 

@@ -45,6 +45,20 @@ pub fn render(e: &Explanation) -> String {
     for l in &e.limits {
         limit(&mut out, l);
     }
+    if let Some(c) = &e.capacity {
+        let _ = writeln!(
+            out,
+            "upstream: {} would {} ({} of {} in flight, {} of {} queued, {} priority, wait up to {})",
+            c.upstream,
+            c.would,
+            c.in_flight,
+            c.cap,
+            c.queued,
+            c.queue_size,
+            c.priority,
+            seconds(c.queue_timeout_s)
+        );
+    }
     out
 }
 

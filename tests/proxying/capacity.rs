@@ -474,3 +474,74 @@ async fn a_shutdown_answers_the_queued_requests_before_the_drain_ends() {
     stopping.await.expect("shutdown");
     assert_eq!(backend.arrived(), ["a"]);
 }
+
+#[tokio::test]
+async fn explain_and_the_dashboard_show_the_cap_and_the_queue() {
+    let backend = Held::start();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken\n").expect("write the token");
+    let yaml = capped(
+        &backend,
+        "    max_in_flight: 1\n    queue: { size: 1 }",
+        ONE_ROUTE,
+    )
+    .replace(
+        "admin: { address: 127.0.0.1:0 }",
+        &format!(
+            "admin:\n  address: 127.0.0.1:0\n  token_file: {}",
+            token.display()
+        ),
+    );
+    let proxy = TestProxy::start(&yaml);
+    let api = |path: &str| {
+        let url = format!("http://{}{path}", proxy.admin_addr());
+        async move {
+            let reply = Http::new()
+                .get_with(&url, &[("authorization", "Bearer t0ken")])
+                .await;
+            assert_eq!(reply.code(), 200, "{}", reply.text());
+            serde_json::from_slice::<serde_json::Value>(&reply.body).expect("JSON")
+        }
+    };
+    let would = |e: serde_json::Value| e["capacity"]["would"].as_str().unwrap_or("").to_owned();
+    assert_eq!(
+        would(api("/api/v1/explain?header=X-Client:a").await),
+        "forward"
+    );
+    let first = get(&proxy, "/", "a");
+    assert!(backend.wait_arrived(1).await);
+    assert_eq!(
+        would(api("/api/v1/explain?header=X-Client:b").await),
+        "wait"
+    );
+    let queued = get(&proxy, "/", "b");
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(1)
+        })
+        .await
+    );
+    let e = api("/api/v1/explain?header=X-Client:c").await;
+    assert_eq!(would(e.clone()), "refuse", "{e:#}");
+    assert_eq!(
+        (
+            e["capacity"]["in_flight"].as_u64(),
+            e["capacity"]["cap"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let board = api("/api/v1/dashboard").await;
+    let target = &board["upstreams"][0];
+    assert_eq!(
+        (target["cap"].as_u64(), target["queued"].as_u64()),
+        (Some(1), Some(1)),
+        "{target:#}"
+    );
+    backend.release(2);
+    assert_eq!(first.await.expect("request task").code(), 200);
+    assert_eq!(queued.await.expect("request task").code(), 200);
+}
