@@ -545,3 +545,72 @@ async fn explain_and_the_dashboard_show_the_cap_and_the_queue() {
     assert_eq!(first.await.expect("request task").code(), 200);
     assert_eq!(queued.await.expect("request task").code(), 200);
 }
+
+#[tokio::test]
+async fn each_target_has_its_own_cap_and_http2_requests_queue_too() {
+    let (one, two) = (Held::start(), Held::start());
+    let yaml = config(&format!(
+        "admin: {{ address: 127.0.0.1:0 }}
+upstreams:
+  app:
+    targets: [{}, {}]
+    timeout: 30s
+    max_in_flight: 1
+routes:
+{ONE_ROUTE}",
+        one.addr, two.addr
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let h2 = Http::h2c();
+    let replies: Vec<_> = (0..6)
+        .map(|i| {
+            let (h2, url) = (h2.clone(), proxy.url("/"));
+            tokio::spawn(async move { h2.get_with(&url, &[("x-client", &format!("c{i}"))]).await })
+        })
+        .collect();
+    assert!(
+        one.wait_arrived(1).await && two.wait_arrived(1).await,
+        "one on each target"
+    );
+    assert!(
+        common::eventually(WAIT, || async {
+            find_sample::<u64>(
+                &proxy.scrape().await,
+                "tollgate_upstream_queue_depth{upstream=\"app\"}",
+            ) == Some(4)
+        })
+        .await
+    );
+    one.release(10);
+    two.release(10);
+    for r in replies {
+        let r = r.await.expect("request task");
+        assert_eq!((r.code(), r.version), (200, http::Version::HTTP_2));
+    }
+    assert_eq!((one.max_active(), two.max_active()), (1, 1));
+    assert_eq!(one.arrived().len() + two.arrived().len(), 6);
+}
+
+#[tokio::test]
+async fn a_slow_upload_holds_no_slot_until_its_body_is_buffered() {
+    let backend = Held::start();
+    backend.release(100);
+    let proxy = TestProxy::start(&capped(&backend, "    max_in_flight: 1", ONE_ROUTE));
+    let mut slow = tokio::net::TcpStream::connect(proxy.addr())
+        .await
+        .expect("connect");
+    slow.write_all(
+        b"POST / HTTP/1.1\r\nHost: x\r\nX-Client: slow\r\nContent-Length: 10\r\n\r\nhello",
+    )
+    .await
+    .expect("send half");
+    // The upload is half there: another client's request goes to the backend meanwhile.
+    let quick = Http::new()
+        .get_with(&proxy.url("/"), &[("x-client", "quick")])
+        .await;
+    assert_eq!(quick.code(), 200);
+    assert_eq!(backend.arrived(), ["quick"]);
+    slow.write_all(b"world").await.expect("send the rest");
+    assert!(backend.wait_arrived(2).await);
+    assert_eq!(backend.arrived(), ["quick", "slow"]);
+}
