@@ -3,76 +3,29 @@
 //! latency (`adaptive`).
 //!
 //! One mutex per capped upstream, taken to enter and to leave: the queue's fairness needs one
-//! order of every waiting request, and an uncapped upstream has no gate at all.
+//! order of every waiting request, and an uncapped upstream has no gate at all. A full queue
+//! is fair too: a request of an identity with fewer waiting pushes out the newest request of
+//! the identity with the most (`queue_full` for that one), so one heavy tenant cannot fill it.
 
 mod adaptive;
 mod queue;
+mod spec;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use adaptive::{AdaptiveSpec, PROBE_SAMPLES};
 use queue::{FairQueue, Waiter};
 pub use queue::{Priority, SHARES};
+pub use spec::{Cap, Handles, Refusal, Refused, Spec, Stats};
 
-/// `upstreams.NAME.max_in_flight` and `queue`, as compiled.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Spec {
-    pub cap: Cap,
-    /// Requests that may wait at once (0: refused as soon as every target is at its cap).
-    pub queue_size: usize,
-    /// The longest a request waits for a slot.
-    pub timeout: Duration,
-}
-
-/// Requests in flight to one target at most.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Cap {
-    Fixed(usize),
-    Adaptive(AdaptiveSpec),
-}
-
-/// Why a request got no slot: it is answered `503` and nothing reaches the backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
-    /// The queue was full when it came.
-    QueueFull,
-    /// It waited `timeout` in the queue.
-    QueueTimeout,
-    /// The proxy is shutting down and the drain would end before its turn came.
-    ShuttingDown,
-}
-
-impl Refused {
-    pub const ALL: [Refused; 3] = [
-        Refused::QueueFull,
-        Refused::QueueTimeout,
-        Refused::ShuttingDown,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refused::QueueFull => "queue_full",
-            Refused::QueueTimeout => "queue_timeout",
-            Refused::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-/// The metric handles a gate counts into.
-#[derive(Debug, Clone)]
-pub struct Handles {
-    /// Seconds each admitted request waited (0 for one that found a free slot).
-    pub wait: Histogram,
-    /// By reason, in `Refused::ALL` order.
-    pub refused: [Counter; 3],
-}
+/// What a queued request is sent instead of a target when a lighter identity's request took
+/// its place in the full queue.
+const PUSHED_OUT: usize = usize::MAX;
 
 /// Which targets take traffic now (health lives with the upstream).
 pub type Healthy = Box<dyn Fn(usize) -> bool + Send + Sync>;
@@ -160,31 +113,6 @@ pub struct Ticket<'a> {
     pub tried: &'a [usize],
 }
 
-/// A gate's state, for metrics, the dashboard and `explain`.
-#[derive(Debug, Clone, Default)]
-pub struct Stats {
-    /// By target: (in flight, cap).
-    pub targets: Vec<(usize, usize)>,
-    pub queued: usize,
-    /// Queued by class, in `Priority::ALL` order.
-    pub queued_by_class: [usize; 3],
-    pub identities_queued: usize,
-    pub queue_size: usize,
-    pub timeout: Duration,
-    /// The adaptive caps' measured no-load latency, by target.
-    pub min_rtt: Vec<Option<Duration>>,
-}
-
-impl Stats {
-    pub fn in_flight(&self) -> usize {
-        self.targets.iter().map(|t| t.0).sum()
-    }
-
-    pub fn cap(&self) -> usize {
-        self.targets.iter().map(|t| t.1).sum()
-    }
-}
-
 impl Gate {
     pub fn new(spec: &Spec, targets: usize, healthy: Healthy, handles: Handles) -> Arc<Self> {
         Arc::new(Self {
@@ -235,8 +163,14 @@ impl Gate {
                 }
             }
             if inner.queue.len() >= inner.spec.queue_size {
-                let refusal = self.refusal(&inner, Refused::QueueFull);
-                return Err(refusal);
+                let have = inner.queue.waiting(ticket.priority, ticket.key);
+                match inner.queue.push_out(have) {
+                    // Told it was pushed out: its wait ends with `queue_full`.
+                    Some(out) => {
+                        let _ = out.item.to.send(PUSHED_OUT);
+                    }
+                    None => return Err(self.refusal(&inner, Refused::QueueFull)),
+                }
             }
             let (to, rx) = oneshot::channel();
             let id = inner.next_id;
@@ -288,10 +222,16 @@ impl Gate {
             };
             tokio::select! {
                 biased;
-                granted = &mut *rx => return granted.map_err(|_| why),
+                granted = &mut *rx => {
+                    return match granted {
+                        Ok(PUSHED_OUT) => Err(Refused::QueueFull),
+                        Ok(target) => Ok(target),
+                        Err(_) => Err(why),
+                    };
+                }
                 () = tokio::time::sleep_until(until) => {
                     // Its turn may have come at the deadline: taken, not wasted.
-                    return rx.try_recv().map_err(|_| why);
+                    return rx.try_recv().ok().filter(|t| *t != PUSHED_OUT).ok_or(why);
                 }
                 () = &mut closing => {}
             }
@@ -439,14 +379,6 @@ impl Gate {
     }
 }
 
-/// The answer to a request that got no slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    pub why: Refused,
-    /// Seconds until a slot is likely free.
-    pub retry_after: u64,
-}
-
 /// A request waiting in the queue: leaves it when dropped, or gives back the slot its turn
 /// brought if that came as it was dropped.
 struct Queued<'a> {
@@ -473,7 +405,11 @@ impl Drop for Queued<'_> {
         }
         // Its turn came: the slot it was handed goes to the next in turn.
         if let Ok(target) = self.rx.try_recv() {
-            if let Some(t) = inner.targets.get_mut(target) {
+            if let Some(t) = inner
+                .targets
+                .get_mut(target)
+                .filter(|_| target != PUSHED_OUT)
+            {
                 t.in_flight = t.in_flight.saturating_sub(1);
             }
             self.gate.dispatch(&mut inner);

@@ -124,6 +124,41 @@ impl<T> FairQueue<T> {
         waiter
     }
 
+    /// Requests `key` has waiting in `class`.
+    pub fn waiting(&self, class: Priority, key: u128) -> usize {
+        self.classes[class as usize]
+            .waiting
+            .get(&key)
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Make room in a full queue for a request of an identity with `have` waiting: the newest
+    /// request of the identity with the most waiting, if that is more than `have + 1` (so
+    /// a heavy identity cannot fill the queue for the others). The lowest class gives first.
+    pub fn push_out(&mut self, have: usize) -> Option<Waiter<T>> {
+        let mut longest: Option<(usize, usize, u128)> = None;
+        for (ci, c) in self.classes.iter().enumerate().rev() {
+            for (key, q) in &c.waiting {
+                if longest.is_none_or(|(n, _, _)| q.len() > n) {
+                    longest = Some((q.len(), ci, *key));
+                }
+            }
+        }
+        let (n, ci, key) = longest?;
+        if n <= have + 1 {
+            return None;
+        }
+        let c = &mut self.classes[ci];
+        let queue = c.waiting.get_mut(&key)?;
+        let waiter = queue.pop_back();
+        if queue.is_empty() {
+            c.waiting.remove(&key);
+            c.turns.retain(|k| *k != key);
+        }
+        self.len -= 1;
+        waiter
+    }
+
     /// The next request whose turn it is.
     pub fn pop(&mut self) -> Option<Waiter<T>> {
         if self.len == 0 {
@@ -184,6 +219,26 @@ mod tests {
         assert_eq!(&served[..3], ["heavy", "light", "other"]);
         assert_eq!(served.len(), 1002);
         assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_pushes_out_the_heaviest_identity_newest_request() {
+        let mut q = FairQueue::default();
+        for id in 0..4 {
+            q.push(Priority::Normal, 1, Waiter { id, item: "heavy" });
+        }
+        q.push(
+            Priority::Normal,
+            2,
+            Waiter {
+                id: 4,
+                item: "light",
+            },
+        );
+        assert_eq!(q.push_out(0).map(|w| w.id), Some(3));
+        assert_eq!(q.waiting(Priority::Normal, 1), 3);
+        // An identity as heavy as the heaviest pushes nothing out.
+        assert!(q.push_out(2).is_none());
     }
 
     #[test]

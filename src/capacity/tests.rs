@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::*;
@@ -186,4 +187,42 @@ async fn a_drain_answers_what_is_still_waiting_before_it_ends() {
     // A request that comes during the drain is told at once once the time is past.
     let late = g.admit(ticket(3)).await.unwrap_err();
     assert_eq!(late.why, Refused::ShuttingDown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_light_identity_pushes_a_heavy_one_out_of_a_full_queue() {
+    let g = gate(1, 2, 1);
+    let held = g.admit(ticket(1)).await.unwrap();
+    let heavy: Vec<_> = (0..2)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { g.admit(ticket(1)).await.map(|_| ()) })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(g.stats().queued, 2);
+    let light = tokio::spawn({
+        let g = g.clone();
+        async move { g.admit(ticket(2)).await.map(|s| s.target) }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(
+        g.stats().queued,
+        2,
+        "the light request took a heavy one's place"
+    );
+    let mut outcomes = Vec::new();
+    for h in heavy {
+        if let Ok(result) = tokio::time::timeout(Duration::from_millis(10), h).await {
+            outcomes.push(result.unwrap().unwrap_err().why);
+        }
+    }
+    assert_eq!(outcomes, [Refused::QueueFull]);
+    // Another heavy request now finds the queue full with nobody heavier to push out.
+    assert_eq!(
+        g.admit(ticket(1)).await.unwrap_err().why,
+        Refused::QueueFull
+    );
+    drop(held);
+    assert_eq!(light.await.unwrap().unwrap(), 0, "the light one is served");
 }

@@ -91,7 +91,8 @@ pub async fn send_timed(
     let exchange = crate::boxed(|| send(upstream, req, down, now));
     let error = match exchange.await {
         Ok(forwarded) => {
-            let took = now.elapsed();
+            // The upstream's time: a wait for a slot of a capped upstream is the queue's.
+            let took = now.elapsed().saturating_sub(forwarded.waited);
             upstream.seconds.observe(took.as_secs_f64());
             return Ok((forwarded, took));
         }
