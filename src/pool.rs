@@ -418,8 +418,9 @@ pub struct Pooled {
     inner: Incoming,
     lease: Option<Lease>,
     /// Counts the response as in flight to its target until the body ends (for
-    /// `least_request`, and in a capped upstream's slot).
-    in_flight: (Option<InFlight>, Option<crate::capacity::Slot>),
+    /// `least_request`, and in a capped upstream's slot: boxed, so that a body of an
+    /// uncapped upstream, moved on every stage out, stays one pointer wider, not a slot's).
+    in_flight: (Option<InFlight>, Option<Box<crate::capacity::Slot>>),
 }
 
 impl Pooled {
@@ -428,7 +429,7 @@ impl Pooled {
     pub fn new(
         inner: Incoming,
         lease: Option<Lease>,
-        in_flight: (Option<InFlight>, Option<crate::capacity::Slot>),
+        in_flight: (Option<InFlight>, Option<Box<crate::capacity::Slot>>),
     ) -> Self {
         let mut body = Self {
             inner,

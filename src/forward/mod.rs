@@ -208,7 +208,8 @@ pub async fn send(
                         down.websocket_idle,
                     );
                     return Ok(Forwarded {
-                        response: res.map(|body| Pooled::new(body, lease, (in_flight, slot))),
+                        response: res
+                            .map(|body| Pooled::new(body, lease, (in_flight, slot.map(Box::new)))),
                         tunnel,
                         target,
                         waited,

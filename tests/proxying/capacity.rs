@@ -614,3 +614,37 @@ async fn a_slow_upload_holds_no_slot_until_its_body_is_buffered() {
     assert!(backend.wait_arrived(2).await);
     assert_eq!(backend.arrived(), ["quick", "slow"]);
 }
+
+#[tokio::test]
+async fn a_retry_takes_a_slot_on_the_target_it_goes_to() {
+    let backend = Held::start();
+    backend.release(100);
+    let yaml = config(&format!(
+        "admin: {{ address: 127.0.0.1:0 }}
+upstreams:
+  app:
+    targets: [{}, {}]
+    timeout: 30s
+    retries: 1
+    max_in_flight: 1
+routes:
+{ONE_ROUTE}",
+        common::refused_addr(),
+        backend.addr
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let replies: Vec<_> = (0..8).map(|i| get(&proxy, "/", &format!("c{i}"))).collect();
+    for r in replies {
+        assert_eq!(r.await.expect("request task").code(), 200);
+    }
+    assert_eq!(backend.arrived().len(), 8);
+    assert_eq!(
+        backend.max_active(),
+        1,
+        "the live target's cap held through the retries"
+    );
+    let scrape = proxy.scrape().await;
+    let target = format!("{{upstream=\"app\",target=\"{}\"}}", backend.addr);
+    let series = format!("tollgate_upstream_target_requests_in_flight{target}");
+    assert_eq!(sample::<u64>(&scrape, &series), 0, "every slot given back");
+}

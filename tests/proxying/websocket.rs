@@ -199,3 +199,18 @@ async fn an_idle_tunnel_is_closed_after_its_timeout() {
         "closed after {waited:?}, before its idle timeout"
     );
 }
+
+#[tokio::test]
+async fn an_open_tunnel_holds_no_slot_of_a_capped_upstream() {
+    let backend = echo_backend().await;
+    let proxy = TestProxy::start(&config(&format!(
+        "upstreams:\n  app:\n    targets: [{backend}]\n    timeout: 2s\n    max_in_flight: 1\n    queue: {{ size: 0 }}\nroutes:\n  - name: ws\n    match: {{ path_prefix: /ws }}\n    upstream: app\n    websocket: true\n"
+    )));
+    // Two tunnels open at once behind a cap of one, with no queue: the slot goes back at 101.
+    let (mut first, head) = handshake(proxy.addr(), "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let (mut second, head) = handshake(proxy.addr(), "/ws").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    echo(&mut first, b"one", Duration::from_secs(5), "first tunnel").await;
+    echo(&mut second, b"two", Duration::from_secs(5), "second tunnel").await;
+}
