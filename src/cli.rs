@@ -187,6 +187,7 @@ pub fn summary(s: &Settings) -> String {
     let mut out = String::new();
     let listeners: Vec<String> = s.listeners.iter().map(|l| l.address.to_string()).collect();
     let _ = writeln!(out, "listeners: {}", listeners.join(", "));
+    capacity_summary(s, &mut out);
     routes_summary(s, &mut out);
     if let Some(c) = &s.candidate {
         if let Ok(candidate) = &c.settings {
@@ -199,6 +200,27 @@ pub fn summary(s: &Settings) -> String {
         }
     }
     out
+}
+
+/// One line per capped upstream: its cap per target, and its queue.
+fn capacity_summary(s: &Settings, out: &mut String) {
+    use crate::capacity::Cap;
+    for u in &s.upstreams {
+        let Some(c) = &u.capacity else { continue };
+        let cap = match &c.cap {
+            Cap::Fixed(n) => n.to_string(),
+            Cap::Adaptive(a) => format!("adaptive {}..{}", a.min, a.max),
+        };
+        let key = u
+            .queue_key
+            .as_ref()
+            .map_or("the route's limit key".to_owned(), ToString::to_string);
+        let _ = writeln!(
+            out,
+            "upstream {}: max_in_flight {cap} per target, queue {} for {:?}, fair by {key}",
+            u.name, c.queue_size, c.timeout
+        );
+    }
 }
 
 fn routes_summary(s: &Settings, out: &mut String) {
@@ -274,7 +296,12 @@ fn describe_route(r: &RouteSpec, m: &Matcher) -> String {
     } else {
         format!(" (+{} header conditions)", m.headers.len())
     };
-    format!("{methods} {host}{path}{headers} -> {action}")
+    let priority = match r.priority {
+        crate::capacity::Priority::Normal => "",
+        crate::capacity::Priority::High => " (priority high)",
+        crate::capacity::Priority::Low => " (priority low)",
+    };
+    format!("{methods} {host}{path}{headers} -> {action}{priority}")
 }
 
 /// `tollgate explain`'s options.
