@@ -96,11 +96,14 @@ impl Target {
 }
 
 /// What a waiting request is handed when its turn comes: the target, and what it must
-/// prefer not to get (targets it already tried).
+/// not get while another target is usable (targets it already tried). Its class and key put
+/// it back in the queue when only targets it tried have room.
 #[derive(Debug)]
 struct Grant {
     tried: crate::Small<usize>,
     to: oneshot::Sender<usize>,
+    priority: Priority,
+    key: u128,
 }
 
 /// Who is asking for a slot.
@@ -109,7 +112,7 @@ pub struct Ticket<'a> {
     /// The identity the queue is fair across.
     pub key: u128,
     pub priority: Priority,
-    /// Targets this request already tried: another is chosen where one has room.
+    /// Targets this request already tried: it waits for another while one is usable.
     pub tried: &'a [usize],
 }
 
@@ -178,9 +181,14 @@ impl Gate {
             let grant = Grant {
                 tried: ticket.tried.iter().copied().collect(),
                 to,
+                priority: ticket.priority,
+                key: ticket.key,
             };
             let waiter = Waiter { id, item: grant };
             inner.queue.push(ticket.priority, ticket.key, waiter);
+            // A slot can be free while requests wait: retries that only targets they tried
+            // have room for. The newcomer takes it in its turn.
+            self.dispatch(&mut inner);
             (rx, id, since + inner.spec.timeout)
         };
         let mut queued = Queued {
@@ -299,14 +307,16 @@ impl Gate {
     }
 
     /// A target with room for a request that tried `tried`: a healthy one (any, when none
-    /// is), one not tried yet where there is one, the least loaded of those. Counted in.
+    /// is), one not tried yet while one is usable (a retry waits for it rather than go back
+    /// to the target that just failed), the least loaded of those. Counted in.
     fn choose(&self, inner: &mut Inner, tried: &[usize]) -> Option<usize> {
         let targets = &mut inner.targets;
         let any_healthy = (0..targets.len()).any(|t| (self.healthy)(t));
         let usable = |t: usize| !any_healthy || (self.healthy)(t);
-        let mut best: Option<(bool, f64, usize)> = None;
+        let fresh = (0..targets.len()).any(|t| usable(t) && !tried.contains(&t));
+        let mut best: Option<(f64, usize)> = None;
         for (i, t) in targets.iter_mut().enumerate() {
-            if !usable(i) {
+            if !usable(i) || (fresh && tried.contains(&i)) {
                 continue;
             }
             if !t.has_room() {
@@ -315,12 +325,12 @@ impl Gate {
                 }
                 continue;
             }
-            let rank = (tried.contains(&i), t.in_flight as f64 / t.cap() as f64, i);
-            if best.is_none_or(|b| (rank.0, rank.1) < (b.0, b.1)) {
-                best = Some(rank);
+            let load = t.in_flight as f64 / t.cap() as f64;
+            if best.is_none_or(|b| load < b.0) {
+                best = Some((load, i));
             }
         }
-        let (_, _, chosen) = best?;
+        let (_, chosen) = best?;
         let t = &mut targets[chosen];
         t.in_flight += 1;
         if !t.has_room() {
@@ -331,30 +341,37 @@ impl Gate {
         Some(chosen)
     }
 
-    /// Hand free slots to waiting requests, in their turn.
+    /// Hand free slots to waiting requests, in their turn. A retry whose turn brings only
+    /// targets it tried goes back in the queue and the next request takes the slot.
     fn dispatch(&self, inner: &mut Inner) {
+        let mut passed = Vec::new();
         while inner.queue.len() > 0 {
             let Some(target) = self.choose(inner, &[]) else {
-                return;
+                break;
             };
-            // Prefer a target the request has not tried: put the count where it goes.
             let Some(waiter) = inner.queue.pop() else {
                 inner.targets[target].in_flight -= 1;
-                return;
+                break;
             };
-            let grant = waiter.item;
-            let target = if grant.tried.contains(&target) {
+            let target = if waiter.item.tried.contains(&target) {
                 inner.targets[target].in_flight -= 1;
-                self.choose(inner, &grant.tried).unwrap_or_else(|| {
-                    inner.targets[target].in_flight += 1;
-                    target
-                })
+                match self.choose(inner, &waiter.item.tried) {
+                    Some(other) => other,
+                    None => {
+                        passed.push(waiter);
+                        continue;
+                    }
+                }
             } else {
                 target
             };
-            if grant.to.send(target).is_err() {
+            if waiter.item.to.send(target).is_err() {
                 inner.targets[target].in_flight -= 1;
             }
+        }
+        for waiter in passed {
+            let (priority, key) = (waiter.item.priority, waiter.item.key);
+            inner.queue.push(priority, key, waiter);
         }
     }
 

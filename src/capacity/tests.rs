@@ -226,3 +226,33 @@ async fn a_light_identity_pushes_a_heavy_one_out_of_a_full_queue() {
     drop(held);
     assert_eq!(light.await.unwrap().unwrap(), 0, "the light one is served");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_for_a_target_it_has_not_tried() {
+    // Target 0 failed this request; target 1 is full. The retry waits for 1, and a fresh
+    // request behind it takes the free slot on 0 meanwhile.
+    let g = gate(1, 10, 2);
+    let on_one = g.admit(ticket(1)).await.unwrap();
+    assert_eq!(on_one.target, 0);
+    let on_two = g.admit(ticket(2)).await.unwrap();
+    assert_eq!(on_two.target, 1);
+    drop(on_one);
+    let retry = tokio::spawn({
+        let g = g.clone();
+        async move {
+            let tried = [0];
+            let t = Ticket {
+                key: 3,
+                priority: Priority::Normal,
+                tried: &tried,
+            };
+            g.admit(t).await.map(|s| s.target)
+        }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(g.stats().queued, 1, "the retry waits, target 0 has room");
+    let fresh = g.admit(ticket(4)).await.unwrap();
+    assert_eq!(fresh.target, 0);
+    drop(on_two);
+    assert_eq!(retry.await.unwrap().unwrap(), 1);
+}
