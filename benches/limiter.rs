@@ -1,13 +1,14 @@
 //! Micro-benchmarks of the in-process limiter: a check of one hot bucket, and of a million;
-//! a calendar quota's check (its window computed per check, as a request does); a ban's
-//! look-up and strike.
+//! a calendar quota's check (its window computed per check, as a request does); window limits
+//! (sliding, fixed, exact at N = 10, 100, 1,000) against the token bucket; a ban's look-up and
+//! strike.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
 use tollgate::limiter::ban::Bans;
 use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
 use tollgate::limiter::quota::window;
-use tollgate::limiter::{BanSpec, Period, QuotaSpec, Rate};
+use tollgate::limiter::{BanSpec, Counting, Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {
     let rate = Rate {
@@ -55,6 +56,7 @@ fn quota_checks(c: &mut Criterion) {
         period: Period::Day,
         tz: jiff::tz::TimeZone::get("Europe/Paris").expect("a zone"),
         fallback_count: u32::MAX,
+        counting: Counting::Fixed,
     };
     let rate = Rate {
         per_sec: 1e6,
@@ -86,6 +88,49 @@ fn quota_checks(c: &mut Criterion) {
     });
 }
 
+/// A window limit's check of one key whose window is always full (every check counted and
+/// rejected: the log stays at N), as a request does it: the window taken from the wall clock.
+fn window_checks(c: &mut Criterion) {
+    let rate = Rate {
+        per_sec: 1.0,
+        burst: 1,
+    };
+    let cases = [
+        (Counting::Sliding, 100),
+        (Counting::Fixed, 100),
+        (Counting::Exact, 10),
+        (Counting::Exact, 100),
+        (Counting::Exact, 1000),
+    ];
+    for (counting, count) in cases {
+        let spec = QuotaSpec {
+            count,
+            period: Period::Every(60),
+            tz: jiff::tz::TimeZone::UTC,
+            fallback_count: count,
+            counting,
+        };
+        let buckets = Buckets::new(1_000_000).with_quota(Some(spec.clone()));
+        let name = format!(
+            "local window check ({}, N = {count}), one hot key",
+            counting.as_str()
+        );
+        c.bench_function(&name, |b| {
+            b.iter(|| {
+                let item = Item {
+                    buckets: &buckets,
+                    client: ClientId(42),
+                    peer: Peer::default(),
+                    rate: &rate,
+                    cost: 1,
+                    window: Some(window(&spec, wall_us(), spec.count)),
+                };
+                black_box(check(&[item], &[true], 0.0))
+            });
+        });
+    }
+}
+
 fn ban_checks(c: &mut Criterion) {
     let spec = BanSpec {
         after: 10,
@@ -114,5 +159,11 @@ fn ban_checks(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, limit_checks, quota_checks, ban_checks);
+criterion_group!(
+    benches,
+    limit_checks,
+    quota_checks,
+    window_checks,
+    ban_checks
+);
 criterion_main!(benches);

@@ -247,10 +247,18 @@ fn routes_summary(s: &Settings, out: &mut String) {
                 );
             }
             let shape = match &l.quota {
+                Some(q) if matches!(q.period, crate::config::settings::Period::Every(_)) => {
+                    format!(
+                        "window {}/{}, {}",
+                        q.count,
+                        q.period.describe(),
+                        q.counting.as_str()
+                    )
+                }
                 Some(q) => format!(
                     "quota {}/{} ({})",
                     q.count,
-                    format!("{:?}", q.period).to_lowercase(),
+                    q.period.describe(),
                     q.tz.iana_name().unwrap_or("UTC")
                 ),
                 None => match &l.concurrency {

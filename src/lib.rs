@@ -31,7 +31,8 @@
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
 //! - `limiter`, `pool`, `forward`, `metrics`, `response`: token-bucket arithmetic, calendar
-//!   quotas (`quota`) and escalating bans (`ban`), the per-request `Decision`, the in-process
+//!   quotas and window limits (`quota`: fixed, sliding and exact windows, the exact logs in
+//!   `local::log`) and escalating bans (`ban`), the per-request `Decision`, the in-process
 //!   and Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
 //!   read-only look at one identity's state (`peek`), slots of requests in
 //!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard

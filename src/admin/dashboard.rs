@@ -187,13 +187,22 @@ fn ban_counts(
     })
 }
 
-/// A limit's rule as a person reads it: `10/s, burst 20`, `1000/day`, `5 in flight`.
+/// A limit's rule as a person reads it: `10/s, burst 20`, `1000/day`, `5/15m exact`, `5 in
+/// flight`.
 fn rule(limit: &Limit) -> String {
     if let Some(c) = &limit.concurrency {
         return format!("{} in flight", c.max);
     }
     if let Some(q) = &limit.quota {
-        return format!("{}/{}", q.count, format!("{:?}", q.period).to_lowercase());
+        if matches!(q.period, crate::limiter::Period::Every(_)) {
+            return format!(
+                "{}/{} {}",
+                q.count,
+                q.period.describe(),
+                q.counting.as_str()
+            );
+        }
+        return format!("{}/{}", q.count, q.period.describe());
     }
     let per_sec = limit.rate.per_sec;
     let (n, unit) = [(1.0, "s"), (60.0, "min"), (3600.0, "h"), (86400.0, "day")]

@@ -516,6 +516,15 @@ pub struct Limit {
     pub quota: Option<String>,
     /// IANA time zone of a quota's calendar (default `UTC`).
     pub timezone: Option<String>,
+    /// At most N requests per window of a duration, as `5/15m` (1s to 31d): windows aligned
+    /// to the UNIX epoch.
+    #[schemars(regex(pattern = r"^\s*[0-9]+\s*/\s*[0-9]+(ms|s|m|h|d)\s*$"))]
+    pub window: Option<String>,
+    /// How a `window` counts: `sliding` (the default: this window's count and the last one's,
+    /// weighted), `exact` (the time of every request, N up to 1000) or `fixed` (a counter per
+    /// aligned window).
+    #[schemars(extend("enum" = ["sliding", "exact", "fixed"]))]
+    pub algorithm: Option<String>,
     /// At most this many requests of one identity in flight at once.
     #[schemars(range(min = 1))]
     pub concurrency: Option<u32>,

@@ -4,6 +4,8 @@
 //! `runtime`, which builds them from these settings (and reuses what an unchanged setting
 //! already runs).
 
+mod window;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -194,40 +196,7 @@ pub struct BanSpec {
     pub max: std::time::Duration,
 }
 
-/// A calendar quota: `count` per calendar `period` in `tz`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QuotaSpec {
-    pub count: u32,
-    pub period: Period,
-    /// The IANA zone whose calendar the windows follow.
-    pub tz: jiff::tz::TimeZone,
-    /// The stricter per-replica count the `local` failure policy enforces without Redis.
-    pub fallback_count: u32,
-}
-
-/// The calendar period of a quota.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Period {
-    Hour,
-    Day,
-    /// Monday to Monday.
-    Week,
-    /// A calendar month.
-    Month,
-}
-
-impl Period {
-    /// The period's nominal length in seconds: the `w` of `RateLimit-Policy` (a month is 30
-    /// days there; the window itself is the calendar month).
-    pub fn nominal_secs(self) -> u32 {
-        match self {
-            Period::Hour => 3600,
-            Period::Day => 86_400,
-            Period::Week => 604_800,
-            Period::Month => 2_592_000,
-        }
-    }
-}
+pub use self::window::{Counting, Period, QuotaSpec, EXACT_MAX};
 
 /// A concurrency limit: at most `max` requests of one identity in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

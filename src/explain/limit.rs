@@ -71,6 +71,12 @@ pub enum Kind {
         period: String,
         timezone: String,
     },
+    /// `window: N/W` with its `algorithm`.
+    Window {
+        count: u32,
+        window: String,
+        algorithm: String,
+    },
     Concurrency {
         max: u32,
         lease_s: f64,
@@ -313,9 +319,14 @@ fn judge(limit: &Limit, n: &Numbers<'_>, p: &Peeked, store: &str, out: &mut Limi
 /// The limit's settings, with no request read yet (its outcome: admitted).
 fn describe(limit: &Limit) -> LimitExplained {
     let kind = match (&limit.quota, &limit.concurrency) {
+        (Some(q), _) if matches!(q.period, crate::limiter::Period::Every(_)) => Kind::Window {
+            count: q.count,
+            window: q.period.describe(),
+            algorithm: q.counting.as_str().to_owned(),
+        },
         (Some(q), _) => Kind::Quota {
             count: q.count,
-            period: format!("{:?}", q.period).to_lowercase(),
+            period: q.period.describe(),
             timezone: q.tz.iana_name().unwrap_or("UTC").to_owned(),
         },
         (None, Some(c)) => Kind::Concurrency {

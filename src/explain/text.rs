@@ -103,6 +103,11 @@ fn heading(out: &mut String, l: &LimitExplained) {
             period,
             timezone,
         } => format!("quota {count}/{period} ({timezone})"),
+        Kind::Window {
+            count,
+            window,
+            algorithm,
+        } => format!("window {count}/{window} ({algorithm})"),
         Kind::Concurrency { max, lease_s } => {
             format!("concurrency {max} in flight (lease {})", seconds(*lease_s))
         }
@@ -140,7 +145,7 @@ fn state(out: &mut String, l: &LimitExplained) {
             Kind::TokenBucket { .. } => {
                 write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in)
             }
-            Kind::Quota { .. } => {
+            Kind::Quota { .. } | Kind::Window { .. } => {
                 write!(out, "requests left ({}, {} bucket)", n.store, n.counted_in)
             }
             Kind::Concurrency { .. } => write!(
@@ -153,6 +158,9 @@ fn state(out: &mut String, l: &LimitExplained) {
         match (n.reset_s.filter(|r| *r > 0.0), &l.kind) {
             (Some(reset), Kind::Quota { .. }) => {
                 let _ = write!(out, ", the window ends in {}", seconds(reset));
+            }
+            (Some(reset), Kind::Window { .. }) => {
+                let _ = write!(out, ", nothing counted in {}", seconds(reset));
             }
             (Some(reset), _) => {
                 let _ = write!(out, ", full in {}", seconds(reset));

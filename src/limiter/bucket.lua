@@ -29,7 +29,9 @@
 --                       since EPOCH) the proxy computed for its own now: the windows
 --                       [s0, s1), [s1, s2) and [s2, s3). The one holding Redis's `now` is
 --                       counted in (so replicas agree at a boundary whatever their clocks say,
---                       within a window), [s1, s2) if none does. Then "b after within for max"
+--                       within a window), [s1, s2) if none does; "s L" for a sliding window
+--                       and "x L" for an exact one, of L microseconds (windows aligned to the
+--                       UNIX epoch, found by Redis's clock). Then "b after within for max"
 --                       (microseconds) for a limit with a ban (see "Bans" below).
 --
 -- A quota bucket in its window [s, e) of N, with tok = (e - s) / N, holds the same one number:
@@ -37,6 +39,18 @@
 -- earlier window is at most s: 0); it admits when used + cost <= N, and is then written as
 -- s + (used + cost) * tok, expiring at e; reset and retry are e - now. `limiter::quota::step`
 -- is the same arithmetic.
+--
+-- A sliding window of N and length L keeps two quota counters, `<key>:0` and `<key>:1`, for
+-- the even and odd windows since the UNIX epoch: this window's count `cur` and the last one's
+-- `last`, each read from its `tat` as a quota's. It admits when
+-- cur + last * (1 - (now - s) / L) + cost <= N, writes this window's counter, expiring at
+-- s + 2L, and answers the retry time at which that estimate first leaves room (later in this
+-- window, or in the next one where `cur` slides out). `limiter::quota::slide` is the same.
+-- An exact window keeps a sorted set `<key>:x` of the times (scores, on this clock) of the
+-- requests in the last L: entries at or below now - L are removed, and a request is admitted
+-- when ZCARD + cost <= N (members "now:n", n the count after it, unique); the set expires L
+-- after its newest entry. The retry time is when the oldest entry that must go leaves the
+-- window. `limiter::quota::exact` is the same. A refund takes the newest `cost` entries back.
 --
 -- Bans. A bucket with a ban has a hash `<key>:ban` (the same hash tag, so the same slot):
 -- u (banned until), l (bans so far), lu (l is forgotten then), s (strikes), su (the strikes'
@@ -101,7 +115,32 @@ if mode == 'refund' then
     local tok, tau, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local tat = tonumber(call('GET', KEYS[i]))
     local w = ARGV[a + 4]
-    if string.sub(w, 1, 1) == 'q' then
+    local kind = string.sub(w, 1, 1)
+    if kind == 's' then
+      -- A sliding window: give back `cost` of this window's counter.
+      local len = tonumber(string.match(w, '^s (%d+)'))
+      local abs = now + EPOCH * 1000000
+      local s = now - abs % len
+      local ckey = KEYS[i] .. ':' .. ((abs - abs % len) / len) % 2
+      local ctat = tonumber(call('GET', ckey))
+      local qtok = len / tok
+      if ctat and ctat > s then
+        refunded = refunded + 1
+        local back = math.min(floor((ctat - s) / qtok + 0.5), tok) - cost
+        if back > 0 then
+          call('SET', ckey, format('%.17g', s + back * qtok), 'PX', max(1, ceil((s + 2 * len - now) / 1000)))
+        else
+          call('DEL', ckey)
+        end
+      end
+      tat = nil
+    elseif kind == 'x' then
+      -- An exact window: the newest `cost` entries go.
+      if #call('ZPOPMAX', KEYS[i] .. ':x', cost) > 0 then
+        refunded = refunded + 1
+      end
+      tat = nil
+    elseif kind == 'q' then
       -- A quota: give back `cost` of this window's count.
       local s0, s1, s2, s3 = string.match(w, '^q (-?%d+) (-?%d+) (-?%d+) (-?%d+)')
       s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
@@ -168,12 +207,17 @@ local expires = {}
 -- call), and those to write back.
 local bans = {}
 local ban_dirty = {}
+-- Exact windows' logs by key: entries held after pruning, and added by this call.
+local logs = {}
 
 -- Check the n buckets KEYS[k0 + 1 .. k0 + n], whose values start at ARGV[a] (four each); append
 -- the check's reply to `out`; charge the buckets when every enforced one admits.
 local function check(k0, a, n)
   local new_tats = {}
   local ends = {}
+  -- The key a sliding window's counter is written to, and the log an exact one adds to.
+  local wkeys = {}
+  local xadds = {}
   local all_admit = true
   -- Rejections by limits with a ban, counted as strikes once the loop knows no ban refused
   -- the request (a refused request is no strike anywhere).
@@ -215,11 +259,87 @@ local function check(k0, a, n)
         ban.u, code = 0, 2
         ban_dirty[key] = true
       end
-      local s0, s1, s2, s3
+      local s0, s1, s2, s3, sl, xl
       if w ~= '-' then
         s0, s1, s2, s3 = string.match(w, '^q (-?%d+) (-?%d+) (-?%d+) (-?%d+)')
+        sl = string.match(w, '^s (%d+)')
+        xl = string.match(w, '^x (%d+)')
       end
-      if s0 then
+      if sl then
+        -- A sliding window (see the header); `tok` carries its count.
+        local len = tonumber(sl)
+        local abs = now + EPOCH * 1000000
+        local s = now - abs % len
+        local j = ((abs - abs % len) / len) % 2
+        local ckey, pkey = key .. ':' .. j, key .. ':' .. (1 - j)
+        if tats[ckey] == nil or tats[pkey] == nil then
+          local v = call('MGET', ckey, pkey)
+          if tats[ckey] == nil then
+            tats[ckey] = tonumber(v[1]) or false
+          end
+          if tats[pkey] == nil then
+            tats[pkey] = tonumber(v[2]) or false
+          end
+        end
+        local qtok = len / tok
+        local cur, last = 0, 0
+        if tats[ckey] then
+          cur = math.min(max(floor((tats[ckey] - s) / qtok + 0.5), 0), tok)
+        end
+        if tats[pkey] then
+          last = math.min(max(floor((tats[pkey] - s + len) / qtok + 0.5), 0), tok)
+        end
+        local est = cur + last * (1 - (now - s) / len)
+        reset = 1
+        if cur > 0 then
+          reset = s + 2 * len - now
+        elseif last > 0 then
+          reset = s + len - now
+        end
+        if est + cost <= tok + 1e-9 then
+          remaining = floor(tok - est - cost + 1e-9)
+          new_tats[i], ends[i], wkeys[i] = s + (cur + cost) * qtok, s + 2 * len, ckey
+        else
+          remaining = max(floor(tok - est + 1e-9), 0)
+          local at
+          if cur + cost <= tok then
+            at = s + (1 - (tok - cur - cost) / last) * len
+          elseif cost <= tok then
+            at = s + len + max(1 - (tok - cost) / cur, 0) * len
+          else
+            at = s + 2 * len
+          end
+          retry = max(at - now, 1)
+        end
+      elseif xl then
+        -- An exact window (see the header); `tok` carries its count.
+        local len = tonumber(xl)
+        local lkey = key .. ':x'
+        local log = logs[lkey]
+        if not log then
+          call('ZREMRANGEBYSCORE', lkey, '-inf', format('%.17g', now - len))
+          log = { held = call('ZCARD', lkey), added = 0 }
+          logs[lkey] = log
+        end
+        local held = log.held + log.added
+        if held + cost <= tok then
+          remaining, reset, xadds[i] = tok - held - cost, len, lkey
+        else
+          remaining = max(tok - held, 0)
+          -- The k-th oldest entry must leave first.
+          local k = held + cost - tok
+          local at = now + len
+          if cost <= tok and k <= log.held then
+            at = tonumber(call('ZRANGE', lkey, k - 1, k - 1, 'WITHSCORES')[2]) + len
+          end
+          retry = max(at - now, 1)
+          reset = len
+          if log.added == 0 then
+            local newest = call('ZRANGE', lkey, -1, -1, 'WITHSCORES')[2]
+            reset = max((tonumber(newest) or now) + len - now, 1)
+          end
+        end
+      elseif s0 then
         -- A calendar quota (see the header); `tok` carries its count.
         s0, s1, s2, s3 = tonumber(s0), tonumber(s1), tonumber(s2), tonumber(s3)
         local s, e = s1, s2
@@ -310,9 +430,19 @@ local function check(k0, a, n)
   end
   if all_admit then
     for i = 1, n do
+      local lkey = xadds[i]
+      if lkey then
+        local log = logs[lkey]
+        local cost = tonumber(ARGV[a + 5 * (i - 1) + 2])
+        for c = 1, cost do
+          call('ZADD', lkey, now, format('%.0f:%d', now, log.held + log.added + c))
+        end
+        log.added = log.added + cost
+        call('PEXPIRE', lkey, max(1, ceil(tonumber(string.match(ARGV[a + 5 * (i - 1) + 4], '^x (%d+)')) / 1000)))
+      end
       local tat = new_tats[i]
       if tat then
-        local key = KEYS[k0 + i]
+        local key = wkeys[i] or KEYS[k0 + i]
         tats[key], written[key] = tat, tat
         if ends[i] then
           expires[key] = ends[i]

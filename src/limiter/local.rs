@@ -26,6 +26,7 @@
 //! (a NAT) past the per-peer cap share a bucket. Memory stays bounded by `max_buckets`
 //! buckets plus at most as many peer entries.
 
+mod log;
 mod peek;
 mod peers;
 
@@ -36,11 +37,12 @@ use tokio::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
+pub use self::log::Logs;
 pub use self::peek::Counted;
 pub use self::peers::Peer;
 use self::peers::{PeerShard, Peers};
 use super::quota::{self, Window};
-use super::{step, QuotaSpec, Rate, Small, Verdict};
+use super::{step, Counting, QuotaSpec, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
 const SHARDS: usize = 64;
@@ -143,6 +145,8 @@ pub struct Buckets {
     /// A quota limit's buckets hold wall-clock `tat`s, forgotten once their window is over
     /// (not once they are below now: that would hand back what the window used).
     quota: Option<QuotaSpec>,
+    /// An `exact` window's request times, instead of `tat`s.
+    logs: Option<Logs>,
 }
 
 /// One bucket to check: whose buckets, which client (and from which peer), at what rate and
@@ -158,11 +162,27 @@ pub struct Item<'a> {
     pub window: Option<Window>,
 }
 
+impl Item<'_> {
+    /// The identity's key in the map: a sliding window's two counters alternate between the
+    /// client's digest and that digest with its last bit flipped, window by window (the
+    /// shard, taken from the high bits, is the same).
+    fn key(&self) -> ClientId {
+        match &self.window {
+            Some(w) if w.counting == Counting::Sliding && quota::odd(w) => {
+                ClientId(self.client.0 ^ 1)
+            }
+            _ => self.client,
+        }
+    }
+}
+
 /// Where one item of a check is counted, locked.
 enum Slot<'a> {
     /// The client's own bucket. With its peer's shard when the bucket is new and counts
     /// against the peer once committed.
     Map(MutexGuard<'a, Shard>, Option<MutexGuard<'a, PeerShard>>),
+    /// An `exact` window's log, under this identity (the client's, or its shard's overflow).
+    Log(MutexGuard<'a, log::LogShard>, ClientId),
     /// The peer's overflow bucket.
     Peer(MutexGuard<'a, PeerShard>),
     /// The limit's overflow bucket, the last resort.
@@ -194,12 +214,17 @@ impl Buckets {
             overflowed: AtomicU64::new(0),
             peer_overflowed: AtomicU64::new(0),
             quota: None,
+            logs: None,
         }
     }
 
-    /// These buckets count quota `q` (their `tat`s are wall-clock times: see `sweep`).
+    /// These buckets count quota `q` (their `tat`s are wall-clock times: see `sweep`), in logs
+    /// for an `exact` window.
     #[must_use]
     pub fn with_quota(mut self, q: Option<QuotaSpec>) -> Self {
+        if q.as_ref().is_some_and(|q| q.counting == Counting::Exact) {
+            self.logs = Some(Logs::new(self.per_shard_cap));
+        }
         self.quota = q;
         self
     }
@@ -281,12 +306,15 @@ impl Buckets {
     /// Forget every bucket that is full at `now` (and every peer left with nothing). Returns
     /// how many buckets were dropped.
     pub fn sweep(&self, now: f64) -> usize {
-        // A quota's buckets are wall-clock `tat`s, free to forget below the window's start.
-        let now = self
-            .quota
-            .as_ref()
-            .map_or(now, |q| quota::window(q, wall_us(), q.count).start);
-        self.sweep_below(now)
+        // A quota's buckets are wall-clock `tat`s, free to forget below the window's floor.
+        let Some(q) = &self.quota else {
+            return self.sweep_below(now);
+        };
+        let w = quota::window(q, wall_us(), q.count);
+        match &self.logs {
+            Some(logs) => logs.sweep(w.now, w.len()),
+            None => self.sweep_below(w.floor()),
+        }
     }
 
     /// Forget every bucket whose `tat` is at most `floor` (for a quota: its window's start).
@@ -309,9 +337,10 @@ impl Buckets {
         dropped
     }
 
-    /// Buckets currently held.
+    /// Buckets (or `exact` logs) currently held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        let logs = self.logs.as_ref().map_or(0, Logs::len);
+        logs + self.shards.iter().map(|s| s.lock().len()).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -321,7 +350,8 @@ impl Buckets {
     /// Checks that found the map (and the peer map) full and were counted in the limit's
     /// overflow bucket.
     pub fn overflowed(&self) -> u64 {
-        self.overflowed.load(Ordering::Relaxed)
+        let logs = self.logs.as_ref().map_or(0, Logs::overflowed);
+        logs + self.overflowed.load(Ordering::Relaxed)
     }
 
     /// Checks of new identities counted in their peer's overflow bucket (the peer at its cap,
@@ -341,23 +371,21 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
     // while another peer shard of the same limit is locked.
     let mut slots: Small<Slot<'_>> = items
         .iter()
-        .map(|i| {
-            let floor = i.window.map_or(now, |w| w.start);
-            i.buckets.lock(i.client, i.peer, floor)
+        .map(|i| match (&i.buckets.logs, &i.window) {
+            (Some(logs), Some(w)) => {
+                let (shard, key) = logs.lock(i.client, w.now, w.len());
+                Slot::Log(shard, key)
+            }
+            _ => {
+                let floor = i.window.map_or(now, |w| w.floor());
+                i.buckets.lock(i.key(), i.peer, floor)
+            }
         })
         .collect();
     let mut verdicts: Small<Verdict> = Small::new();
     let mut tats: Small<f64> = Small::new();
-    for (item, slot) in items.iter().zip(&slots) {
-        let tat = match slot {
-            Slot::Map(m, _) => m.get(&item.client).map(|e| e.tat),
-            Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
-            Slot::Overflow(o) => **o,
-        };
-        let (v, t) = match &item.window {
-            Some(w) => quota::step(tat, w, item.cost),
-            None => step(tat, now, item.rate, item.cost),
-        };
+    for (item, slot) in items.iter().zip(&mut slots) {
+        let (v, t) = judge(item, slot, now);
         verdicts.push(v);
         tats.push(t);
     }
@@ -373,25 +401,63 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
             if !v.admitted {
                 continue;
             }
-            match slot {
-                Slot::Map(m, minted) => {
-                    m.insert(
-                        item.client,
-                        Entry {
-                            tat,
-                            peer: item.peer,
-                        },
-                    );
-                    if let Some(minted) = minted {
-                        minted.entry(item.peer).or_default().live += 1;
-                    }
-                }
-                Slot::Peer(p) => p.entry(item.peer).or_default().overflow = Some(tat),
-                Slot::Overflow(o) => **o = Some(tat),
-            }
+            commit(item, slot, tat);
         }
     }
     verdicts
+}
+
+/// One item's verdict from the slot it is counted in, and the state to store if admitted.
+fn judge(item: &Item<'_>, slot: &mut Slot<'_>, now: f64) -> (Verdict, f64) {
+    let key = item.key();
+    if let (Slot::Log(shard, id), Some(w)) = (&mut *slot, &item.window) {
+        let mut empty = std::collections::VecDeque::new();
+        let log = shard.get_mut(id).unwrap_or(&mut empty);
+        return (quota::exact(log, w, item.cost), w.now);
+    }
+    let tat = match &*slot {
+        Slot::Map(m, _) => m.get(&key).map(|e| e.tat),
+        Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
+        Slot::Overflow(o) => **o,
+        Slot::Log(..) => None,
+    };
+    match &item.window {
+        Some(w) if w.counting == Counting::Sliding => {
+            // The last window's counter, under the other key; none in an overflow bucket,
+            // which counts as a fixed window.
+            let prev = match &*slot {
+                Slot::Map(m, _) => m.get(&ClientId(key.0 ^ 1)).map(|e| e.tat),
+                _ => None,
+            };
+            quota::slide(tat, prev, w, item.cost)
+        }
+        Some(w) => quota::step(tat, w, item.cost),
+        None => step(tat, now, item.rate, item.cost),
+    }
+}
+
+/// Store an admitted item's new state in its slot.
+fn commit(item: &Item<'_>, slot: &mut Slot<'_>, tat: f64) {
+    match slot {
+        Slot::Map(m, minted) => {
+            m.insert(
+                item.key(),
+                Entry {
+                    tat,
+                    peer: item.peer,
+                },
+            );
+            if let Some(minted) = minted {
+                minted.entry(item.peer).or_default().live += 1;
+            }
+        }
+        Slot::Log(shard, id) => {
+            let log = shard.entry(*id).or_default();
+            log.extend(std::iter::repeat_n(tat, item.cost as usize));
+        }
+        Slot::Peer(p) => p.entry(item.peer).or_default().overflow = Some(tat),
+        Slot::Overflow(o) => **o = Some(tat),
+    }
 }
 
 /// A rejected check writes nothing, except a `tat` that `step` clamped to an empty bucket
@@ -408,6 +474,7 @@ fn write_back_clamps(items: &[Item<'_>], slots: &mut [Slot<'_>], now: f64) {
             Slot::Map(m, _) => m.get_mut(&item.client).map(|e| &mut e.tat),
             Slot::Peer(p) => p.get_mut(&item.peer).and_then(|m| m.overflow.as_mut()),
             Slot::Overflow(o) => o.as_mut(),
+            Slot::Log(..) => None,
         };
         if let Some(tat) = tat.filter(|t| **t - now > item.rate.window_us() + super::CLAMP_SLACK_US)
         {

@@ -34,7 +34,7 @@ use crate::identity::{ClientId, KeySpec};
 pub(crate) use crate::Small;
 
 pub use crate::config::settings::{
-    BanSpec, ConcurrencySpec, FailurePolicy, Period, QuotaSpec, Rate,
+    BanSpec, ConcurrencySpec, Counting, FailurePolicy, Period, QuotaSpec, Rate,
 };
 
 /// A limit of a route, live: its settings and its in-process buckets.

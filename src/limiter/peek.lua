@@ -7,7 +7,8 @@
 -- All three share the hash tag, so one slot on a Redis Cluster.
 --
 -- Returns {TIME seconds, TIME microseconds, tat or nil, u, l, lu, s, su (each or nil),
---          leases live now}.
+--          leases live now, a sliding window's even and odd counters (each or nil), an exact
+--          window's log as {member, score, ...}}.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ban = redis.call('HMGET', KEYS[2], 'u', 'l', 'lu', 's', 'su')
@@ -15,4 +16,6 @@ return {
   t[1], t[2], redis.call('GET', KEYS[1]),
   ban[1], ban[2], ban[3], ban[4], ban[5],
   redis.call('ZCOUNT', KEYS[3], '(' .. now_ms, '+inf'),
+  redis.call('GET', KEYS[1] .. ':0') or false, redis.call('GET', KEYS[1] .. ':1') or false,
+  redis.call('ZRANGE', KEYS[1] .. ':x', 0, -1, 'WITHSCORES'),
 }

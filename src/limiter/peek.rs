@@ -4,11 +4,11 @@
 use super::ban::Standing;
 use super::local::{self, Counted, Peer};
 use super::quota::{self, Window};
-use super::{step, Limit, Rate, Verdict};
+use super::{step, Counting, Limit, Rate, Verdict};
 use crate::identity::ClientId;
 
 /// One identity's state under one limit, as a check made now would find it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Peeked {
     /// Where a check would count the identity (Redis: `Own` or `New`).
     pub counted: Counted,
@@ -18,6 +18,10 @@ pub struct Peeked {
     pub now: f64,
     /// A quota's window on that clock (then `tat` counts in it).
     pub window: Option<Window>,
+    /// A sliding window's last counter (its `tat` in the window before `window`).
+    pub prev: Option<f64>,
+    /// An `exact` window's request times, oldest first, on the same clock.
+    pub log: Vec<f64>,
     /// The identity's ban state, when the limit has a ban and the identity an entry.
     pub ban: Option<Standing>,
     /// Requests in flight (a concurrency limit's slots taken).
@@ -29,6 +33,17 @@ impl Peeked {
     /// `rate` would get from it now.
     pub fn bucket(&self, rate: &Rate, cost: u32) -> (Verdict, Verdict) {
         match &self.window {
+            Some(w) if w.counting == Counting::Sliding => (
+                quota::slide(self.tat, self.prev, w, 0).0,
+                quota::slide(self.tat, self.prev, w, cost).0,
+            ),
+            Some(w) if w.counting == Counting::Exact => {
+                let mut log = self.log.iter().copied().collect();
+                (
+                    quota::exact(&mut log, w, 0),
+                    quota::exact(&mut log, w, cost),
+                )
+            }
             Some(w) => (
                 quota::step(self.tat, w, 0).0,
                 quota::step(self.tat, w, cost).0,
@@ -49,13 +64,20 @@ pub fn in_process(limit: &Limit, client: ClientId, peer: Peer, now: f64, fallbac
         let count = if fallback { q.fallback_count } else { q.count };
         quota::window(q, local::wall_us(), count)
     });
-    let floor = window.map_or(now, |w| w.start);
-    let (counted, tat) = limit.local.peek(client, peer, floor);
+    let floor = window.map_or(now, |w| w.floor());
+    let sliding = window.filter(|w| w.counting == Counting::Sliding);
+    let key = match sliding {
+        Some(w) if quota::odd(&w) => ClientId(client.0 ^ 1),
+        _ => client,
+    };
+    let (counted, tat) = limit.local.peek(key, peer, floor);
     Peeked {
         counted,
         tat,
         now: window.map_or(now, |w| w.now),
         window,
+        prev: sliding.and_then(|_| limit.local.tat_of(ClientId(key.0 ^ 1))),
+        log: limit.local.log_of(client),
         ban: limit.bans.as_ref().and_then(|b| b.peek(client, now)),
         in_flight: limit.slots.as_ref().map_or(0, |s| s.in_flight(client)),
     }

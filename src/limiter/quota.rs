@@ -1,4 +1,5 @@
-//! Calendar quotas: the window aligned to the calendar of a zone, and the quota's step.
+//! Calendar quotas and window limits: the window aligned to the calendar of a zone or to the
+//! epoch, and the step of each way of counting (fixed, sliding, exact).
 //!
 //! A quota keeps the one-number state of a token bucket. In the window `[s, e)` of a quota of
 //! `N`, with `tok = (e - s) / N`, a bucket's `tat` is `s + used * tok`:
@@ -21,7 +22,7 @@ use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
 use super::Verdict;
-use crate::config::settings::{Period, QuotaSpec};
+use crate::config::settings::{Counting, Period, QuotaSpec};
 
 /// Microseconds in an hour.
 const HOUR_US: i64 = 3_600_000_000;
@@ -35,6 +36,23 @@ pub struct Window {
     pub now: f64,
     /// Requests (of cost 1) the window holds.
     pub count: u32,
+    pub counting: Counting,
+}
+
+impl Window {
+    /// A `tat` at or below this counts nothing now: this window's start, or for a sliding
+    /// window the last one's (its count still weighs).
+    pub fn floor(&self) -> f64 {
+        match self.counting {
+            Counting::Sliding => self.start - (self.end - self.start),
+            Counting::Fixed | Counting::Exact => self.start,
+        }
+    }
+
+    /// The window's length in microseconds.
+    pub fn len(&self) -> f64 {
+        self.end - self.start
+    }
 }
 
 /// The window of `q` holding the wall-clock instant `wall_us`, counting `count`.
@@ -45,7 +63,14 @@ pub fn window(q: &QuotaSpec, wall_us: f64, count: u32) -> Window {
         end: end as f64,
         now: wall_us,
         count,
+        counting: q.counting,
     }
+}
+
+/// Whether the window holding `wall_us` is an odd one since the epoch: a sliding window's
+/// two counters are kept under two keys, this window's and the last one's.
+pub fn odd(w: &Window) -> bool {
+    (w.start / w.len()).round() as i64 % 2 != 0
 }
 
 /// The start of the window before the one holding `wall_us`, that window's start and end, and
@@ -61,6 +86,11 @@ pub fn around(q: &QuotaSpec, wall_us: f64) -> [i64; 4] {
 /// An hour is the local clock's hour; days, weeks (from Monday) and months start at local
 /// midnight (or the first instant after it, where a DST gap skips midnight).
 fn bounds(period: Period, tz: &TimeZone, us: i64) -> (i64, i64) {
+    if let Period::Every(secs) = period {
+        let len = i64::from(secs) * 1_000_000;
+        let start = us - us.rem_euclid(len);
+        return (start, start + len);
+    }
     let ts = Timestamp::from_microsecond(us).unwrap_or(Timestamp::UNIX_EPOCH);
     if period == Period::Hour {
         let offset = i64::from(tz.to_offset(ts).seconds()) * 1_000_000;
@@ -76,7 +106,8 @@ fn bounds(period: Period, tz: &TimeZone, us: i64) -> (i64, i64) {
                 .unwrap_or(date);
             (first, first.checked_add(7.days()))
         }
-        Period::Hour | Period::Month => {
+        // Fixed windows returned above; an hour is not a calendar date either.
+        Period::Hour | Period::Month | Period::Every(_) => {
             let first = date.first_of_month();
             (first, first.checked_add(1.month()))
         }
@@ -102,7 +133,7 @@ fn midnight(date: Date, tz: &TimeZone) -> Option<i64> {
 pub fn step(tat: Option<f64>, w: &Window, cost: u32) -> (Verdict, f64) {
     let n = f64::from(w.count);
     let tok = (w.end - w.start) / n;
-    let used = tat.map_or(0.0, |t| ((t - w.start) / tok).round().clamp(0.0, n));
+    let used = used(tat, w.start, tok, n);
     let next = used + f64::from(cost);
     let reset = (w.end - w.now).max(1.0);
     if next <= n {
@@ -124,113 +155,88 @@ pub fn step(tat: Option<f64>, w: &Window, cost: u32) -> (Verdict, f64) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The count a `tat` holds in the window starting at `start` (see the module doc).
+fn used(tat: Option<f64>, start: f64, tok: f64, n: f64) -> f64 {
+    tat.map_or(0.0, |t| ((t - start) / tok).round().clamp(0.0, n))
+}
 
-    fn quota(count: u32, period: Period, tz: &str) -> QuotaSpec {
-        QuotaSpec {
-            count,
-            period,
-            tz: TimeZone::get(tz).unwrap(),
-            fallback_count: count,
-        }
+/// The sliding window counter at `w.now`, from this window's `tat` and the last one's
+/// (`prev`): the estimate `used + prev_used * (1 - elapsed)` plus `cost` must stay within N.
+/// Returns the verdict and this window's `tat` to store when admitted. The estimate only
+/// falls while nothing is admitted, so the retry time is when it first leaves room for `cost`:
+/// later in this window, or in the next (where this window's count is the last one's).
+pub fn slide(tat: Option<f64>, prev: Option<f64>, w: &Window, cost: u32) -> (Verdict, f64) {
+    let (n, c, len) = (f64::from(w.count), f64::from(cost), w.len());
+    let tok = len / n;
+    let cur = used(tat, w.start, tok, n);
+    let last = used(prev, w.start - len, tok, n);
+    let left = 1.0 - (w.now - w.start) / len;
+    let estimate = cur + last * left;
+    // Full again once both counts have slid out.
+    let reset = if cur > 0.0 {
+        w.end + len - w.now
+    } else if last > 0.0 {
+        w.end - w.now
+    } else {
+        1.0
+    };
+    if estimate + c <= n + 1e-9 {
+        let verdict = Verdict {
+            admitted: true,
+            remaining: (n - estimate - c + 1e-9).floor().max(0.0) as u64,
+            reset_us: reset.max(1.0),
+            retry_after_us: 0.0,
+        };
+        return (verdict, w.start + (cur + c) * tok);
     }
+    let at = if cur + c <= n {
+        // Later in this window: last * (1 - f) <= n - cur - c.
+        w.start + (1.0 - (n - cur - c) / last) * len
+    } else if c <= n {
+        // In the next one, where this window's count slides out: cur * (1 - f) <= n - c.
+        w.end + (1.0 - (n - c) / cur).max(0.0) * len
+    } else {
+        // More than the window holds: never; say a full window.
+        w.end + len
+    };
+    let verdict = Verdict {
+        admitted: false,
+        remaining: (n - estimate + 1e-9).floor().max(0.0) as u64,
+        reset_us: reset.max(1.0),
+        retry_after_us: (at - w.now).ceil().max(1.0),
+    };
+    (verdict, w.start + cur * tok)
+}
 
-    fn us(s: &str) -> i64 {
-        s.parse::<Timestamp>().unwrap().as_microsecond()
+/// The sliding window log at `w.now`: the times of the requests counted in the last window,
+/// oldest first (`log`, pruned here of those that left it). Admits when fewer than N minus
+/// `cost` are left; the caller appends `cost` times `w.now` when everything admits.
+pub fn exact(log: &mut std::collections::VecDeque<f64>, w: &Window, cost: u32) -> Verdict {
+    let len = w.len();
+    while log.front().is_some_and(|t| *t <= w.now - len) {
+        log.pop_front();
     }
-
-    #[test]
-    fn windows_follow_the_calendar() {
-        let at = us("2026-03-04T15:30:00Z") as f64; // a Wednesday
-        let utc = |p| bounds(p, &TimeZone::UTC, at as i64);
-        assert_eq!(
-            utc(Period::Hour),
-            (us("2026-03-04T15:00:00Z"), us("2026-03-04T16:00:00Z"))
-        );
-        assert_eq!(
-            utc(Period::Day),
-            (us("2026-03-04T00:00:00Z"), us("2026-03-05T00:00:00Z"))
-        );
-        assert_eq!(
-            utc(Period::Week),
-            (us("2026-03-02T00:00:00Z"), us("2026-03-09T00:00:00Z"))
-        );
-        assert_eq!(
-            utc(Period::Month),
-            (us("2026-03-01T00:00:00Z"), us("2026-04-01T00:00:00Z"))
-        );
-        // Tokyo is 9 hours ahead: its day began at 15:00 UTC.
-        let tokyo = quota(1, Period::Day, "Asia/Tokyo");
-        let w = window(&tokyo, at, 1);
-        assert_eq!(w.start as i64, us("2026-03-04T15:00:00Z"));
-        assert_eq!(w.end as i64, us("2026-03-05T15:00:00Z"));
-        // India's hours start at half past, UTC.
-        let kolkata = TimeZone::get("Asia/Kolkata").unwrap();
-        let (s, _) = bounds(Period::Hour, &kolkata, us("2026-03-04T15:20:00Z"));
-        assert_eq!(s, us("2026-03-04T14:30:00Z"));
+    let (n, c, held) = (w.count as usize, cost as usize, log.len());
+    if held + c <= n {
+        return Verdict {
+            admitted: true,
+            remaining: (n - held - c) as u64,
+            reset_us: len,
+            retry_after_us: 0.0,
+        };
     }
-
-    #[test]
-    fn a_dst_day_is_23_or_25_hours() {
-        let paris = TimeZone::get("Europe/Paris").unwrap();
-        let (s, e) = bounds(Period::Day, &paris, us("2026-03-29T12:00:00Z"));
-        assert_eq!(e - s, 23 * HOUR_US);
-        let (s, e) = bounds(Period::Day, &paris, us("2026-10-25T12:00:00Z"));
-        assert_eq!(e - s, 25 * HOUR_US);
-        assert_eq!(s, us("2026-10-24T22:00:00Z"));
-    }
-
-    #[test]
-    fn around_gives_the_neighbours() {
-        let q = quota(1, Period::Month, "UTC");
-        let [s0, s1, s2, s3] = around(&q, us("2026-02-10T00:00:00Z") as f64);
-        assert_eq!(s0, us("2026-01-01T00:00:00Z"));
-        assert_eq!(s1, us("2026-02-01T00:00:00Z"));
-        assert_eq!(s2, us("2026-03-01T00:00:00Z"));
-        assert_eq!(s3, us("2026-04-01T00:00:00Z"));
-    }
-
-    #[test]
-    fn exactly_n_per_window_then_afresh() {
-        for (n, period) in [
-            (7, Period::Day),
-            (1_000_000, Period::Hour),
-            (3, Period::Month),
-        ] {
-            let q = quota(n, period, "UTC");
-            let at = us("2026-01-31T23:59:59Z") as f64;
-            let w = window(&q, at, n);
-            let mut tat = None;
-            for left in (0..n).rev() {
-                let (v, t) = step(tat, &w, 1);
-                assert!(v.admitted, "{n}/{period:?}");
-                assert_eq!(v.remaining, u64::from(left));
-                tat = Some(t);
-            }
-            let (v, _) = step(tat, &w, 1);
-            assert!(!v.admitted);
-            assert!((v.retry_after_us - (w.end - at)).abs() < 1e-6);
-            // The next window, same tat: a full quota.
-            let next = window(&q, w.end, n);
-            let (v, _) = step(tat, &next, 1);
-            assert!(v.admitted);
-            assert_eq!(v.remaining, u64::from(n - 1));
-        }
-    }
-
-    #[test]
-    fn cost_counts_and_a_rejection_keeps_what_is_left() {
-        let q = quota(10, Period::Day, "UTC");
-        let w = window(&q, us("2026-05-05T10:00:00Z") as f64, 10);
-        let (v, t) = step(None, &w, 4);
-        assert_eq!(v.remaining, 6);
-        let (v, t) = step(Some(t), &w, 4);
-        assert_eq!(v.remaining, 2);
-        let (v, kept) = step(Some(t), &w, 4);
-        assert!(!v.admitted);
-        assert_eq!(v.remaining, 2);
-        assert!((kept - t).abs() < 1e-6);
+    // The oldest `held + c - n` times must leave the window first.
+    let retry = match (held + c).checked_sub(n + 1).and_then(|k| log.get(k)) {
+        Some(t) if c <= n => t + len - w.now,
+        _ => len,
+    };
+    Verdict {
+        admitted: false,
+        remaining: n.saturating_sub(held) as u64,
+        reset_us: log.back().map_or(1.0, |t| t + len - w.now).max(1.0),
+        retry_after_us: retry.ceil().max(1.0),
     }
 }
+
+#[cfg(test)]
+mod tests;

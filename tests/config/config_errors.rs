@@ -43,6 +43,16 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    bad_window: r"
+{f}: 7 problems
+  {f}:7:31: routes[0].limits[0].window: window `0/1m`: `0` is not a whole number of at least 1
+  {f}:8:34: routes[0].limits[1].window: window `5/0s`: the duration must be whole seconds from 1s to 31d
+  {f}:9:48: routes[0].limits[2].algorithm: is for `window` limits (a token bucket has no algorithm to choose)
+  {f}:10:64: routes[0].limits[3].burst: is for token buckets: a window's burst is its count
+  {f}:11:51: routes[0].limits[4].algorithm: `exact` keeps the time of every request in the window, at most 1000 per identity; 5000 is more: write `algorithm: sliding` (two counters, a small documented error)
+  {f}:12:50: routes[0].limits[5].algorithm: `leaky` is not a window algorithm (sliding, exact or fixed)
+  {f}:13:48: routes[0].limits[6].timezone: is for calendar quotas: windows are aligned to the UNIX epoch (for a day from local midnight, write `quota: N/day` with `timezone`)
+",
     bad_capacity: r"
 {f}: 6 problems
   {f}:6:20: upstreams.zero.max_in_flight: must be at least 1 (leave it out for no cap)
@@ -211,7 +221,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `concurrency`, `lease`, `ban`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
 ",
     unknown_upstream: r"
 {f}: 1 problem

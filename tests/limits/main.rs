@@ -1,4 +1,5 @@
-//! Limits end to end: token buckets, identities, JWT, quotas, bans, concurrency, the candidate config.
+//! Limits end to end: token buckets, identities, JWT, quotas, windows, bans, concurrency, the
+//! candidate config.
 //!
 //! One test binary per area: each file below was a binary of its own, and linking them
 //! apart was most of the suite's build time.
@@ -16,3 +17,4 @@ mod identity;
 mod jwt;
 mod limits;
 mod quotas;
+mod windows;

@@ -12,17 +12,17 @@ use std::time::Duration;
 use common::{check, config, Http, TestProxy};
 use redis_helpers::{RedisCluster, RedisServer};
 
-fn answering(limiter: &str, limits: &str) -> String {
+pub(crate) fn answering(limiter: &str, limits: &str) -> String {
     config(&format!(
         "{limiter}routes:\n  - name: r\n    respond: {{ status: 200, body: \"ok\\n\" }}\n    limits:\n{limits}"
     ))
 }
 
-fn redis_block(url: &str) -> String {
+pub(crate) fn redis_block(url: &str) -> String {
     format!("limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    url: \"{url}\"\n    timeout: 2s\n")
 }
 
-fn cluster_block(cluster: &RedisCluster) -> String {
+pub(crate) fn cluster_block(cluster: &RedisCluster) -> String {
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     format!(
         "limiter:\n  backend: redis\n  on_failure: closed\n  redis:\n    cluster: [{}]\n    timeout: 2s\n",
@@ -191,7 +191,7 @@ fn rate_and_quota_together_or_neither_are_refused_with_line_and_column() {
 }
 
 /// Send requests until Redis answers (the connection opens in the background).
-async fn until_redis_answers(http: &Http, url: &str, key: &str) {
+pub(crate) async fn until_redis_answers(http: &Http, url: &str, key: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while http.get_with(url, &[("x-api-key", key)]).await.code() == 503 {
         assert!(std::time::Instant::now() < deadline, "Redis never answered");

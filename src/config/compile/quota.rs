@@ -1,11 +1,11 @@
-//! A limit's `quota` and `timezone` (the count, the calendar period and the zone), and its
-//! `ban`.
+//! A limit's `quota` and `timezone` (the count, the calendar period and the zone), its
+//! `window` and `algorithm`, and its `ban`.
 
 use std::time::Duration;
 
 use super::Problems;
 use crate::config::file;
-use crate::config::settings::{BanSpec, Period, QuotaSpec};
+use crate::config::settings::{BanSpec, Counting, Period, QuotaSpec, EXACT_MAX};
 use crate::config::values::{self, RateValue};
 
 /// What kind of limit `l` is: its rate and burst (for a quota, its count over the period's
@@ -21,9 +21,14 @@ pub(super) fn shape(
         (Some(r), Ok(None)) => p.take(format!("{path}.rate"), values::rate(r)),
         (None, Ok(Some(q))) => Some(as_rate(q)),
         (Some(_), Ok(Some(_)) | Err(())) => {
+            let other = if l.window.is_some() {
+                "window"
+            } else {
+                "quota"
+            };
             p.add(
                 path,
-                "has both `rate` and `quota`: a limit is a token bucket or a calendar quota",
+                format!("has both `rate` and `{other}`: a limit is a token bucket, a calendar quota or a window"),
             );
             None
         }
@@ -39,9 +44,14 @@ pub(super) fn shape(
     let quota = quota.ok().flatten();
     let burst = match (l.burst, rate, &quota) {
         (Some(_), _, Some(_)) => {
+            let what = if l.window.is_some() {
+                "a window's"
+            } else {
+                "a quota's"
+            };
             p.add(
                 format!("{path}.burst"),
-                "is for token buckets: a quota's burst is its count",
+                format!("is for token buckets: {what} burst is its count"),
             );
             None
         }
@@ -64,6 +74,15 @@ fn quota(
     divide_by: u32,
     p: &mut Problems,
 ) -> Result<Option<QuotaSpec>, ()> {
+    if let Some(w) = &l.window {
+        return window(l, w, path, divide_by, p).map(Some).ok_or(());
+    }
+    if l.algorithm.is_some() {
+        p.add(
+            format!("{path}.algorithm"),
+            "is for `window` limits (a token bucket has no algorithm to choose)",
+        );
+    }
     let Some(raw) = &l.quota else {
         if l.timezone.is_some() {
             p.add(
@@ -73,7 +92,15 @@ fn quota(
         }
         return Ok(None);
     };
-    let parsed = p.take(format!("{path}.quota"), parse(raw));
+    let parsed = p.take(
+        format!("{path}.quota"),
+        parse(raw).and_then(|(count, period)| match period {
+            Period::Every(_) => Err(format!(
+                "quota `{raw}`: a calendar quota counts per hour, day, week or month; for a window of a duration write `window: {raw}`"
+            )),
+            _ => Ok((count, period)),
+        }),
+    );
     let tz = match l.timezone.as_deref() {
         None => Some(jiff::tz::TimeZone::UTC),
         Some(name) => p.take(
@@ -91,7 +118,91 @@ fn quota(
         period,
         tz,
         fallback_count: (count / divide_by.max(1)).max(1),
+        counting: Counting::Fixed,
     }))
+}
+
+/// The shortest and longest `window`.
+const WINDOW_RANGE: (u64, u64) = (1, 31 * 86_400);
+
+/// A `window: N/DURATION` limit, counted like a quota over epoch-aligned windows.
+fn window(
+    l: &file::Limit,
+    raw: &str,
+    path: &str,
+    divide_by: u32,
+    p: &mut Problems,
+) -> Option<QuotaSpec> {
+    if l.quota.is_some() {
+        p.add(
+            path,
+            "has both `quota` and `window`: a limit counts one way",
+        );
+    }
+    if l.timezone.is_some() {
+        p.add(
+            format!("{path}.timezone"),
+            "is for calendar quotas: windows are aligned to the UNIX epoch (for a day from local midnight, write `quota: N/day` with `timezone`)",
+        );
+    }
+    let counting = match l.algorithm.as_deref() {
+        None | Some("sliding") => Some(Counting::Sliding),
+        Some("exact") => Some(Counting::Exact),
+        Some("fixed") => Some(Counting::Fixed),
+        Some(other) => {
+            p.add(
+                format!("{path}.algorithm"),
+                format!("`{other}` is not a window algorithm (sliding, exact or fixed)"),
+            );
+            None
+        }
+    };
+    let (count, secs) = p.take(format!("{path}.window"), parse_window(raw))?;
+    let counting = counting?;
+    if counting == Counting::Exact && count > EXACT_MAX {
+        p.add(
+            format!("{path}.algorithm"),
+            format!(
+                "`exact` keeps the time of every request in the window, at most {EXACT_MAX} per identity; \
+                 {count} is more: write `algorithm: sliding` (two counters, a small documented error)"
+            ),
+        );
+        return None;
+    }
+    Some(QuotaSpec {
+        count,
+        period: Period::Every(secs),
+        tz: jiff::tz::TimeZone::UTC,
+        fallback_count: (count / divide_by.max(1)).max(1),
+        counting,
+    })
+}
+
+/// `N/DURATION`, N a whole number of at least 1, the duration whole seconds from 1s to 31d.
+fn parse_window(s: &str) -> Result<(u32, u32), String> {
+    let (count, per) = s
+        .trim()
+        .split_once('/')
+        .ok_or_else(|| format!("window `{s}` must look like `5/15m` or `1000/1h`"))?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            format!(
+                "window `{s}`: `{}` is not a whole number of at least 1",
+                count.trim()
+            )
+        })?;
+    let d = crate::config::values::duration(per.trim())?;
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 || secs < WINDOW_RANGE.0 || secs > WINDOW_RANGE.1 {
+        return Err(format!(
+            "window `{s}`: the duration must be whole seconds from 1s to 31d"
+        ));
+    }
+    Ok((count, u32::try_from(secs).unwrap_or(u32::MAX)))
 }
 
 /// A limit's `ban` block, or `None` with the problems added.
@@ -148,7 +259,8 @@ pub(crate) fn parse(s: &str) -> Result<(u32, Period), String> {
         "day" => Period::Day,
         "week" => Period::Week,
         "month" => Period::Month,
-        _ => return Err(wrong()),
+        // A window limit's count, in an operator's override (`quota: 10/15m`).
+        _ => Period::Every(parse_window(s).map_err(|_| wrong())?.1),
     };
     Ok((count, period))
 }
@@ -172,6 +284,13 @@ mod tests {
         assert!(parse("0/day").is_err());
         assert!(parse("1.5/day").is_err());
         assert!(parse("10/fortnight").is_err());
+        assert_eq!(parse("10/15m"), Ok((10, Period::Every(900))));
         assert!(parse("10").is_err());
+        assert_eq!(parse_window("5/15m"), Ok((5, 900)));
+        assert_eq!(parse_window("1000/1h"), Ok((1000, 3600)));
+        assert!(parse_window("0/1m").is_err());
+        assert!(parse_window("5/0s").is_err());
+        assert!(parse_window("5/500ms").is_err());
+        assert!(parse_window("5/32d").is_err());
     }
 }

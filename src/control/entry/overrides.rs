@@ -249,11 +249,6 @@ fn check_kind(limit: &Limit, tuning: &Tuning, period: Option<Period>) -> Result<
     })
 }
 
-fn period_name(p: Period) -> &'static str {
-    match p {
-        Period::Hour => "hour",
-        Period::Day => "day",
-        Period::Week => "week",
-        Period::Month => "month",
-    }
+fn period_name(p: Period) -> String {
+    p.describe()
 }

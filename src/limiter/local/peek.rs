@@ -57,6 +57,20 @@ impl Buckets {
     }
 }
 
+impl Buckets {
+    /// The `tat` held under `key`, if any.
+    pub fn tat_of(&self, key: ClientId) -> Option<f64> {
+        self.shard(key).lock().get(&key).map(|e| e.tat)
+    }
+
+    /// The request times an `exact` window holds for `client` (empty for other limits).
+    pub fn log_of(&self, client: ClientId) -> Vec<f64> {
+        self.logs
+            .as_ref()
+            .map_or_else(Vec::new, |l| l.times(client))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{check, Item};

@@ -15,7 +15,7 @@ use super::managed::{Managed, Target};
 use super::{Bucket, RedisConfig};
 use crate::config::settings::{RedisTls, SentinelSpec};
 use crate::limiter::ban::BanEvent;
-use crate::limiter::{Small, Verdict};
+use crate::limiter::{Counting, Period, Small, Verdict};
 use std::fmt::Write as _;
 
 /// The atomic N-bucket check; its header documents KEYS, ARGV and the reply.
@@ -290,13 +290,22 @@ pub(super) const SCRIPT_EPOCH_US: i64 = 1_700_000_000_000_000;
 pub(super) struct QuotaArgs {
     pub(super) count: u32,
     pub(super) bounds: [i64; 4],
+    /// A sliding or exact window's length in µs: Redis finds its windows by its own clock.
+    pub(super) slides: Option<(Counting, i64)>,
 }
 
 impl QuotaArgs {
     pub(super) fn of(q: &crate::limiter::QuotaSpec, wall_us: f64) -> Self {
+        let slides = match (q.counting, q.period) {
+            (Counting::Sliding | Counting::Exact, Period::Every(secs)) => {
+                Some((q.counting, i64::from(secs) * 1_000_000))
+            }
+            _ => None,
+        };
         Self {
             count: q.count,
             bounds: crate::limiter::quota::around(q, wall_us).map(|b| b - SCRIPT_EPOCH_US),
+            slides,
         }
     }
 }
@@ -323,9 +332,18 @@ fn push_buckets<'b, 'a: 'b>(
             continue;
         }
         let mut w = String::with_capacity(96);
-        if let Some(q) = &b.quota {
-            let [s0, s1, s2, s3] = q.bounds;
-            let _ = write!(w, "q {s0} {s1} {s2} {s3}");
+        match b.quota.as_ref().map(|q| (q, q.slides)) {
+            Some((_, Some((Counting::Exact, len)))) => {
+                let _ = write!(w, "x {len}");
+            }
+            Some((_, Some((_, len)))) => {
+                let _ = write!(w, "s {len}");
+            }
+            Some((q, None)) => {
+                let [s0, s1, s2, s3] = q.bounds;
+                let _ = write!(w, "q {s0} {s1} {s2} {s3}");
+            }
+            None => {}
         }
         if let Some(ban) = &b.ban {
             let sep = if w.is_empty() { "" } else { " " };

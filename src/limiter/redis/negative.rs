@@ -23,8 +23,10 @@
 //! step during the call), so a proxy never keeps a client locked out past `tau` on its own.
 //!
 //! A calendar quota that rejected stays rejected until its window ends (usage only grows within
-//! a window): the cache keeps the end, placed on the local clock as `sent + reset` (a lower
-//! bound again, since Redis read its clock after the request was sent), and the count left.
+//! a window), and a sliding or exact window until its retry time (its count only falls as time
+//! passes, and other replicas' admissions only push that time later): the cache keeps that
+//! time, placed on the local clock as `sent + retry` (a lower bound again, since Redis read its
+//! clock after the request was sent), and the count left.
 //!
 //! A banned identity is held alike until its ban ends (`sent + retry`, the ban's remaining
 //! time as Redis answered it): a flood from a banned client costs Redis nothing either. Before
@@ -185,12 +187,13 @@ impl NegativeCache {
                 continue;
             }
             if b.quota.is_some() {
-                // Only a quota's rejection is worth knowing: it holds to the window's end.
+                // Only a quota's or a window's rejection is worth knowing: it holds until its
+                // retry time (a quota's window end), whatever the other replicas do.
                 if v.admitted {
                     map.entries.remove(&b.key);
                 } else if map.entries.len() < self.cap || map.entries.contains_key(&b.key) {
                     let known = Known {
-                        tat: sent_us + v.reset_us.min(b.rate.window_us()),
+                        tat: sent_us + v.retry_after_us.min(2.0 * b.rate.window_us()),
                         per_sec_bits: b.rate.per_sec.to_bits(),
                         burst: b.rate.burst,
                         cost: b.cost,

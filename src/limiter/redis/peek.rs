@@ -11,7 +11,7 @@ use crate::identity::ClientId;
 use crate::limiter::ban::Standing;
 use crate::limiter::local::Counted;
 use crate::limiter::peek::Peeked;
-use crate::limiter::{quota, Limit};
+use crate::limiter::{quota, Counting, Limit};
 
 static PEEK_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../peek.lua")));
 
@@ -58,9 +58,11 @@ fn parse(reply: &Value, limit: &Limit) -> Option<Peeked> {
             end: w.end - shift,
             now,
             count: w.count,
+            counting: w.counting,
         }
     });
-    let tat = num(2);
+    let (tat, prev) = counters(window.as_ref(), &num);
+    let log = log(items.get(11));
     let ban = limit.ban.and(num(3).or(num(6))).map(|_| {
         let at = |i: usize| num(i).unwrap_or(0.0);
         Standing {
@@ -78,7 +80,42 @@ fn parse(reply: &Value, limit: &Limit) -> Option<Peeked> {
         tat,
         now,
         window,
+        prev,
+        log,
         ban,
         in_flight: num(8).map_or(0, |n| n as u32),
     })
+}
+
+/// The bucket's `tat` and, for a sliding window, the last window's: a sliding window counts
+/// under `<key>:0` and `<key>:1` by the window's parity (`bucket.lua`).
+fn counters(
+    window: Option<&quota::Window>,
+    num: &impl Fn(usize) -> Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    match window {
+        Some(w) if w.counting == Counting::Sliding => {
+            let (even, odd) = (num(9), num(10));
+            if quota::odd(w) {
+                (odd, even)
+            } else {
+                (even, odd)
+            }
+        }
+        _ => (num(2), None),
+    }
+}
+
+/// An exact window's log (`ZRANGE ... WITHSCORES`): its scores, oldest first.
+fn log(reply: Option<&Value>) -> Vec<f64> {
+    let Some(Value::Array(log)) = reply else {
+        return Vec::new();
+    };
+    (log.iter().skip(1).step_by(2))
+        .filter_map(|v| match v {
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            Value::Double(d) => Some(*d),
+            _ => None,
+        })
+        .collect()
 }

@@ -1,0 +1,256 @@
+//! Window limits end to end (`window: N/DURATION` with `algorithm: sliding`, `exact` or
+//! `fixed`): the counts, `Retry-After` and the headers in process on tokio's paused clock
+//! (which the wall clock the windows are taken from follows); all or nothing beside a token
+//! bucket; over Redis two replicas sharing one window, Redis's clock deciding, and a Redis
+//! Cluster with a route's windows in different slots.
+
+use crate::common;
+use crate::common::redis as redis_helpers;
+use crate::quotas::{answering, cluster_block, redis_block, until_redis_answers};
+
+use std::time::Duration;
+
+use common::{Http, TestProxy};
+use redis_helpers::{RedisCluster, RedisServer};
+
+/// Seconds from now to the end of the epoch-aligned window of `secs` seconds.
+fn secs_to_window_end(secs: u64) -> f64 {
+    let now = jiff::Timestamp::now().as_microsecond();
+    let len = i64::try_from(secs).unwrap() * 1_000_000;
+    (len - now.rem_euclid(len)) as f64 / 1e6
+}
+
+fn retry_after(r: &common::Reply) -> u64 {
+    r.header("retry-after").parse().unwrap()
+}
+
+/// A fixed window on the paused clock, beside a token bucket: N per epoch-aligned window, the
+/// next request told to come back at the window's end, N again after it.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_window_admits_n_per_aligned_window() {
+    let proxy = TestProxy::inline(&answering(
+        "",
+        "      - { name: logins, window: 3/15m, algorithm: fixed, key: [ip] }\n      - { name: fast, rate: 1/min, burst: 4, key: [ip] }\n",
+    ))
+    .await;
+    let url = proxy.url("/");
+    let to_end = secs_to_window_end(900);
+    let codes = Http::new().statuses(3, &url, &[]).await;
+    assert_eq!(codes, [200, 200, 200], "three a window");
+    let r = Http::new().get(&url).await;
+    assert_eq!(r.code(), 429);
+    assert!(r
+        .header("ratelimit-policy")
+        .contains("\"logins\";q=3;w=900"));
+    let retry = retry_after(&r);
+    assert!(
+        (retry as f64 - to_end).abs() <= 2.0,
+        "retry {retry}, end in {to_end}"
+    );
+    // Past the window's end: three again (the bucket refilled meanwhile), and only three.
+    tokio::time::sleep(Duration::from_secs(retry + 1)).await;
+    let codes = Http::new().statuses(4, &url, &[]).await;
+    assert_eq!(codes, [200, 200, 200, 429], "a new window");
+}
+
+/// The default algorithm, the sliding window counter: N in the window, then a retry time at
+/// which the estimate leaves room again (a quarter of a window into the next one for 4 of 4),
+/// and exactly one request there.
+#[tokio::test(start_paused = true)]
+async fn a_sliding_window_says_when_its_estimate_leaves_room() {
+    let proxy = TestProxy::inline(&answering(
+        "",
+        "      - { name: sms, window: 4/1m, key: [ip] }\n",
+    ))
+    .await;
+    let url = proxy.url("/");
+    let http = Http::new();
+    let to_end = secs_to_window_end(60);
+    let first = http.get(&url).await;
+    assert_eq!(first.code(), 200);
+    assert_eq!(first.header("ratelimit-policy"), "\"sms\";q=4;w=60");
+    assert!(first.header("ratelimit").starts_with("\"sms\";r=3;"));
+    assert_eq!(http.statuses(4, &url, &[]).await, [200, 200, 200, 429]);
+    let r = http.get(&url).await;
+    let retry = retry_after(&r);
+    // cur = 4 slides out of the next window: 4 * (1 - g) <= 3 at g = 1/4.
+    assert!(
+        (retry as f64 - (to_end + 15.0)).abs() <= 2.0,
+        "retry {retry}, window ends in {to_end}"
+    );
+    assert!(r.text().contains("sms"), "{}", r.text());
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    assert_eq!(http.statuses(2, &url, &[]).await, [200, 429]);
+}
+
+/// The sliding window log counts the last W exactly: a request is refused while N were
+/// admitted in the W before it, and told to come back when the oldest of them leaves.
+#[tokio::test(start_paused = true)]
+async fn an_exact_window_counts_the_last_w_exactly() {
+    let proxy = TestProxy::inline(&answering(
+        "",
+        "      - { name: logins, window: 3/10s, algorithm: exact, key: [ip] }\n",
+    ))
+    .await;
+    let url = proxy.url("/");
+    let http = Http::new();
+    for _ in 0..3 {
+        let r = http.get(&url).await;
+        assert_eq!(r.code(), 200);
+        assert_eq!(r.header("ratelimit-policy"), "\"logins\";q=3;w=10");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // Now t = 9: requests at 0, 3 and 6 count; the one at 0 leaves at 10.
+    let r = http.get(&url).await;
+    assert_eq!((r.code(), retry_after(&r)), (429, 1));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(http.statuses(2, &url, &[]).await, [200, 429]);
+    // At 10: 3, 6 and 10 count; the next room comes at 13.
+    let r = http.get(&url).await;
+    assert_eq!((r.code(), retry_after(&r)), (429, 3));
+}
+
+/// A request a token bucket refuses takes nothing from the route's window, and the other way
+/// round.
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_by_a_bucket_takes_nothing_from_a_window() {
+    for algorithm in ["sliding", "exact", "fixed"] {
+        let proxy = TestProxy::inline(&answering(
+            "",
+            &format!(
+                "      - {{ name: w, window: 3/31d, algorithm: {algorithm}, key: [ip] }}\n      - {{ name: b, rate: 1/s, burst: 2, key: [ip] }}\n"
+            ),
+        ))
+        .await;
+        let url = proxy.url("/");
+        let http = Http::new();
+        assert_eq!(http.statuses(3, &url, &[]).await, [200, 200, 429]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The bucket is full again; the window holds 2 of 3 (the refused one took nothing).
+        let r = http.get(&url).await;
+        assert_eq!(r.code(), 200, "{algorithm}");
+        assert!(
+            r.header("ratelimit").starts_with("\"w\";r=0;"),
+            "{algorithm}: {}",
+            r.header("ratelimit")
+        );
+        let r = http.get(&url).await;
+        assert_eq!(r.code(), 429, "{algorithm}");
+        assert!(r.text().contains("\"w\""), "{algorithm}: {}", r.text());
+    }
+}
+
+/// Two replicas sharing one Redis hand out one window between them, never two, for each
+/// algorithm; the keys expire on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_window_exactly() {
+    let redis = RedisServer::start();
+    for algorithm in ["sliding", "exact", "fixed"] {
+        let yaml = answering(
+            &redis_block(&redis.url()),
+            &format!("      - {{ name: sms-{algorithm}, window: 40/31d, algorithm: {algorithm}, key: [\"header:x-api-key\"] }}\n"),
+        );
+        let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
+        let http = Http::new();
+        until_redis_answers(&http, &a.url("/"), "warm").await;
+        until_redis_answers(&http, &b.url("/"), "warm").await;
+        let mut tasks = Vec::new();
+        for url in [a.url("/"), b.url("/")] {
+            for _ in 0..4 {
+                let url = url.clone();
+                tasks.push(tokio::spawn(async move {
+                    Http::new()
+                        .statuses(15, &url, &[("x-api-key", "shared")])
+                        .await
+                }));
+            }
+        }
+        let mut ok = 0;
+        for t in tasks {
+            ok += t.await.unwrap().iter().filter(|c| **c == 200).count();
+        }
+        assert_eq!(
+            ok, 40,
+            "{algorithm}: 120 requests over two replicas, a window of 40"
+        );
+        let keys: Vec<String> = (redis.keys().into_iter())
+            .filter(|k| k.contains(&format!("sms-{algorithm}")))
+            .collect();
+        assert!(!keys.is_empty(), "{algorithm}");
+        for key in keys {
+            let ttl: i64 = redis.cli(&["PTTL", &key]).trim().parse().unwrap();
+            assert!(
+                ttl > 0 && ttl <= 2 * 31 * 86_400_000,
+                "{algorithm}: {key} expires in {ttl} ms"
+            );
+        }
+        if algorithm == "exact" {
+            let log = redis
+                .keys()
+                .into_iter()
+                .find(|k| k.contains("sms-exact") && k.ends_with(":x"));
+            let log = log.expect("the exact window's log");
+            assert_eq!(redis.cli(&["ZCARD", &log]).trim(), "40");
+        }
+    }
+}
+
+/// Over Redis an exact window's retry time is on Redis's clock: the oldest entry's leaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_window_over_redis_says_when_the_oldest_leaves() {
+    let redis = RedisServer::start();
+    let yaml = answering(
+        &redis_block(&redis.url()),
+        "      - { name: otp, window: 3/20s, algorithm: exact, key: [\"header:x-api-key\"] }\n",
+    );
+    let a = TestProxy::start(&yaml);
+    let http = Http::new();
+    until_redis_answers(&http, &a.url("/"), "warm").await;
+    let key = [("x-api-key", "k")];
+    assert_eq!(http.statuses(3, &a.url("/"), &key).await, [200, 200, 200]);
+    let r = http.get_with(&a.url("/"), &key).await;
+    assert_eq!(r.code(), 429);
+    let retry = retry_after(&r);
+    assert!((19..=20).contains(&retry), "retry {retry}");
+    assert!(r.header("ratelimit").starts_with("\"otp\";r=0;"));
+}
+
+/// On a Redis Cluster a route's sliding and exact windows (different identities, so different
+/// slots) are each exact across two replicas, and a request one slot refuses takes nothing
+/// from the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_windows_are_exact_across_replicas_and_slots() {
+    let cluster = RedisCluster::start();
+    let limits = "      - { name: per-key, window: 10/31d, key: [\"header:x-api-key\"] }\n      - { name: per-tenant, window: 1000/31d, algorithm: exact, key: [\"header:x-tenant\"] }\n";
+    let yaml = answering(&cluster_block(&cluster), limits);
+    let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
+    let http = Http::new();
+    until_redis_answers(&http, &a.url("/"), "warm").await;
+    until_redis_answers(&http, &b.url("/"), "warm").await;
+    for client in ["c1", "c2", "c3", "c4"] {
+        let headers = [("x-api-key", client), ("x-tenant", "t")];
+        let mut ok = 0;
+        for proxy in [&a, &b] {
+            ok += (http.statuses(8, &proxy.url("/"), &headers).await)
+                .iter()
+                .filter(|c| **c == 200)
+                .count();
+        }
+        assert_eq!(ok, 10, "client {client}");
+    }
+    // The tenant's log holds the 40 admitted requests only: the 24 the per-key windows
+    // refused were given back.
+    let only_tenant = answering(
+        &cluster_block(&cluster),
+        "      - { name: per-tenant, window: 1000/31d, algorithm: exact, key: [\"header:x-tenant\"] }\n",
+    );
+    let c = TestProxy::start(&only_tenant);
+    until_redis_answers(&http, &c.url("/"), "warm").await;
+    let r = http.get_with(&c.url("/"), &[("x-tenant", "t")]).await;
+    assert_eq!(r.code(), 200);
+    assert!(
+        r.header("ratelimit").starts_with("\"per-tenant\";r=959;"),
+        "{}",
+        r.header("ratelimit")
+    );
+}
