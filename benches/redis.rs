@@ -1,5 +1,6 @@
 //! The Redis check round trip, against a `redis-server` this bench starts on a free loopback
-//! port (and stops): one EVALSHA of the bucket script per check, one and two buckets.
+//! port (and stops): one EVALSHA of the bucket script per check, one and two buckets, and one
+//! sliding and one fixed window limit.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -10,7 +11,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::{Alternative, ClientId, KeySpec};
 use tollgate::limiter::local::Buckets;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
-use tollgate::limiter::{Check, FailurePolicy, Limit, Rate};
+use tollgate::limiter::{Check, Counting, FailurePolicy, Limit, Period, QuotaSpec, Rate};
 
 struct Server(Child);
 
@@ -117,6 +118,36 @@ fn redis_round_trip(c: &mut Criterion) {
     c.bench_function("redis check, two buckets", |b| {
         b.iter(|| black_box(rt.block_on(limiter.check(&two, &[true, true]))));
     });
+    // Admitting windows: a refused check is answered by the negative cache, not Redis (the
+    // Redis side of `exact` is measured with redis-benchmark, docs/performance.md).
+    for (counting, count) in [(Counting::Sliding, 1_000_000), (Counting::Fixed, 1_000_000)] {
+        let spec = QuotaSpec {
+            count,
+            period: Period::Every(3600),
+            tz: jiff::tz::TimeZone::UTC,
+            fallback_count: count,
+            counting,
+        };
+        let name = format!("{}-{count}", counting.as_str());
+        let window = Limit {
+            quota: Some(spec.clone()),
+            local: Arc::new(Buckets::new(16).with_quota(Some(spec))),
+            ..limit(&name)
+        };
+        let one = [Check {
+            limit: &window,
+            client: ClientId(9),
+        }];
+        c.bench_function(
+            &format!(
+                "redis check, one window ({}, N = {count})",
+                counting.as_str()
+            ),
+            |b| {
+                b.iter(|| black_box(rt.block_on(limiter.check(&one, &[true]))));
+            },
+        );
+    }
 }
 
 criterion_group!(benches, redis_round_trip);

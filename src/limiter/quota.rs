@@ -217,11 +217,17 @@ pub fn exact(log: &mut std::collections::VecDeque<f64>, w: &Window, cost: u32) -
         log.pop_front();
     }
     let (n, c, held) = (w.count as usize, cost as usize, log.len());
+    // Nothing counted once the newest entry (this request's, if it takes any) leaves.
+    let empty_in = |newest: Option<f64>| newest.map_or(1.0, |t| t + len - w.now).max(1.0);
     if held + c <= n {
         return Verdict {
             admitted: true,
             remaining: (n - held - c) as u64,
-            reset_us: len,
+            reset_us: empty_in(if c > 0 {
+                Some(w.now)
+            } else {
+                log.back().copied()
+            }),
             retry_after_us: 0.0,
         };
     }
@@ -233,7 +239,7 @@ pub fn exact(log: &mut std::collections::VecDeque<f64>, w: &Window, cost: u32) -
     Verdict {
         admitted: false,
         remaining: n.saturating_sub(held) as u64,
-        reset_us: log.back().map_or(1.0, |t| t + len - w.now).max(1.0),
+        reset_us: empty_in(log.back().copied()),
         retry_after_us: retry.ceil().max(1.0),
     }
 }
