@@ -118,6 +118,11 @@ fn redis_round_trip(c: &mut Criterion) {
     c.bench_function("redis check, two buckets", |b| {
         b.iter(|| black_box(rt.block_on(limiter.check(&two, &[true, true]))));
     });
+    windows(c, &rt, &limiter);
+}
+
+/// One sliding and one fixed window limit, each admitting, over the same connection.
+fn windows(c: &mut Criterion, rt: &tokio::runtime::Runtime, limiter: &RedisLimiter) {
     // Admitting windows: a refused check is answered by the negative cache, not Redis (the
     // Redis side of `exact` is measured with redis-benchmark, docs/performance.md).
     for (counting, count) in [(Counting::Sliding, 1_000_000), (Counting::Fixed, 1_000_000)] {
