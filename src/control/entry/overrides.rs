@@ -231,7 +231,7 @@ fn check_kind(limit: &Limit, tuning: &Tuning, period: Option<Period>) -> Result<
         (Some(q), Some(p)) if q.period == p => Ok(()),
         (Some(q), Some(_)) => Err(format!(
             "limit `{name}` counts per {}: give the quota per {0} too",
-            period_name(q.period)
+            q.period.describe()
         )),
         (Some(_), None) => Err(format!(
             "limit `{name}` is a calendar quota: give `quota` (as `100000/day`), not `rate`"
@@ -247,8 +247,4 @@ fn check_kind(limit: &Limit, tuning: &Tuning, period: Option<Period>) -> Result<
             Err(format!("limit `{name}` cannot take these numbers"))
         }
     })
-}
-
-fn period_name(p: Period) -> String {
-    p.describe()
 }

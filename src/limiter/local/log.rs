@@ -35,6 +35,11 @@ impl Logs {
         }
     }
 
+    /// The shard `client` lives in: the same as its buckets' (`Buckets::shard`).
+    fn shard(&self, client: ClientId) -> &Mutex<LogShard> {
+        &self.shards[(client.0 >> 64) as usize % SHARDS]
+    }
+
     /// Lock `client`'s shard, and say which log it counts in: its own, or (the shard full of
     /// logs that still count at `now`, for windows of `len`) the shard's overflow log.
     pub(super) fn lock(
@@ -43,7 +48,7 @@ impl Logs {
         now: f64,
         len: f64,
     ) -> (MutexGuard<'_, LogShard>, ClientId) {
-        let mut shard = self.shards[(client.0 >> 64) as usize % SHARDS].lock();
+        let mut shard = self.shard(client).lock();
         if shard.contains_key(&client) || shard.len() < self.per_shard_cap {
             return (shard, client);
         }
@@ -70,7 +75,7 @@ impl Logs {
 
     /// `client`'s request times, oldest first.
     pub(super) fn times(&self, client: ClientId) -> Vec<f64> {
-        let shard = self.shards[(client.0 >> 64) as usize % SHARDS].lock();
+        let shard = self.shard(client).lock();
         shard
             .get(&client)
             .map_or_else(Vec::new, |l| l.iter().copied().collect())
