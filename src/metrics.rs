@@ -130,6 +130,8 @@ pub struct Metrics {
     pub worker_connections: Family<WorkerLabels, Gauge>,
     pub connections_refused: Counter,
     pub overloaded: Counter,
+    /// Bytes in temporary files, and responses that could not spill.
+    pub spill: crate::buffer::SpillHandles,
     /// Requests whose limits were decided without the shared store.
     pub without_backend: Counter,
     reloads: Family<ReloadLabels, Counter>,
@@ -190,6 +192,7 @@ impl Metrics {
             worker_connections: Family::default(),
             connections_refused: Counter::default(),
             overloaded: Counter::default(),
+            spill: crate::buffer::SpillHandles::default(),
             reloads: Family::default(),
             generation: Gauge::default(),
             config_hash: Gauge::default(),

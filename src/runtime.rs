@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::Request;
 
 use crate::body::BodyLimits;
-use crate::buffer::{Budget, Store};
+use crate::buffer::{Budget, Spill, Store};
 use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
 use crate::forward::Upstream;
 use crate::limiter::redis::RedisLimiter;
@@ -162,7 +162,7 @@ impl Runtime {
                 priority: spec.priority,
             });
         }
-        let store = store(&settings, previous);
+        let store = store(&settings, previous, metrics);
         let candidate = crate::candidate::build(
             &settings,
             previous.and_then(|p| p.candidate.as_ref()),
@@ -203,7 +203,7 @@ fn logged_keys(limits: &[Arc<Limit>]) -> crate::access_log::KeySources {
 
 /// Where `settings` buffer bodies. The memory budget is `previous`'s when its cap is the same:
 /// the bodies held now keep counting against it.
-fn store(settings: &Settings, previous: Option<&Runtime>) -> Store {
+fn store(settings: &Settings, previous: Option<&Runtime>, metrics: &Metrics) -> Store {
     let b = &settings.buffering;
     let budget = previous
         .filter(|p| p.settings.buffering.max_memory == b.max_memory)
@@ -211,11 +211,18 @@ fn store(settings: &Settings, previous: Option<&Runtime>) -> Store {
             || Arc::new(Budget::new(b.max_memory)),
             |p| p.store.budget.clone(),
         );
+    let spill = previous
+        .filter(|p| p.store.spill.limit() == b.max_spill)
+        .map_or_else(
+            || Arc::new(Spill::new(b.max_spill, metrics.spill.clone())),
+            |p| p.store.spill.clone(),
+        );
     Store {
         temp_dir: b.temp_dir.clone(),
         memory_per_body: b.memory_per_body,
         max_file: b.max_response_file,
         budget,
+        spill,
     }
 }
 

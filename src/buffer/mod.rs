@@ -4,7 +4,9 @@
 //! A request body is held whole before the upstream is contacted (`Held`, replayable); an
 //! upstream response is read ahead as fast as the upstream sends it (`Spool`), so the upstream
 //! connection is free while the client reads at its own pace. Temporary files are created
-//! unlinked (`tempfile::tempfile_in`): nothing is left behind, even after a crash.
+//! unlinked (`tempfile::tempfile_in`): nothing is left behind, even after a crash. The bytes
+//! in files have a proxy-wide cap (`Spill`); a response that cannot spill (the cap reached, or
+//! `temp_dir` unwritable or full) is streamed with backpressure instead, never cut short.
 
 use std::fs::File;
 use std::io;
@@ -17,6 +19,8 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// How much a file read hands out at once.
 pub(super) const READ_CHUNK: usize = 64 << 10;
@@ -59,6 +63,93 @@ impl Budget {
     }
 }
 
+/// Bytes in temporary files, all bodies together, against `buffering.max_spill`; and what
+/// happened to responses that could not spill, counted and logged.
+#[derive(Debug)]
+pub struct Spill {
+    limit: u64,
+    used: AtomicU64,
+    /// `tollgate_buffer_spilled_bytes`, kept equal to `used`.
+    gauge: Gauge,
+    /// Responses streamed with backpressure because `temp_dir` refused a file or a write, or
+    /// because `max_spill` bytes were in files.
+    pub(super) unwritable: Counter,
+    pub(super) capped: Counter,
+    log: crate::log_gate::LogGate,
+    /// The log gate's clock.
+    origin: std::time::Instant,
+}
+
+impl Spill {
+    pub fn new(limit: u64, handles: SpillHandles) -> Self {
+        Self {
+            limit,
+            used: AtomicU64::new(0),
+            gauge: handles.bytes,
+            unwritable: handles.unwritable,
+            capped: handles.capped,
+            log: crate::log_gate::LogGate::new(std::time::Duration::from_secs(10)),
+            origin: std::time::Instant::now(),
+        }
+    }
+
+    /// The cap this was built with (a reload keeps it, and what it counts, when unchanged).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Take `n` bytes of the cap, if they fit.
+    pub(super) fn reserve(&self, n: u64) -> bool {
+        let taken = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used + n <= self.limit).then_some(used + n)
+            })
+            .is_ok();
+        if taken {
+            self.gauge.inc_by(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        taken
+    }
+
+    pub(super) fn release(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+        self.gauge.dec_by(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Bytes in files now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// A response that could not spill goes on with backpressure: counted, and logged at WARN
+    /// at most once per 10 s (with how many were not logged).
+    pub(super) fn fell_back(&self, dir: &std::path::Path, why: &io::Error, capped: bool) {
+        if capped {
+            self.capped.inc();
+        } else {
+            self.unwritable.inc();
+        }
+        let now = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if let Some(held_back) = self.log.open(now) {
+            tracing::warn!(
+                dir = %dir.display(),
+                error = %why,
+                more = held_back,
+                "a response cannot spill to a file: streaming it with backpressure (the upstream is read as the client reads)"
+            );
+        }
+    }
+}
+
+/// The metric handles a `Spill` writes.
+#[derive(Debug, Clone, Default)]
+pub struct SpillHandles {
+    pub bytes: Gauge,
+    pub unwritable: Counter,
+    pub capped: Counter,
+}
+
 /// Where and how much to buffer (the `buffering` settings), with the shared memory budget.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -69,12 +160,18 @@ pub struct Store {
     /// reads.
     pub max_file: u64,
     pub budget: Arc<Budget>,
+    pub spill: Arc<Spill>,
 }
 
 impl Store {
     pub(super) fn temp_file(&self) -> io::Result<File> {
         tempfile::tempfile_in(&self.temp_dir)
     }
+}
+
+/// The error of a body that `max_spill` keeps out of a file.
+pub(super) fn spill_full() -> io::Error {
+    io::Error::other("buffering.max_spill bytes are in temporary files already")
 }
 
 // === Held: a complete body ===
@@ -89,6 +186,8 @@ pub struct Held {
     /// Memory reserved from `budget`, given back on drop.
     reserved: u64,
     budget: Arc<Budget>,
+    /// `file_len` is reserved from it, given back on drop.
+    spill: Arc<Spill>,
 }
 
 impl Held {
@@ -111,6 +210,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.budget.release(self.reserved);
+        self.spill.release(self.file_len);
     }
 }
 
@@ -131,6 +231,7 @@ impl Filling {
                 file_len: 0,
                 reserved: 0,
                 budget: store.budget.clone(),
+                spill: store.spill.clone(),
             },
         }
     }
@@ -148,11 +249,21 @@ impl Filling {
             h.chunks.push(Bytes::copy_from_slice(data));
             return Ok(());
         }
-        if h.file.is_none() {
-            h.file = Some(self.store.temp_file()?);
+        // A request body cannot wait for a reader: past the cap it is refused (503).
+        if !self.store.spill.reserve(n) {
+            return Err(spill_full());
         }
-        if let Some(file) = &h.file {
-            file.write_all_at(data, h.file_len)?;
+        let written = match &h.file {
+            Some(file) => file.write_all_at(data, h.file_len),
+            None => self.store.temp_file().and_then(|file| {
+                file.write_all_at(data, 0)?;
+                h.file = Some(file);
+                Ok(())
+            }),
+        };
+        if let Err(e) = written {
+            self.store.spill.release(n);
+            return Err(e);
         }
         h.file_len += n;
         Ok(())
@@ -245,6 +356,7 @@ pub(super) mod tests {
             memory_per_body,
             max_file: 1 << 20,
             budget: Arc::new(Budget::new(budget)),
+            spill: Arc::new(Spill::new(1 << 30, SpillHandles::default())),
         }
     }
 

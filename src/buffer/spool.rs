@@ -13,7 +13,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 
-use super::{read_at, Store, READ_CHUNK};
+use super::{read_at, spill_full, Store, READ_CHUNK};
 
 /// A response body read ahead: all of it already (small bodies, the common case: no task, no
 /// file), or the rest still coming in through a task of its own.
@@ -71,7 +71,7 @@ where
     }
     let spool = Spool::new(store);
     for data in ready {
-        spool.push(&data)?;
+        spool.push(&data);
     }
     if failed {
         spool.finish(true);
@@ -94,10 +94,7 @@ where
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    if spool.push(&data).is_err() {
-                        spool.finish(true);
-                        return;
-                    }
+                    spool.push(&data);
                 }
             }
             Some(Err(_)) => {
@@ -114,7 +111,9 @@ where
 
 /// A body being read ahead by one side (`push`, `finish`) and read by the other (`Spooled`).
 /// What is in memory is always older than the unread part of the file: memory takes new bytes
-/// only while the file has nothing unread.
+/// only while the file has nothing unread. Once a file is refused (`max_spill`, or `temp_dir`),
+/// new bytes wait in `tail`, read after the file, one frame at a time: the writer pushes again
+/// only once the reader took it, so the upstream is read as fast as the client reads.
 #[derive(Debug)]
 pub struct Spool {
     store: Store,
@@ -128,6 +127,8 @@ struct SpoolState {
     file: Option<Arc<File>>,
     written: u64,
     read: u64,
+    /// Set once no file takes this response: it is streamed with backpressure through it.
+    tail: Option<VecDeque<Bytes>>,
     done: bool,
     failed: bool,
     reader_gone: bool,
@@ -138,7 +139,9 @@ struct SpoolState {
 
 impl Drop for Spool {
     fn drop(&mut self) {
-        self.store.budget.release(self.state.get_mut().in_memory);
+        let s = self.state.get_mut();
+        self.store.budget.release(s.in_memory);
+        self.store.spill.release(s.written - s.read);
     }
 }
 
@@ -159,29 +162,52 @@ impl Spool {
         })
     }
 
-    /// Add `data` at the end (copied when kept in memory, as `Filling::push`).
-    pub fn push(&self, data: &[u8]) -> io::Result<()> {
+    /// Add `data` at the end (copied when kept in memory, as `Filling::push`): in memory, in
+    /// the file, or, when no file can take it, in the tail the reader takes next.
+    pub fn push(&self, data: &[u8]) {
         let n = data.len() as u64;
         let mut s = self.state.lock();
         let backlog = s.written - s.read;
         if backlog == 0
+            && s.tail.as_ref().is_none_or(VecDeque::is_empty)
             && s.in_memory + n <= self.store.memory_per_body
             && self.store.budget.reserve(n)
         {
             s.in_memory += n;
             s.chunks.push_back(Bytes::copy_from_slice(data));
-        } else {
-            if s.file.is_none() {
-                s.file = Some(Arc::new(self.store.temp_file()?));
-            }
-            if let Some(file) = &s.file {
-                file.write_all_at(data, s.written)?;
-            }
-            s.written += n;
+        } else if let Some(tail) = &mut s.tail {
+            tail.push_back(Bytes::copy_from_slice(data));
+        } else if let Err((why, capped)) = self.spill(&mut s, data) {
+            self.store
+                .spill
+                .fell_back(&self.store.temp_dir, &why, capped);
+            s.tail = Some(VecDeque::from([Bytes::copy_from_slice(data)]));
         }
         if let Some(w) = s.reader.take() {
             w.wake();
         }
+    }
+
+    /// Write `data` at the file's end, under the proxy-wide cap; the error says why not, and
+    /// whether it was the cap.
+    fn spill(&self, s: &mut SpoolState, data: &[u8]) -> Result<(), (io::Error, bool)> {
+        let n = data.len() as u64;
+        if !self.store.spill.reserve(n) {
+            return Err((spill_full(), true));
+        }
+        let written = match &s.file {
+            Some(file) => file.write_all_at(data, s.written),
+            None => self.store.temp_file().and_then(|file| {
+                file.write_all_at(data, s.written)?;
+                s.file = Some(Arc::new(file));
+                Ok(())
+            }),
+        };
+        if let Err(e) = written {
+            self.store.spill.release(n);
+            return Err((e, false));
+        }
+        s.written += n;
         Ok(())
     }
 
@@ -192,7 +218,11 @@ impl Spool {
         if s.reader_gone {
             return Poll::Ready(Room::Gone);
         }
-        if s.written - s.read < self.store.max_file {
+        let room = match &s.tail {
+            Some(tail) => tail.is_empty(),
+            None => s.written - s.read < self.store.max_file,
+        };
+        if room {
             return Poll::Ready(Room::Yes);
         }
         s.writer = Some(cx.waker().clone());
@@ -259,6 +289,7 @@ impl Body for Spooled {
                 Err(e) => return Poll::Ready(Some(Err(e))),
             };
             s.read += data.len() as u64;
+            spool.store.spill.release(data.len() as u64);
             if s.read == s.written {
                 // All caught up: the file's space can be used again from the start.
                 s.read = 0;
@@ -269,6 +300,12 @@ impl Body for Spooled {
                 w.wake();
             }
             return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(chunk) = s.tail.as_mut().and_then(VecDeque::pop_front) {
+            if let Some(w) = s.writer.take() {
+                w.wake();
+            }
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         if s.done {
             return Poll::Ready(
@@ -282,7 +319,11 @@ impl Body for Spooled {
 
     fn is_end_stream(&self) -> bool {
         let s = self.spool.state.lock();
-        s.done && !s.failed && s.chunks.is_empty() && s.written == s.read
+        s.done
+            && !s.failed
+            && s.chunks.is_empty()
+            && s.written == s.read
+            && s.tail.as_ref().is_none_or(VecDeque::is_empty)
     }
 }
 
@@ -296,12 +337,12 @@ mod tests {
         let s = store(4, 1 << 20);
         let spool = Spool::new(&s);
         let mut reader = Spooled::new(spool.clone());
-        spool.push(b"ab").unwrap();
-        spool.push(b"cd").unwrap();
-        spool.push(b"ef").unwrap(); // memory full: to the file
+        spool.push(b"ab");
+        spool.push(b"cd");
+        spool.push(b"ef"); // memory full: to the file
         let first = reader.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"ab");
-        spool.push(b"gh").unwrap(); // the file has unread bytes: after them
+        spool.push(b"gh"); // the file has unread bytes: after them
         spool.finish(false);
         let rest = reader.collect().await.unwrap().to_bytes();
         assert_eq!(&rest[..], b"cdefgh");

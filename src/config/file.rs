@@ -452,6 +452,10 @@ pub struct Buffering {
     /// Unread bytes one response may hold in its file.
     #[schemars(pattern(SIZE))]
     pub max_response_file: Option<String>,
+    /// Bytes in temporary files, all bodies together: past it a response is streamed with
+    /// backpressure and a request body that needs a file gets 503.
+    #[schemars(pattern(SIZE))]
+    pub max_spill: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

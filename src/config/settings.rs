@@ -135,6 +135,8 @@ pub struct BufferSettings {
     pub memory_per_body: u64,
     pub max_memory: u64,
     pub max_response_file: u64,
+    /// Bytes in temporary files, all bodies together.
+    pub max_spill: u64,
 }
 
 impl Default for BufferSettings {
@@ -144,6 +146,7 @@ impl Default for BufferSettings {
             memory_per_body: 64 << 10,
             max_memory: 64 << 20,
             max_response_file: 1 << 30,
+            max_spill: 4 << 30,
         }
     }
 }

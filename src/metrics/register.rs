@@ -61,6 +61,21 @@ impl Metrics {
             self.overloaded.clone(),
         );
         r.register(
+            "buffer_spilled_bytes",
+            "Bytes of buffered bodies in temporary files now (buffering.max_spill caps them)",
+            self.spill.bytes.clone(),
+        );
+        r.register(
+            "buffer_spill_unwritable",
+            "Responses streamed with backpressure because temp_dir refused a file or a write",
+            self.spill.unwritable.clone(),
+        );
+        r.register(
+            "buffer_spill_capped",
+            "Responses streamed with backpressure because buffering.max_spill bytes were in files",
+            self.spill.capped.clone(),
+        );
+        r.register(
             "access_log_dropped_lines",
             "Access-log lines dropped because the writer could not keep up",
             crate::access_log::dropped_lines(),

@@ -13,6 +13,7 @@ mod capacity;
 mod forwarding;
 mod legacy_backends;
 mod routing;
+mod spill;
 mod tls;
 mod upstream_health;
 mod websocket;

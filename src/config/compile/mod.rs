@@ -371,6 +371,7 @@ fn buffering(raw: Option<&file::Buffering>, p: &mut Problems) -> BufferSettings 
         raw.max_response_file.as_ref(),
         d.max_response_file,
     );
+    let max_spill = size("max_spill", raw.max_spill.as_ref(), d.max_spill);
     if max_response_file == 0 {
         p.add("buffering.max_response_file", "must be at least 1 byte");
     }
@@ -389,6 +390,7 @@ fn buffering(raw: Option<&file::Buffering>, p: &mut Problems) -> BufferSettings 
         memory_per_body,
         max_memory,
         max_response_file: max_response_file.max(1),
+        max_spill,
     }
 }
 
