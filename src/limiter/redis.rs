@@ -37,6 +37,7 @@ mod managed;
 mod negative;
 mod peek;
 mod stats;
+mod watch;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;

@@ -581,6 +581,14 @@ impl SentinelSet {
         panic!("could not start redis-server --sentinel on a free port");
     }
 
+    /// Stop the Sentinel (the servers go on).
+    pub fn stop_sentinel(&mut self) {
+        if let Some(mut child) = self.sentinel.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// `host:port` of the Sentinel, as `limiter.redis.sentinel.nodes` takes it.
     pub fn sentinel_node(&self) -> String {
         format!("127.0.0.1:{}", self.sentinel_port)

@@ -235,3 +235,86 @@ async fn follows_a_failover_over_tls() {
     assert!(first.admitted && first.remaining == 1, "{first:?}");
     two_after(&set, &l, &lim, new).await;
 }
+
+/// Bucket-script calls server `i` of `set` ran (asked with the servers' password).
+fn script_calls(set: &SentinelSet, i: usize) -> u64 {
+    let info = set.server_cli(i, &["info", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A manual failover under steady checks: they move to the promoted replica within a second
+/// of the Sentinel naming it (`+switch-master`), long before the old master is demoted; what
+/// the old master still counted after the promotion (lost at its resync) is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_follow_the_promotion_not_the_demotion() {
+    let set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
+    let l = std::sync::Arc::new(limiter(&set));
+    let lim = std::sync::Arc::new(limit("promotion", 1e6, 1_000_000, 1));
+    decided(&l, &lim).await;
+    let old = set.index_of(set.master_port());
+    let new = 1 - old;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checks = tokio::spawn({
+        let (l, lim, stop) = (l.clone(), lim.clone(), stop.clone());
+        async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = one(&l, &lim, 7).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            n
+        }
+    });
+    let (on_new, named, old_at_named) = tokio::task::block_in_place(|| {
+        let on_new = script_calls(&set, new);
+        set.failover();
+        set.wait_until("the Sentinel names the replica", |s| {
+            s.master_port() == s.known_port(new)
+        });
+        (on_new, Instant::now(), script_calls(&set, old))
+    });
+    let landed = tokio::task::block_in_place(|| {
+        set.wait_until("checks reach the new master", |s| {
+            script_calls(s, new) > on_new + 10
+        });
+        named.elapsed()
+    });
+    let old_after = script_calls(&set, old);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let total = checks.await.unwrap();
+    eprintln!(
+        "SENTINEL FAILOVER under load: checks on the new master {landed:?} after the Sentinel \
+         named it; the old master took {} of {total} checks after that",
+        old_after.saturating_sub(old_at_named)
+    );
+    assert!(
+        landed < Duration::from_millis(1500),
+        "checks reached the new master {landed:?} after the promotion"
+    );
+    assert!(l.stats().failovers >= 1, "{:?}", l.stats());
+}
+
+/// With every Sentinel gone, a dropped connection comes back to the last master they named
+/// (it still answers `ROLE` as a master): the limits stay on, instead of failing every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sentinels_the_last_master_named_keeps_serving() {
+    let mut set = SentinelSet::start(Some(PASSWORD), Some(SENTINEL_PASSWORD));
+    let l = limiter(&set);
+    let lim = limit("no-sentinel", 0.000_1, 5, 1);
+    let (first, _) = decided(&l, &lim).await;
+    assert_eq!(first.remaining, 4);
+    let master = set.index_of(set.master_port());
+    set.stop_sentinel();
+    let killed = set.server_cli(master, &["client", "kill", "type", "normal"]);
+    assert!(!killed.trim().is_empty(), "{killed}");
+    let (next, failed) = decided(&l, &lim).await;
+    assert!(next.admitted && next.remaining == 3, "{next:?}");
+    assert!(
+        failed <= 2,
+        "{failed} checks failed before the last master was used"
+    );
+}

@@ -12,6 +12,7 @@ use ::redis::{
 };
 
 use super::managed::{Managed, Target};
+use super::watch::Watch;
 use super::{Bucket, RedisConfig};
 use crate::config::settings::{RedisTls, SentinelSpec};
 use crate::limiter::ban::BanEvent;
@@ -96,29 +97,34 @@ impl RedisConn {
             None => Client::open(info),
         }
         .map_err(|e| format!("limiter.redis: {e}"))?;
-        Ok(Self::managed(cfg, Target::Server(client)))
+        Ok(Self::managed(cfg, Target::Server(client), None))
     }
 
     fn sentinel(cfg: &RedisConfig, s: &SentinelSpec) -> Result<Self, String> {
-        let nodes = s.nodes.iter().map(|node| {
-            // Validated as host:port when the config was compiled; `[::1]` loses its brackets.
-            let (host, port) = node.rsplit_once(':').unwrap_or((node, "26379"));
-            let host = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned();
-            let port = port.parse().unwrap_or(26379);
-            if cfg.tls.is_some() {
-                ConnectionAddr::TcpTls {
-                    host,
-                    port,
-                    insecure: false,
-                    tls_params: None,
+        let nodes: Vec<ConnectionAddr> = s
+            .nodes
+            .iter()
+            .map(|node| {
+                // Validated as host:port when the config was compiled; `[::1]` loses its brackets.
+                let (host, port) = node.rsplit_once(':').unwrap_or((node, "26379"));
+                let host = host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned();
+                let port = port.parse().unwrap_or(26379);
+                if cfg.tls.is_some() {
+                    ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    }
+                } else {
+                    ConnectionAddr::Tcp(host, port)
                 }
-            } else {
-                ConnectionAddr::Tcp(host, port)
-            }
-        });
+            })
+            .collect();
+        let watch = Watch::of(s, &nodes, cfg.tls.as_ref().map(certificates).as_ref())?;
         let mut b = SentinelClientBuilder::new(nodes, &s.master, SentinelServerType::Master)
             .map_err(|e| format!("limiter.redis.sentinel: {e}"))?;
         if let Some(password) = &cfg.password {
@@ -146,12 +152,13 @@ impl RedisConn {
         Ok(Self::managed(
             cfg,
             Target::Sentinel(tokio::sync::Mutex::new(client)),
+            Some(watch),
         ))
     }
 
     /// A connection that reconnects by itself, started in the background now, so the first
     /// request does not pay for it.
-    fn managed(cfg: &RedisConfig, target: Target) -> Self {
+    fn managed(cfg: &RedisConfig, target: Target, watch: Option<Watch>) -> Self {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(None);
@@ -160,6 +167,7 @@ impl RedisConn {
             cfg.client_name.clone(),
             config,
             RESOLVE_TIMEOUT,
+            watch,
         ))
     }
 

@@ -9,10 +9,12 @@
 //! so by the circuit breaker) rather than by a loop of their own.
 //!
 //! Under Sentinel every new connection first asks the Sentinels where the master is (the
-//! crate checks that the server named answers `ROLE` as a master). A failover shows up as a
-//! dropped connection (Sentinel disconnects the clients of a demoted master) or as `READONLY`
-//! replies (a client that reached the old master after it became a replica): both make the
-//! next call reconnect, to wherever the Sentinels now say.
+//! crate checks that the server named answers `ROLE` as a master). A failover is followed at
+//! the promotion: `watch` hears `+switch-master` (or, as a backstop, asks the Sentinels every
+//! second) and the connection moves to the new master at once. A dropped connection or a
+//! `READONLY` reply (a client that reached the old master after it became a replica) makes the
+//! next call reconnect too. When no Sentinel answers, a new connection goes to the last master
+//! they named, as long as it still answers `ROLE` as a master.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,8 +53,8 @@ struct Inner {
     /// How long asking the Sentinels may take.
     resolve_timeout: Duration,
     slot: ArcSwap<Slot>,
-    /// The master's address the last connection went to (Sentinel only).
-    master: Mutex<Option<String>>,
+    /// The master's address the last connection went to, and its client (Sentinel only).
+    master: Mutex<Option<(String, Client)>>,
     /// Times the Sentinels named a different master than the previous connection's.
     switches: AtomicU64,
 }
@@ -77,6 +79,7 @@ impl Managed {
         name: String,
         config: AsyncConnectionConfig,
         resolve_timeout: Duration,
+        watch: Option<super::watch::Watch>,
     ) -> Self {
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let first = connect(weak.clone());
@@ -94,6 +97,9 @@ impl Managed {
             }
         });
         tokio::spawn(inner.slot.load().pending.clone().map(drop));
+        if let Some(watch) = watch {
+            tokio::spawn(watch.run(Arc::downgrade(&inner)));
+        }
         Self(inner)
     }
 
@@ -165,13 +171,19 @@ fn connect(inner: std::sync::Weak<Inner>) -> Pending {
         let Some(inner) = inner.upgrade() else {
             return Err(RedisError::from((ErrorKind::Client, "the limiter is gone")));
         };
-        let client = match &inner.target {
-            Target::Server(client) => client.clone(),
-            Target::Sentinel(sentinel) => master(&inner, sentinel).await?,
+        let (client, unconfirmed) = match &inner.target {
+            Target::Server(client) => (client.clone(), false),
+            Target::Sentinel(sentinel) => match master(&inner, sentinel).await {
+                Ok(client) => (client, false),
+                Err(e) => (last_master(&inner).ok_or(e)?, true),
+            },
         };
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&inner.config)
             .await?;
+        if unconfirmed {
+            still_master(&mut conn).await?;
+        }
         // A user whose ACL lacks CLIENT SETNAME can still check limits: only the name is lost.
         let named: Result<(), RedisError> = ::redis::cmd("CLIENT")
             .arg("SETNAME")
@@ -203,16 +215,66 @@ async fn master(
         .master
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if last.as_deref() != Some(addr.as_str()) {
-        if let Some(before) = last.as_deref() {
+    let before = last.as_ref().map(|(a, _)| a.clone());
+    if before.as_deref() != Some(addr.as_str()) {
+        if let Some(before) = before {
             inner.switches.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(from = before, to = %addr, "the Sentinels name another Redis master: following it");
+            tracing::warn!(from = %before, to = %addr, "the Sentinels name another Redis master: following it");
         } else {
             tracing::info!(master = %addr, "the Sentinels name the Redis master");
         }
-        *last = Some(addr);
     }
+    *last = Some((addr, client.clone()));
     Ok(client)
+}
+
+/// The last master the Sentinels named, when none of them answers now.
+fn last_master(inner: &Inner) -> Option<Client> {
+    let last = inner
+        .master
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (addr, client) = last.as_ref()?;
+    tracing::warn!(master = %addr, "no Sentinel answers: trying the last master they named");
+    Some(client.clone())
+}
+
+/// Whether the server of `conn` still answers `ROLE` as a master (an error if not).
+async fn still_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    let role: Value = ::redis::cmd("ROLE").query_async(conn).await?;
+    match role {
+        Value::Array(items) if matches!(items.first(), Some(Value::BulkString(b)) if b == b"master") => {
+            Ok(())
+        }
+        _ => Err(RedisError::from((
+            ErrorKind::Io,
+            "no Sentinel answers and the last master named is no longer a master",
+        ))),
+    }
+}
+
+impl super::watch::Follower for Inner {
+    fn named(self: Arc<Self>, addr: &str, announced: bool) {
+        let current = self
+            .master
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|(a, _)| a.clone());
+        // Before the first connection, that connection asks the Sentinels itself.
+        if current.is_none_or(|c| c == addr) {
+            return;
+        }
+        let id = self.slot.load().id;
+        if Managed(self).reconnect(id) {
+            let how = if announced {
+                "+switch-master"
+            } else {
+                "the Sentinels' answer"
+            };
+            tracing::warn!(to = %addr, by = how, "the Redis master moved: reconnecting to it");
+        }
+    }
 }
 
 impl ConnectionLike for Managed {
