@@ -345,3 +345,21 @@ async fn two_proxies_hammering_one_bucket_never_over_admit() {
         "400 requests, burst 150, no refill to speak of"
     );
 }
+
+/// A replica that was idle while Redis restarted decides its first check after: its pooled
+/// connection is found dead, replaced, and the call sent again on the new one (counted).
+#[tokio::test]
+async fn an_idle_replica_decides_its_first_check_after_a_restart() {
+    let mut server = RedisServer::start();
+    let l = limiter(server.url(), Duration::from_secs(2));
+    let lim = limit("idle", 0.01, 1_000_000, 1);
+    assert!(one(&l, &lim, 1).await.unwrap().admitted);
+    let before = l.stats().reconnects;
+    server.restart();
+    // Idle until Redis is back: nothing asked meanwhile.
+    let probe = server.cli(&["ping"]);
+    assert!(probe.contains("PONG"), "{probe}");
+    let first = one(&l, &lim, 1).await;
+    assert!(first.is_ok_and(|v| v.admitted), "{first:?}");
+    assert!(l.stats().reconnects > before, "{:?}", l.stats());
+}

@@ -198,6 +198,14 @@ impl RedisConn {
         ))
     }
 
+    /// Times this connection was replaced after an error, by itself.
+    pub(super) fn reconnects(&self) -> u64 {
+        match self {
+            RedisConn::Single(m) => m.reconnects(),
+            RedisConn::Cluster(_) => 0,
+        }
+    }
+
     /// Times this connection followed a Sentinel failover to another master.
     pub(super) fn failovers(&self) -> u64 {
         match self {

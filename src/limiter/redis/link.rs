@@ -43,7 +43,7 @@ pub(super) struct Link {
     current: ArcSwap<Current>,
     /// Calls on the current connection that timed out since its last answer.
     timeouts: AtomicU32,
-    /// Connections replaced since start.
+    /// Connections replaced since start (those the current one replaced by itself apart).
     replaced: AtomicU64,
     /// Failovers followed by connections replaced since (the current one counts its own).
     followed_before: AtomicU64,
@@ -73,7 +73,7 @@ impl Link {
 
     /// Connections replaced since start.
     pub(super) fn replaced(&self) -> u64 {
-        self.replaced.load(Ordering::Relaxed)
+        self.replaced.load(Ordering::Relaxed) + self.current.load().conn.reconnects()
     }
 
     /// Times this link's connections followed a Sentinel failover to another master.
@@ -146,7 +146,8 @@ impl Link {
             self.followed_before
                 .fetch_add(old.conn.failovers(), Ordering::Relaxed);
             self.timeouts.store(0, Ordering::Relaxed);
-            self.replaced.fetch_add(1, Ordering::Relaxed);
+            self.replaced
+                .fetch_add(1 + old.conn.reconnects(), Ordering::Relaxed);
             tracing::warn!(
                 reason = why,
                 "Redis connection out of step or stalled: replaced by a new one"

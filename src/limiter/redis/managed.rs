@@ -57,6 +57,8 @@ struct Inner {
     master: Mutex<Option<(String, Client)>>,
     /// Times the Sentinels named a different master than the previous connection's.
     switches: AtomicU64,
+    /// Connections replaced after an error (or a move to another master).
+    reconnects: AtomicU64,
 }
 
 /// A self-healing multiplexed connection; clones share it.
@@ -94,6 +96,7 @@ impl Managed {
                 }),
                 master: Mutex::new(None),
                 switches: AtomicU64::new(0),
+                reconnects: AtomicU64::new(0),
             }
         });
         tokio::spawn(inner.slot.load().pending.clone().map(drop));
@@ -106,6 +109,34 @@ impl Managed {
     /// Times the connection followed a failover to another master.
     pub(super) fn switches(&self) -> u64 {
         self.0.switches.load(Ordering::Relaxed)
+    }
+
+    /// Times the connection was replaced after an error.
+    pub(super) fn reconnects(&self) -> u64 {
+        self.0.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Send `call` on the live connection. A connection found dead (Redis restarted, or a
+    /// server closed it while idle) is replaced and the call sent once more on the new one, so
+    /// an idle replica's first request after Redis returns is decided, not refused. A call
+    /// that reached Redis before its connection died may so be counted twice: the price of
+    /// not failing every first call after a restart.
+    async fn send<T>(
+        &self,
+        call: impl Fn(MultiplexedConnection) -> RedisFuture<'static, T>,
+    ) -> Result<T, RedisError> {
+        let (conn, id) = self.ready().await?;
+        let result = call(conn).await;
+        self.settle(id, &result);
+        match &result {
+            Err(e) if !e.is_timeout() && (e.is_connection_dropped() || e.is_io_error()) => {
+                let (conn, id) = self.ready().await?;
+                let again = call(conn).await;
+                self.settle(id, &again);
+                again
+            }
+            _ => result,
+        }
     }
 
     /// The current connection (waiting for it if it is being made), and which it is. One that
@@ -144,6 +175,7 @@ impl Managed {
         });
         let swapped = previous.id == id;
         if swapped {
+            self.0.reconnects.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(next.pending.clone().map(drop));
         }
         swapped
@@ -279,11 +311,13 @@ impl super::watch::Follower for Inner {
 
 impl ConnectionLike for Managed {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let cmd = cmd.clone();
         async move {
-            let (mut conn, id) = self.ready().await?;
-            let result = conn.req_packed_command(cmd).await;
-            self.settle(id, &result);
-            result
+            self.send(move |mut conn| {
+                let cmd = cmd.clone();
+                async move { conn.req_packed_command(&cmd).await }.boxed()
+            })
+            .await
         }
         .boxed()
     }
@@ -294,11 +328,13 @@ impl ConnectionLike for Managed {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        let pipeline = pipeline.clone();
         async move {
-            let (mut conn, id) = self.ready().await?;
-            let result = conn.req_packed_commands(pipeline, offset, count).await;
-            self.settle(id, &result);
-            result
+            self.send(move |mut conn| {
+                let pipeline = pipeline.clone();
+                async move { conn.req_packed_commands(&pipeline, offset, count).await }.boxed()
+            })
+            .await
         }
         .boxed()
     }
