@@ -11,6 +11,8 @@
 //!
 //! Without Redis the last entries known stay in force (they expire on time all the same), and
 //! changes are refused: the API answers 503 rather than keep a change one replica alone knows.
+//! A Redis that lost its data (the version counter gone, which no change ever removes) gets
+//! back the entries the replicas hold: each writes its own, and logs it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +104,15 @@ impl Control {
             if have == "0" {
                 return Ok(());
             }
+            let held = self.table.load_full();
+            if !have.is_empty() && !held.is_empty() {
+                // The counter only ever grows: gone, it means Redis lost its data (a restart
+                // without persistence, a flush, an eviction). What this replica holds goes back.
+                let n = restore(r, &held).await?;
+                tracing::warn!(target: "tollgate::admin", entries = n, version = have, "Redis lost the operators' bans and overrides (a restart without persistence, a flush or an eviction): writing back the entries this replica holds");
+                synced.version = None;
+                return Ok(());
+            }
             self.store(InForce::default());
             synced.from = from;
             synced.version = Some("0".to_owned());
@@ -160,6 +171,21 @@ impl Control {
         }
         self.sweep(&mut synced, redis.map(|r| &**r)).await;
     }
+}
+
+/// Write `held`'s entries that have not expired back to Redis; how many.
+async fn restore(r: &RedisLimiter, held: &InForce) -> Result<usize, String> {
+    let now = super::entry::now_ms();
+    let mut n = 0;
+    for b in held.bans.iter().filter(|b| !b.span.expired(now)) {
+        put(r, Kind::Ban, &b.id, &b.to_record()).await?;
+        n += 1;
+    }
+    for o in held.overrides.iter().filter(|o| !o.span.expired(now)) {
+        put(r, Kind::Override, &o.id, &o.to_record()).await?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// The entries of one hash (`HGETALL`'s reply: ID, record, ID, record... or, in RESP3, a

@@ -574,6 +574,38 @@ async fn without_redis_the_last_entries_stay_in_force() {
     );
 }
 
+/// Redis restarted without persistence forgets the bans and overrides; the replica that holds
+/// them writes them back, so a replica started after the restart enforces them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_redis_forgot_are_written_back() {
+    let mut redis = RedisServer::start();
+    let (token, up) = (token_file(), MockUpstream::start());
+    let yaml = yaml(&token, up.addr(), &redis_block(&redis.url()));
+    let proxy = TestProxy::start(&yaml);
+    until_header(&proxy, "warm-up").await;
+    let ban = json!({"identity": "header:X-API-Key=kept", "ttl": "10m"});
+    assert_eq!(api(&proxy, "POST", "/bans", &ban).await.code(), 201);
+    let raise = json!({"limit": "per-key", "identity": "header:X-API-Key=vip", "rate": "9/s", "ttl": "10m"});
+    assert_eq!(api(&proxy, "POST", "/overrides", &raise).await.code(), 201);
+    redis.restart();
+    assert!(redis.keys().is_empty(), "a restart without persistence");
+    assert!(
+        common::eventually(Duration::from_secs(5), || async {
+            redis.keys().iter().any(|k| k.ends_with(":bans"))
+                && redis.keys().iter().any(|k| k.ends_with(":overrides"))
+        })
+        .await,
+        "the entries are back in Redis: {:?}",
+        redis.keys()
+    );
+    // A replica that starts now reads them from Redis, and enforces them.
+    let fresh = TestProxy::start(&yaml);
+    until_status(&fresh, "kept", 403, Duration::from_secs(5)).await;
+    let listed = json_of(&api(&fresh, "GET", "/overrides", &Value::Null).await);
+    assert_eq!(listed["overrides"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(get_key(&proxy, "/v1/x", "kept").await.code(), 403);
+}
+
 /// Every change is logged at info under `tollgate::admin`, with the ID, the identity redacted,
 /// the ttl and the reason; the secret is in no log line.
 #[tokio::test]

@@ -313,3 +313,31 @@ async fn cluster_quotas_are_exact_across_replicas() {
         r.header("ratelimit")
     );
 }
+
+/// Redis restarted without persistence lost a spent quota's count: the replica whose negative
+/// cache held the rejection forgets it once its connection is replaced, and admits again as
+/// Redis does (without, it would refuse until the day's end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_empties_the_negative_cache() {
+    let mut redis = RedisServer::start();
+    let yaml = answering(
+        &redis_block(&redis.url()),
+        "      - { name: daily, quota: 2/day, key: [\"header:x-api-key\"] }\n",
+    );
+    let a = TestProxy::start(&yaml);
+    let http = Http::new();
+    until_redis_answers(&http, &a.url("/"), "warm").await;
+    let key = [("x-api-key", "spent")];
+    assert_eq!(
+        http.statuses(4, &a.url("/"), &key).await,
+        [200, 200, 429, 429]
+    );
+    redis.restart();
+    assert!(
+        common::eventually(Duration::from_secs(5), || async {
+            http.get_with(&a.url("/"), &key).await.code() == 200
+        })
+        .await,
+        "the replica went on refusing what Redis forgot"
+    );
+}

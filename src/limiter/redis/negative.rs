@@ -28,6 +28,10 @@
 //! time, placed on the local clock as `sent + retry` (a lower bound again, since Redis read its
 //! clock after the request was sent), and the count left.
 //!
+//! A connection replaced (Redis restarted, or dropped an idle connection) empties the cache:
+//! a Redis that restarted without persistence lost the counts its rejections came from, and
+//! another replica would admit what this one still refused.
+//!
 //! A banned identity is held alike until its ban ends (`sent + retry`, the ban's remaining
 //! time as Redis answered it): a flood from a banned client costs Redis nothing either. Before
 //! the ban, the rejections of a limit with a ban are not cached: each is a strike Redis counts.
@@ -88,6 +92,8 @@ pub(super) struct NegativeCache {
     /// The map's length as of its last change: while it is 0 (no client is being rejected),
     /// a check skips the lock that every worker would otherwise take on every request.
     held: AtomicUsize,
+    /// The limiter's reconnect count the entries were learnt under.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl NegativeCache {
@@ -96,6 +102,23 @@ impl NegativeCache {
             cap,
             map: Mutex::new(Map::default()),
             held: AtomicUsize::new(0),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether any entry is held (one atomic load).
+    pub(super) fn holds_any(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
+    }
+
+    /// Forget every entry if the limiter's connections were replaced since they were learnt
+    /// (`generation`: its reconnect count): Redis may have restarted and lost the counts.
+    pub(super) fn renew(&self, generation: u64) {
+        let was = self.generation.swap(generation, Ordering::AcqRel);
+        if was != generation {
+            let mut map = self.map.lock();
+            map.entries.clear();
+            self.held.store(0, Ordering::Relaxed);
         }
     }
 

@@ -49,6 +49,12 @@ pub(super) fn bump(counter: &AtomicU64) {
 }
 
 impl RedisLimiter {
+    /// Connections replaced since start, all workers' and the shared one's.
+    pub(super) fn reconnects(&self) -> u64 {
+        let workers = self.per_worker.iter().filter_map(|w| w.get());
+        self.shared.replaced() + workers.map(|w| w.link.replaced()).sum::<u64>()
+    }
+
     /// The counters now (the negative cache's size read now).
     pub fn stats(&self) -> RedisStats {
         let c = &*self.counters;
@@ -60,13 +66,7 @@ impl RedisLimiter {
             timeouts: get(&c.timeouts),
             breaker_rejections: get(&c.breaker_rejections),
             negative_hits: get(&c.negative_hits),
-            reconnects: self.shared.replaced()
-                + self
-                    .per_worker
-                    .iter()
-                    .filter_map(|w| w.get())
-                    .map(|w| w.link.replaced())
-                    .sum::<u64>(),
+            reconnects: self.reconnects(),
             failovers: self.shared.failovers()
                 + self
                     .per_worker
