@@ -257,12 +257,7 @@ impl RedisLimiter {
         // One clock read: the local time the negative cache and breaker use, and the deadline.
         let sent = Instant::now();
         let sent_us = self.clock.at(sent).us();
-        if self.negative.holds_any() {
-            // A new connection may be to a Redis that restarted and lost the counts the
-            // cache's rejections came from: they are forgotten (see `negative`).
-            self.negative.renew(self.reconnects());
-        }
-        if let Some(verdicts) = self.negative.answer(&buckets, sent_us) {
+        if let Some(verdicts) = self.cached(&buckets, sent_us) {
             bump(&self.counters.negative_hits);
             tracing::trace!("rejected from the negative cache, without asking Redis");
             return Ok(verdicts);
@@ -315,6 +310,20 @@ impl RedisLimiter {
                 Err(self.failed(&failure))
             }
         }
+    }
+
+    /// The negative cache's answer, if it knows one. A new connection may be to a Redis that
+    /// restarted and lost the counts the cache's rejections came from: they are forgotten
+    /// first (see `negative`).
+    fn cached(
+        &self,
+        buckets: &[Bucket<'_>],
+        sent_us: f64,
+    ) -> Option<(Small<Verdict>, Small<BanEvent>)> {
+        if self.negative.holds_any() {
+            self.negative.renew(self.reconnects());
+        }
+        self.negative.answer(buckets, sent_us)
     }
 
     fn buckets<'a>(
