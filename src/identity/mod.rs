@@ -239,12 +239,22 @@ impl Exemption {
             )),
             Some((source, value)) => {
                 let source = Source::parse(source)?;
-                // Compare the way the request's value is read: hosts lower-case, methods upper,
-                // paths without a trailing slash.
+                // Compare the way the request's value is read, after `screen`: hosts
+                // canonical (lower case, no trailing dot), methods upper case, paths
+                // normalised (dot segments, escapes, path parameters) without a trailing
+                // slash. A value no screened request can carry is refused: it would never
+                // match.
                 let value = match source {
-                    Source::Host => value.to_ascii_lowercase(),
+                    Source::Host => crate::screen::parse_host(value.as_bytes())
+                        .map(|h| h.canonical())
+                        .ok_or_else(|| format!("`{s}`: `{value}` is not a host a request can name"))?,
                     Source::Method => value.to_ascii_uppercase(),
-                    Source::Path => without_trailing_slash(value).to_owned(),
+                    Source::Path => {
+                        let normal = crate::screen::normalize_path(value).map_err(|_| {
+                            format!("`{s}`: tollgate refuses requests for `{value}` (400), so this never matches")
+                        })?;
+                        without_trailing_slash(&crate::screen::route_form(&normal)).to_owned()
+                    }
                     _ => value.to_owned(),
                 };
                 Ok(Exemption::Equals(source, value))
@@ -494,5 +504,21 @@ mod tests {
         assert!(v.is_exempt(&[Exemption::parse("192.0.2.0/24").unwrap()]));
         assert!(v.is_exempt(&[Exemption::parse("header:X-API-Key=internal-batch").unwrap()]));
         assert!(!v.is_exempt(&[Exemption::parse("header:X-API-Key=other").unwrap()]));
+    }
+
+    #[test]
+    fn host_and_path_entries_are_spelled_as_screened_requests() {
+        let equals = |s: &str| match Exemption::parse(s) {
+            Ok(Exemption::Equals(_, v)) => v,
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(equals("host=API.Example.com."), "api.example.com");
+        assert_eq!(equals("host=Example.com:8080"), "example.com:8080");
+        assert_eq!(equals("path=/./v1//%61dmin/"), "/v1/admin");
+        assert_eq!(equals("path=/a/../login;jsessionid=1"), "/login");
+        for never in ["path=/a%2fb", "path=/login%20", "path=/..;/x", "host=a b"] {
+            let e = Exemption::parse(never).unwrap_err();
+            assert!(e.contains(never), "{never}: {e}");
+        }
     }
 }

@@ -574,6 +574,37 @@ async fn without_redis_the_last_entries_stay_in_force() {
     );
 }
 
+/// A path or host ban is written as screened requests are spelled, so it matches every
+/// spelling of them; one that no screened request can carry is refused when it is made.
+#[tokio::test]
+async fn path_and_host_bans_match_every_spelling_or_are_refused() {
+    let (token, up) = (token_file(), MockUpstream::start());
+    let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
+    let ban = json!({"identity": "path=/v1/./%78/", "ttl": "10m"});
+    let r = api(&proxy, "POST", "/bans", &ban).await;
+    assert_eq!(r.code(), 201, "{}", r.text());
+    for spelling in ["/v1/x", "/v1//x", "/v1/%78", "/v1/y/../x"] {
+        assert_eq!(
+            get_key(&proxy, spelling, "k").await.code(),
+            403,
+            "{spelling}"
+        );
+    }
+    assert_eq!(get_key(&proxy, "/v1/y", "k").await.code(), 200);
+    let host = json!({"identity": "host=API.Example.com.", "ttl": "10m"});
+    assert_eq!(api(&proxy, "POST", "/bans", &host).await.code(), 201);
+    for spelling in ["api.example.com", "API.EXAMPLE.COM."] {
+        let r = Http::new()
+            .get_with(&proxy.url("/v1/y"), &[("host", spelling)])
+            .await;
+        assert_eq!(r.code(), 403, "{spelling}");
+    }
+    let never = json!({"identity": "path=/v1/a%2fb", "ttl": "10m"});
+    let r = api(&proxy, "POST", "/bans", &never).await;
+    assert_eq!(r.code(), 400, "{}", r.text());
+    assert!(r.text().contains("never matches"), "{}", r.text());
+}
+
 /// Redis restarted without persistence forgets the bans and overrides; the replica that holds
 /// them writes them back, so a replica started after the restart enforces them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
