@@ -204,6 +204,18 @@ impl H2 {
         }
     }
 
+    /// The next frame of `kind`, skipping the others; panics if none comes by `deadline`.
+    async fn next_of(&mut self, kind: u8, deadline: Instant) -> Frame {
+        loop {
+            let f = self.try_next(deadline).await.flatten();
+            match f {
+                Some(f) if f.kind == kind => return f,
+                Some(_) => {}
+                None => panic!("no frame of type {kind} by the deadline"),
+            }
+        }
+    }
+
     /// Read until a GOAWAY or the end of the connection, up to `deadline`: the GOAWAY's
     /// error code (`Some(None)`: closed without one), `None` if the connection stayed open.
     async fn goaway(&mut self, deadline: Instant) -> Option<Option<u32>> {
@@ -480,4 +492,43 @@ async fn frames_for_unknown_streams_do_not_crash_the_server() {
     let ended = h2.goaway(Instant::now() + WAIT).await;
     assert!(ended.is_some(), "DATA on an idle stream was ignored");
     still_serving(proxy.addr()).await;
+}
+
+/// A drain over HTTP/2 says so twice, as RFC 9113 6.8 advises: GOAWAY with the last stream
+/// ID 2^31-1 (streams the client sent meanwhile are still served), a PING, and, once the
+/// client acknowledged it (a round trip later), GOAWAY with the last stream really taken.
+#[tokio::test]
+async fn a_drain_sends_two_goaways_a_round_trip_apart() {
+    const PING: u8 = 0x6;
+    let up = MockUpstream::start();
+    let proxy = proxy(&up);
+    let (mut h2, _) = H2::handshake(proxy.addr()).await;
+    h2.send(&frame(
+        HEADERS,
+        END_STREAM | END_HEADERS,
+        1,
+        &get_block("/"),
+    ))
+    .await
+    .expect("send a request");
+    let deadline = Instant::now() + WAIT;
+    // The answer's end: a frame of stream 1 with END_STREAM.
+    loop {
+        let f = h2.try_next(deadline).await.flatten().expect("the answer");
+        if f.stream == 1 && f.flags & END_STREAM != 0 {
+            break;
+        }
+    }
+    let drain = tokio::spawn(proxy.shutdown());
+    let first = h2.next_of(GOAWAY, deadline).await;
+    assert_eq!(first.u32_at(0) & 0x7fff_ffff, 0x7fff_ffff, "{first:?}");
+    let ping = h2.next_of(PING, deadline).await;
+    assert_eq!(ping.flags & ACK, 0, "{ping:?}");
+    h2.send(&frame(PING, ACK, 0, &ping.payload))
+        .await
+        .expect("ack the PING");
+    let second = h2.next_of(GOAWAY, deadline).await;
+    assert_eq!(second.u32_at(0) & 0x7fff_ffff, 1, "{second:?}");
+    assert_eq!(second.u32_at(4), 0, "NO_ERROR");
+    timeout(WAIT, drain).await.expect("the drain ends").unwrap();
 }
