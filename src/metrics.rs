@@ -130,6 +130,12 @@ pub struct Metrics {
     pub worker_connections: Family<WorkerLabels, Gauge>,
     pub connections_refused: Counter,
     pub overloaded: Counter,
+    /// Requests answered 503 and connections refused because resident memory was past
+    /// `max_rss`.
+    pub memory_refused_requests: Counter,
+    pub memory_refused_connections: Counter,
+    /// 1 while resident memory is past `max_rss`.
+    pub memory_over: Gauge,
     /// Bytes in temporary files, and responses that could not spill.
     pub spill: crate::buffer::SpillHandles,
     /// Requests whose limits were decided without the shared store.
@@ -192,6 +198,9 @@ impl Metrics {
             worker_connections: Family::default(),
             connections_refused: Counter::default(),
             overloaded: Counter::default(),
+            memory_refused_requests: Counter::default(),
+            memory_refused_connections: Counter::default(),
+            memory_over: Gauge::default(),
             spill: crate::buffer::SpillHandles::default(),
             reloads: Family::default(),
             generation: Gauge::default(),

@@ -30,6 +30,8 @@ pub struct State {
     draining: AtomicBool,
     /// Operators' bans and overrides (the admin API's); kept across reloads.
     pub control: Arc<crate::control::Control>,
+    /// Resident memory is past `max_rss`: new requests get 503, new connections are refused.
+    pub memory_over: AtomicBool,
 }
 
 impl State {
@@ -44,6 +46,7 @@ impl State {
             generation: watch::Sender::new(1),
             draining: AtomicBool::new(false),
             control: Arc::new(crate::control::Control::new()),
+            memory_over: AtomicBool::new(false),
         }
     }
 

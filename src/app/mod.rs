@@ -16,6 +16,7 @@ use crate::workers::Workers;
 use listen::{bind, per_worker, serve_admin, spawn_workers, worker_count};
 
 mod listen;
+mod memory;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +149,7 @@ pub async fn start(
         crate::reload::watch_sighup(reloader.clone());
     }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
+    tokio::spawn(memory::watch(state.clone(), stop_rx.clone()));
     start_control(&state, stop_rx.clone()).await;
     let (bound, per_worker) = per_worker(sockets, &state);
     let (threads, inline) = spawn_workers(options.inline, per_worker, &state, &stop_rx)?;
@@ -237,6 +239,8 @@ impl Stopping {
 /// and close upstream connections that sat idle past their timeout.
 async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
+    // The most connections open since the allocator last handed pages back.
+    let mut peak_open = 0;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -254,7 +258,15 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         for upstream in &runtime.upstreams {
             upstream.expire_idle();
         }
-        if forgotten >= COLLECT_AFTER_FORGETTING {
+        let open = state.metrics.open_connections.get();
+        peak_open = peak_open.max(open);
+        // Connections that closed freed their buffers, on the workers' heaps: many of them
+        // (a burst of slow clients gone) are worth handing back too.
+        let closed = peak_open - open >= COLLECT_AFTER_CLOSING;
+        if closed {
+            peak_open = open;
+        }
+        if forgotten >= COLLECT_AFTER_FORGETTING || closed {
             // This thread freed the buckets, but most were allocated by the workers: the pages
             // are theirs, so each worker collects its own heap too.
             tollgate_alloc::collect();
@@ -264,6 +276,9 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         }
     }
 }
+
+/// Connections closed since the last collection worth handing their memory back for.
+const COLLECT_AFTER_CLOSING: i64 = 1000;
 
 /// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for: the
 /// allocator keeps freed pages for a while (mimalloc's purge delay, and until the thread that

@@ -31,6 +31,9 @@ pub struct File {
     pub shutdown_delay: Option<String>,
     /// Requests in flight at once, all listeners together; beyond it: 503 with Retry-After.
     pub max_inflight: Option<usize>,
+    /// Resident memory past which new requests get 503 and new connections are refused.
+    #[schemars(pattern(SIZE))]
+    pub max_rss: Option<String>,
     /// Where trusted proxies name the client: `x-forwarded-for` (default) or `forwarded`.
     #[schemars(extend("x-choices" = ["x-forwarded-for", "forwarded"]))]
     pub client_ip_header: Option<String>,

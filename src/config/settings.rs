@@ -41,6 +41,8 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// Requests in flight at once before new ones get 503.
     pub max_inflight: usize,
+    /// Resident memory past which new requests get 503 and new connections are refused.
+    pub max_rss: Option<u64>,
     /// Request headers with `_` in their names go upstream (`underscores_in_headers: true`);
     /// by default they are dropped.
     pub underscores_in_headers: bool,

@@ -61,6 +61,21 @@ impl Metrics {
             self.overloaded.clone(),
         );
         r.register(
+            "memory_over_budget",
+            "1 while resident memory is past max_rss (new requests get 503, connections are refused)",
+            self.memory_over.clone(),
+        );
+        r.register(
+            "memory_refused_requests",
+            "Requests answered 503 because resident memory was past max_rss",
+            self.memory_refused_requests.clone(),
+        );
+        r.register(
+            "memory_refused_connections",
+            "Connections closed at once because resident memory was past max_rss",
+            self.memory_refused_connections.clone(),
+        );
+        r.register(
             "buffer_spilled_bytes",
             "Bytes of buffered bodies in temporary files now (buffering.max_spill caps them)",
             self.spill.bytes.clone(),

@@ -113,8 +113,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
     let version = req.version();
     let has_body = !req.body().is_end_stream();
     let mut trace = Trace::default();
-    let Some(_admitted) = Admission::enter(&state.inflight, runtime.settings.max_inflight) else {
-        state.metrics.overloaded.inc();
+    let Some(_admitted) = Admission::enter(state, runtime.settings.max_inflight) else {
         let mut response = response::from_error(&ProxyError::Overloaded);
         response.headers_mut().insert(id_header.clone(), request_id);
         record(state, &trace, response.status(), started, &mut entry);
@@ -161,11 +160,20 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
 struct Admission<'a>(&'a AtomicUsize);
 
 impl<'a> Admission<'a> {
-    /// Count a request in `inflight`; `None` (still counted until dropped) past `max`.
-    fn enter(inflight: &'a AtomicUsize, max: usize) -> Option<Self> {
-        let before = inflight.fetch_add(1, Ordering::AcqRel);
-        let admitted = Self(inflight);
-        (before < max).then_some(admitted)
+    /// Count a request in `state.inflight`; `None` (still counted until dropped, and the
+    /// refusal counted) past `max`, or while memory is past `max_rss`.
+    fn enter(state: &'a State, max: usize) -> Option<Self> {
+        let before = state.inflight.fetch_add(1, Ordering::AcqRel);
+        let admitted = Self(&state.inflight);
+        if state.memory_over.load(Ordering::Relaxed) {
+            state.metrics.memory_refused_requests.inc();
+            return None;
+        }
+        if before >= max {
+            state.metrics.overloaded.inc();
+            return None;
+        }
+        Some(admitted)
     }
 }
 

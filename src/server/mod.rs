@@ -99,6 +99,12 @@ pub async fn serve(l: Listening, state: Arc<State>, mut stop: watch::Receiver<bo
             },
             accepted = l.listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    if state.memory_over.load(std::sync::atomic::Ordering::Relaxed) {
+                        // Past `max_rss`: a new connection would only add to it.
+                        state.metrics.memory_refused_connections.inc();
+                        drop(stream);
+                        continue;
+                    }
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
                         // At the cap: close at once rather than queue, so a flood costs a
                         // socket each.

@@ -1150,3 +1150,55 @@ async fn ipv4_mapped_ipv6_clients_count_as_ipv4() {
     );
     assert_eq!(up.count(), 1);
 }
+
+/// Past `max_rss` (the budget below what any process holds), new requests get 503 and new
+/// connections are closed at once, each counted; a reload that raises the budget serves them
+/// again.
+#[tokio::test]
+async fn past_max_rss_requests_get_503_and_connections_are_refused() {
+    let up = MockUpstream::start();
+    let yaml = |rss: &str| {
+        config(&format!(
+            "admin: {{ address: 127.0.0.1:0 }}\nmax_rss: {rss}\n{}routes:\n  - name: all\n    upstream: app\n",
+            upstream_app(up.addr(), "5s")
+        ))
+    };
+    let proxy = TestProxy::start(&yaml("64GiB"));
+    let sample = |scrape: &str, name: &str| common::find_sample::<u64>(scrape, name).unwrap_or(0);
+    let get = ["GET / HTTP/1.1", "Host: x"];
+    let mut kept = Raw::open(proxy.addr()).await;
+    assert_eq!(kept.roundtrip(&get).await.status, 200);
+    std::fs::write(proxy.config_path(), yaml("1MiB")).expect("lower the budget");
+    proxy.reload();
+    assert!(proxy.wait_for_generation(2, WAIT).await);
+    // The budget is read every 250 ms: the open connection's next request gets 503.
+    let started = Instant::now();
+    loop {
+        let r = kept.roundtrip(&get).await;
+        if r.status == 503 {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "still {}", r.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = up.count();
+    let mut raw = Raw::open(proxy.addr()).await;
+    assert!(
+        raw.closed_within(WAIT).await,
+        "a new connection is closed at once"
+    );
+    let scrape = proxy.scrape().await;
+    assert!(sample(&scrape, "tollgate_memory_refused_requests_total") >= 1);
+    assert!(sample(&scrape, "tollgate_memory_refused_connections_total") >= 1);
+    assert_eq!(up.count(), seen, "nothing more reached the upstream");
+    std::fs::write(proxy.config_path(), yaml("64GiB")).expect("raise the budget");
+    proxy.reload();
+    assert!(proxy.wait_for_generation(3, WAIT).await);
+    assert!(
+        common::eventually(WAIT, || async {
+            sample(&proxy.scrape().await, "tollgate_memory_over_budget") == 0
+        })
+        .await
+    );
+    assert_eq!(Http::new().get(&proxy.url("/")).await.code(), 200);
+}

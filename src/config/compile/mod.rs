@@ -107,6 +107,10 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         shutdown_timeout,
         shutdown_delay,
         max_inflight: raw.max_inflight.unwrap_or(10_000),
+        max_rss: raw
+            .max_rss
+            .as_deref()
+            .and_then(|s| p.take("max_rss", values::size(s))),
         underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
         strip_untrusted_headers,
         buffering,
