@@ -239,8 +239,8 @@ impl Stopping {
 /// and close upstream connections that sat idle past their timeout.
 async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
-    // The most connections open since the allocator last handed pages back.
-    let mut peak_open = 0;
+    // Connections open at the last sweep.
+    let mut was_open = 0;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -258,14 +258,12 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         for upstream in &runtime.upstreams {
             upstream.expire_idle();
         }
+        // Connections that closed freed their buffers on the workers' heaps, which mimalloc
+        // keeps until those threads free more: fewer connections than at the last sweep are
+        // worth handing back (a walk of each heap every few seconds at most).
         let open = state.metrics.open_connections.get();
-        peak_open = peak_open.max(open);
-        // Connections that closed freed their buffers, on the workers' heaps: many of them
-        // (a burst of slow clients gone) are worth handing back too.
-        let closed = peak_open - open >= COLLECT_AFTER_CLOSING;
-        if closed {
-            peak_open = open;
-        }
+        let closed = open < was_open;
+        was_open = open;
         if forgotten >= COLLECT_AFTER_FORGETTING || closed {
             // This thread freed the buckets, but most were allocated by the workers: the pages
             // are theirs, so each worker collects its own heap too.
@@ -276,9 +274,6 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         }
     }
 }
-
-/// Connections closed since the last collection worth handing their memory back for.
-const COLLECT_AFTER_CLOSING: i64 = 1000;
 
 /// Buckets forgotten by one sweep (about 80 bytes each) worth handing memory back for: the
 /// allocator keeps freed pages for a while (mimalloc's purge delay, and until the thread that
