@@ -136,6 +136,8 @@ pub struct Metrics {
     pub memory_refused_connections: Counter,
     /// 1 while resident memory is past `max_rss`.
     pub memory_over: Gauge,
+    /// Redis's `evicted_keys`, as last read (every 5 s).
+    pub redis_evicted_keys: Gauge,
     /// Bytes in temporary files, and responses that could not spill.
     pub spill: crate::buffer::SpillHandles,
     /// Requests whose limits were decided without the shared store.
@@ -201,6 +203,7 @@ impl Metrics {
             memory_refused_requests: Counter::default(),
             memory_refused_connections: Counter::default(),
             memory_over: Gauge::default(),
+            redis_evicted_keys: Gauge::default(),
             spill: crate::buffer::SpillHandles::default(),
             reloads: Family::default(),
             generation: Gauge::default(),

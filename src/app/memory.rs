@@ -1,6 +1,7 @@
-//! The memory budget (`max_rss`), as Envoy's overload manager: resident memory read every
-//! 250 ms; past the budget new requests get 503 and new connections are refused until it is
-//! back under, and the allocator is asked to hand freed pages back to the system.
+//! Memory, tollgate's and Redis's: the budget (`max_rss`), as Envoy's overload manager
+//! (resident memory read every 250 ms; past it new requests get 503 and new connections are
+//! refused until it is back under, and the allocator hands freed pages back), and the keys
+//! Redis evicted, read at each sweep.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -47,6 +48,47 @@ pub(super) async fn watch(state: Arc<State>, mut stop: watch::Receiver<bool>) {
                 "resident memory is under max_rss again: serving as usual"
             );
         }
+    }
+}
+
+/// Read Redis's `evicted_keys` (summed over the nodes that answer), show it, and warn when it
+/// grew since `before`: an evicted bucket hands its client a fresh allowance, an evicted
+/// operators' entry is written back by the replicas. An ACL without `INFO` shows nothing.
+pub(super) async fn evictions(
+    state: &State,
+    redis: &crate::limiter::redis::RedisLimiter,
+    before: Option<u64>,
+) -> Option<u64> {
+    let info = redis
+        .command(::redis::cmd("INFO").arg("stats"))
+        .await
+        .ok()?;
+    let now = evicted_keys(&info);
+    state
+        .metrics
+        .redis_evicted_keys
+        .set(i64::try_from(now).unwrap_or(i64::MAX));
+    if let Some(before) = before.filter(|b| now > *b) {
+        tracing::warn!(evicted = now - before, "Redis evicted keys since the last look (maxmemory-policy): their clients got a fresh allowance");
+    }
+    Some(now)
+}
+
+/// The sum of every `evicted_keys:N` line in an `INFO` reply (one server's text, or a map of
+/// a cluster's nodes to theirs).
+fn evicted_keys(info: &::redis::Value) -> u64 {
+    use ::redis::Value;
+    match info {
+        Value::BulkString(b) => String::from_utf8_lossy(b)
+            .lines()
+            .filter_map(|l| l.strip_prefix("evicted_keys:")?.trim().parse::<u64>().ok())
+            .sum(),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => {
+            evicted_keys(&Value::BulkString(text.clone().into_bytes()))
+        }
+        Value::Map(pairs) => pairs.iter().map(|(_, v)| evicted_keys(v)).sum(),
+        Value::Array(items) => items.iter().map(evicted_keys).sum(),
+        _ => 0,
     }
 }
 

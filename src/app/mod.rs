@@ -241,12 +241,17 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     // Connections open at the last sweep.
     let mut was_open = 0;
+    // Redis's `evicted_keys` as last read.
+    let mut evicted = None;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = every.tick() => {}
         }
         let runtime = state.runtime.load_full();
+        if let Some(r) = &runtime.redis {
+            evicted = memory::evictions(&state, r, evicted).await;
+        }
         let now = state.clock.now().us();
         let mut forgotten = 0;
         for limit in runtime.limits() {

@@ -61,6 +61,11 @@ impl Metrics {
             self.overloaded.clone(),
         );
         r.register(
+            "redis_evicted_keys",
+            "Keys Redis evicted since it started (INFO stats evicted_keys, read every 5 s)",
+            self.redis_evicted_keys.clone(),
+        );
+        r.register(
             "memory_over_budget",
             "1 while resident memory is past max_rss (new requests get 503, connections are refused)",
             self.memory_over.clone(),

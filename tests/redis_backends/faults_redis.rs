@@ -308,3 +308,32 @@ async fn readiness_runs_the_bucket_script_not_only_ping() {
     })
     .await;
 }
+
+/// Keys Redis evicts at its `maxmemory` are shown (`tollgate_redis_evicted_keys`, read at each
+/// 5 s sweep), so an operator learns that clients were handed fresh allowances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_keys_are_shown() {
+    let redis = RedisServer::start();
+    let proxy = TestProxy::start(&limited(&redis.url(), "500ms", "10/s", 10));
+    let http = Http::new();
+    until_redis_answers(&http, &proxy).await;
+    redis.cli(&["debug", "populate", "20000", "filler", "100"]);
+    redis.cli(&["config", "set", "maxmemory-policy", "allkeys-random"]);
+    redis.cli(&["config", "set", "maxmemory", "1mb"]);
+    redis.cli(&["set", "one-more", "x"]);
+    let evicted: u64 = redis
+        .cli(&["info", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("evicted_keys:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(evicted > 0, "Redis evicted nothing");
+    assert!(
+        common::eventually(Duration::from_secs(12), || async {
+            common::find_sample::<u64>(&proxy.scrape().await, "tollgate_redis_evicted_keys")
+                .is_some_and(|n| n >= evicted)
+        })
+        .await,
+        "tollgate shows the evictions"
+    );
+}
