@@ -290,13 +290,15 @@ local function check(k0, a, n)
           last = math.min(max(floor((tats[pkey] - s + len) / qtok + 0.5), 0), tok)
         end
         local est = cur + last * (1 - (now - s) / len)
+        local admit = est + cost <= tok + 1e-9
+        -- Full again once both counts (this window's with this request, if admitted) slid out.
         reset = 1
-        if cur > 0 then
+        if cur > 0 or (admit and cost > 0) then
           reset = s + 2 * len - now
         elseif last > 0 then
           reset = s + len - now
         end
-        if est + cost <= tok + 1e-9 then
+        if admit then
           remaining = floor(tok - est - cost + 1e-9)
           new_tats[i], ends[i], wkeys[i] = s + (cur + cost) * qtok, s + 2 * len, ckey
         else

@@ -172,19 +172,21 @@ pub fn slide(tat: Option<f64>, prev: Option<f64>, w: &Window, cost: u32) -> (Ver
     let last = used(prev, w.start - len, tok, n);
     let left = 1.0 - (w.now - w.start) / len;
     let estimate = cur + last * left;
-    // Full again once both counts have slid out.
-    let reset = if cur > 0.0 {
-        w.end + len - w.now
-    } else if last > 0.0 {
-        w.end - w.now
-    } else {
-        1.0
+    // Full again once both counts (this window's with `held` in it) have slid out.
+    let reset = |held: f64| {
+        if held > 0.0 {
+            w.end + len - w.now
+        } else if last > 0.0 {
+            w.end - w.now
+        } else {
+            1.0
+        }
     };
     if estimate + c <= n + 1e-9 {
         let verdict = Verdict {
             admitted: true,
             remaining: (n - estimate - c + 1e-9).floor().max(0.0) as u64,
-            reset_us: reset.max(1.0),
+            reset_us: reset(cur + c).max(1.0),
             retry_after_us: 0.0,
         };
         return (verdict, w.start + (cur + c) * tok);
@@ -202,7 +204,7 @@ pub fn slide(tat: Option<f64>, prev: Option<f64>, w: &Window, cost: u32) -> (Ver
     let verdict = Verdict {
         admitted: false,
         remaining: (n - estimate + 1e-9).floor().max(0.0) as u64,
-        reset_us: reset.max(1.0),
+        reset_us: reset(cur).max(1.0),
         retry_after_us: (at - w.now).ceil().max(1.0),
     };
     (verdict, w.start + cur * tok)
