@@ -67,8 +67,7 @@ impl Budget {
 /// happened to responses that could not spill, counted and logged.
 #[derive(Debug)]
 pub struct Spill {
-    limit: u64,
-    used: AtomicU64,
+    bytes: Budget,
     /// `tollgate_buffer_spilled_bytes`, kept equal to `used`.
     gauge: Gauge,
     /// Responses streamed with backpressure because `temp_dir` refused a file or a write, or
@@ -83,8 +82,7 @@ pub struct Spill {
 impl Spill {
     pub fn new(limit: u64, handles: SpillHandles) -> Self {
         Self {
-            limit,
-            used: AtomicU64::new(0),
+            bytes: Budget::new(limit),
             gauge: handles.bytes,
             unwritable: handles.unwritable,
             capped: handles.capped,
@@ -95,17 +93,12 @@ impl Spill {
 
     /// The cap this was built with (a reload keeps it, and what it counts, when unchanged).
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.bytes.limit
     }
 
     /// Take `n` bytes of the cap, if they fit.
     pub(super) fn reserve(&self, n: u64) -> bool {
-        let taken = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + n <= self.limit).then_some(used + n)
-            })
-            .is_ok();
+        let taken = self.bytes.reserve(n);
         if taken {
             self.gauge.inc_by(i64::try_from(n).unwrap_or(i64::MAX));
         }
@@ -113,13 +106,13 @@ impl Spill {
     }
 
     pub(super) fn release(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
+        self.bytes.release(n);
         self.gauge.dec_by(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Bytes in files now.
     pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
+        self.bytes.used()
     }
 
     /// A response that could not spill goes on with backpressure: counted, and logged at WARN

@@ -323,9 +323,7 @@ impl Buckets {
         for shard in &self.shards {
             let mut shard = shard.lock();
             dropped += self.reclaim(&mut shard, now);
-            if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
-                shard.shrink_to_fit();
-            }
+            shrink_if_sparse(&mut shard);
         }
         if let Some(peers) = &self.peers {
             peers.sweep(now);
@@ -358,6 +356,15 @@ impl Buckets {
     /// or the map full).
     pub fn peer_overflowed(&self) -> u64 {
         self.peer_overflowed.load(Ordering::Relaxed)
+    }
+}
+
+/// Give a table's memory back once it is mostly empty (a sweep after a flood).
+fn shrink_if_sparse<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
+    map: &mut HashMap<K, V, S>,
+) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to_fit();
     }
 }
 

@@ -66,9 +66,7 @@ impl Logs {
         for shard in &self.shards {
             let mut shard = shard.lock();
             dropped += prune(&mut shard, now, len);
-            if shard.capacity() > 64 && shard.len() < shard.capacity() / 4 {
-                shard.shrink_to_fit();
-            }
+            super::shrink_if_sparse(&mut shard);
         }
         dropped
     }
