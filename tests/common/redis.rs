@@ -224,14 +224,18 @@ impl RedisServer {
 
     /// `calls` of one command in `INFO commandstats` (`evalsha`, `eval`, `script|load`...).
     pub fn command_calls(&self, command: &str) -> u64 {
-        let info = self.cli(&["info", "commandstats"]);
-        let prefix = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
+        calls_in(&self.cli(&["info", "commandstats"]), command)
     }
+}
+
+/// `calls` of `command` in the text of `INFO commandstats`.
+fn calls_in(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 impl Drop for RedisServer {
@@ -579,6 +583,11 @@ impl SentinelSet {
             }
         }
         panic!("could not start redis-server --sentinel on a free port");
+    }
+
+    /// Bucket-script calls (`EVALSHA`) server `i` ran, asked with the servers' password.
+    pub fn script_calls(&self, i: usize) -> u64 {
+        calls_in(&self.server_cli(i, &["info", "commandstats"]), "evalsha")
     }
 
     /// Stop the Sentinel (the servers go on).

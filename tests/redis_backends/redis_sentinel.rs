@@ -236,15 +236,6 @@ async fn follows_a_failover_over_tls() {
     two_after(&set, &l, &lim, new).await;
 }
 
-/// Bucket-script calls server `i` of `set` ran (asked with the servers' password).
-fn script_calls(set: &SentinelSet, i: usize) -> u64 {
-    let info = set.server_cli(i, &["info", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A manual failover under steady checks: they move to the promoted replica within a second
 /// of the Sentinel naming it (`+switch-master`), long before the old master is demoted; what
 /// the old master still counted after the promotion (lost at its resync) is printed.
@@ -270,20 +261,20 @@ async fn decisions_follow_the_promotion_not_the_demotion() {
         }
     });
     let (on_new, named, old_at_named) = tokio::task::block_in_place(|| {
-        let on_new = script_calls(&set, new);
+        let on_new = set.script_calls(new);
         set.failover();
         set.wait_until("the Sentinel names the replica", |s| {
             s.master_port() == s.known_port(new)
         });
-        (on_new, Instant::now(), script_calls(&set, old))
+        (on_new, Instant::now(), set.script_calls(old))
     });
     let landed = tokio::task::block_in_place(|| {
         set.wait_until("checks reach the new master", |s| {
-            script_calls(s, new) > on_new + 10
+            s.script_calls(new) > on_new + 10
         });
         named.elapsed()
     });
-    let old_after = script_calls(&set, old);
+    let old_after = set.script_calls(old);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let total = checks.await.unwrap();
     eprintln!(
