@@ -22,8 +22,9 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
-/// How much a file read hands out at once.
-pub(super) const READ_CHUNK: usize = 64 << 10;
+/// How much a file read hands out at once: hyper queues body frames for a slow client until
+/// it holds `max_buf_size` bytes, so each frame may add up to this much on top of that.
+pub(super) const READ_CHUNK: usize = 16 << 10;
 
 mod spool;
 
