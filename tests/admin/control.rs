@@ -574,6 +574,36 @@ async fn without_redis_the_last_entries_stay_in_force() {
     );
 }
 
+/// An override raises a window limit's count for one key (`quota: N/W`, the window's own
+/// length): as a quota override, it counts from zero in a state of its own (N more now), and
+/// the other keys keep the limit's count.
+#[tokio::test]
+async fn an_override_raises_a_window_for_one_key() {
+    let (token, up) = (token_file(), MockUpstream::start());
+    let yaml = config(&format!(
+        "admin:\n  address: 127.0.0.1:0\n  token_file: {}\n{}routes:\n  - name: api\n    upstream: app\n    limits:\n      - {{ name: hourly, window: 2/1h, algorithm: exact, key: [header:X-API-Key] }}\n",
+        token.display(),
+        upstream_app(up.addr(), "5s"),
+    ));
+    let proxy = TestProxy::start(&yaml);
+    for key in ["big", "small"] {
+        let codes = Http::new()
+            .statuses(3, &proxy.url("/v1/x"), &[("x-api-key", key)])
+            .await;
+        assert_eq!(codes, [200, 200, 429], "{key}");
+    }
+    let wrong = json!({"limit": "hourly", "identity": "header:X-API-Key=big", "quota": "5/day", "ttl": "5m"});
+    assert_eq!(api(&proxy, "POST", "/overrides", &wrong).await.code(), 400);
+    let raise = json!({"limit": "hourly", "identity": "header:X-API-Key=big", "quota": "5/1h", "ttl": "5m"});
+    let r = api(&proxy, "POST", "/overrides", &raise).await;
+    assert_eq!(r.code(), 201, "{}", r.text());
+    let big = Http::new()
+        .statuses(6, &proxy.url("/v1/x"), &[("x-api-key", "big")])
+        .await;
+    assert_eq!(big, [200, 200, 200, 200, 200, 429], "five, from zero");
+    assert_eq!(get_key(&proxy, "/v1/x", "small").await.code(), 429);
+}
+
 /// A path or host ban is written as screened requests are spelled, so it matches every
 /// spelling of them; one that no screened request can carry is refused when it is made.
 #[tokio::test]

@@ -256,3 +256,30 @@ async fn cluster_windows_are_exact_across_replicas_and_slots() {
         r.header("ratelimit")
     );
 }
+
+/// A window limit can ban: strikes are the window's refusals, in process and over Redis (the
+/// script's window and ban parts in one argument), and the ban refuses past the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_with_a_ban_bans_on_its_refusals() {
+    let redis = RedisServer::start();
+    let limit = "      - { name: otp, window: 2/31d, algorithm: exact, key: [\"header:x-api-key\"], ban: { after: 2, within: 1m, for: 1h, max: 1h } }\n";
+    for limiter in [String::new(), redis_block(&redis.url())] {
+        let proxy = TestProxy::start(&answering(&limiter, limit));
+        let http = Http::new();
+        if !limiter.is_empty() {
+            until_redis_answers(&http, &proxy.url("/"), "warm").await;
+        }
+        let key = [("x-api-key", "guesser")];
+        let codes = http.statuses(4, &proxy.url("/"), &key).await;
+        assert_eq!(codes, [200, 200, 429, 429], "{limiter}");
+        let r = http.get_with(&proxy.url("/"), &key).await;
+        assert_eq!(r.code(), 429);
+        let problem: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(problem["ban"], true, "{limiter}: {problem}");
+        let retry = retry_after(&r);
+        assert!(
+            (3000..=3600).contains(&retry),
+            "{limiter}: {retry} s, the ban's hour, not the window's 31 days"
+        );
+    }
+}
