@@ -178,9 +178,13 @@ impl Item<'_> {
 
 /// Where one item of a check is counted, locked.
 enum Slot<'a> {
-    /// The client's own bucket. With its peer's shard when the bucket is new and counts
-    /// against the peer once committed.
-    Map(MutexGuard<'a, Shard>, Option<MutexGuard<'a, PeerShard>>),
+    /// The client's own bucket, under this key (`Item::key`). With its peer's shard when the
+    /// bucket is new and counts against the peer once committed.
+    Map(
+        MutexGuard<'a, Shard>,
+        Option<MutexGuard<'a, PeerShard>>,
+        ClientId,
+    ),
     /// An `exact` window's log, under this identity (the client's, or its shard's overflow).
     Log(MutexGuard<'a, log::LogShard>, ClientId),
     /// The peer's overflow bucket.
@@ -242,7 +246,7 @@ impl Buckets {
     }
 
     fn shard(&self, client: ClientId) -> &Mutex<Shard> {
-        &self.shards[(client.0 >> 64) as usize % SHARDS]
+        &self.shards[shard_of(client)]
     }
 
     /// Lock the slot `client` (from `peer`) is counted in, following the exhaustion policy
@@ -251,7 +255,7 @@ impl Buckets {
     fn lock(&self, client: ClientId, peer: Peer, now: f64) -> Slot<'_> {
         let mut shard = self.shard(client).lock();
         if shard.contains_key(&client) {
-            return Slot::Map(shard, None);
+            return Slot::Map(shard, None, client);
         }
         if shard.len() >= self.per_shard_cap {
             self.reclaim(&mut shard, now);
@@ -259,7 +263,7 @@ impl Buckets {
         let room = shard.len() < self.per_shard_cap;
         let Some(peers) = &self.peers else {
             if room {
-                return Slot::Map(shard, None);
+                return Slot::Map(shard, None, client);
             }
             drop(shard);
             return self.overflow();
@@ -270,7 +274,7 @@ impl Buckets {
         };
         let live = minted.get(&peer).map_or(0, |m| m.live);
         if room && live < self.per_peer_cap {
-            return Slot::Map(shard, Some(minted));
+            return Slot::Map(shard, Some(minted), client);
         }
         drop(shard);
         self.peer_overflowed.fetch_add(1, Ordering::Relaxed);
@@ -359,6 +363,12 @@ impl Buckets {
     }
 }
 
+/// The shard a client's state lives in, by the high bits of its digest (a sliding window's
+/// two keys differ in the lowest bit only, so they share it).
+fn shard_of(client: ClientId) -> usize {
+    (client.0 >> 64) as usize % SHARDS
+}
+
 /// Give a table's memory back once it is mostly empty (a sweep after a flood).
 fn shrink_if_sparse<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
     map: &mut HashMap<K, V, S>,
@@ -416,14 +426,13 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
 
 /// One item's verdict from the slot it is counted in, and the state to store if admitted.
 fn judge(item: &Item<'_>, slot: &mut Slot<'_>, now: f64) -> (Verdict, f64) {
-    let key = item.key();
     if let (Slot::Log(shard, id), Some(w)) = (&mut *slot, &item.window) {
         let mut empty = std::collections::VecDeque::new();
         let log = shard.get_mut(id).unwrap_or(&mut empty);
         return (quota::exact(log, w, item.cost), w.now);
     }
     let tat = match &*slot {
-        Slot::Map(m, _) => m.get(&key).map(|e| e.tat),
+        Slot::Map(m, _, key) => m.get(key).map(|e| e.tat),
         Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
         Slot::Overflow(o) => **o,
         Slot::Log(..) => None,
@@ -433,7 +442,7 @@ fn judge(item: &Item<'_>, slot: &mut Slot<'_>, now: f64) -> (Verdict, f64) {
             // The last window's counter, under the other key; none in an overflow bucket,
             // which counts as a fixed window.
             let prev = match &*slot {
-                Slot::Map(m, _) => m.get(&ClientId(key.0 ^ 1)).map(|e| e.tat),
+                Slot::Map(m, _, key) => m.get(&ClientId(key.0 ^ 1)).map(|e| e.tat),
                 _ => None,
             };
             quota::slide(tat, prev, w, item.cost)
@@ -446,9 +455,9 @@ fn judge(item: &Item<'_>, slot: &mut Slot<'_>, now: f64) -> (Verdict, f64) {
 /// Store an admitted item's new state in its slot.
 fn commit(item: &Item<'_>, slot: &mut Slot<'_>, tat: f64) {
     match slot {
-        Slot::Map(m, minted) => {
+        Slot::Map(m, minted, key) => {
             m.insert(
-                item.key(),
+                *key,
                 Entry {
                     tat,
                     peer: item.peer,
@@ -478,7 +487,7 @@ fn write_back_clamps(items: &[Item<'_>], slots: &mut [Slot<'_>], now: f64) {
         }
         let clamped = now + item.rate.window_us();
         let tat = match slot {
-            Slot::Map(m, _) => m.get_mut(&item.client).map(|e| &mut e.tat),
+            Slot::Map(m, _, key) => m.get_mut(key).map(|e| &mut e.tat),
             Slot::Peer(p) => p.get_mut(&item.peer).and_then(|m| m.overflow.as_mut()),
             Slot::Overflow(o) => o.as_mut(),
             Slot::Log(..) => None,

@@ -37,7 +37,7 @@ impl Logs {
 
     /// The shard `client` lives in: the same as its buckets' (`Buckets::shard`).
     fn shard(&self, client: ClientId) -> &Mutex<LogShard> {
-        &self.shards[(client.0 >> 64) as usize % SHARDS]
+        &self.shards[super::shard_of(client)]
     }
 
     /// Lock `client`'s shard, and say which log it counts in: its own, or (the shard full of
