@@ -116,29 +116,6 @@ impl Managed {
         self.0.reconnects.load(Ordering::Relaxed)
     }
 
-    /// Send `call` on the live connection. A connection found dead (Redis restarted, or a
-    /// server closed it while idle) is replaced and the call sent once more on the new one, so
-    /// an idle replica's first request after Redis returns is decided, not refused. A call
-    /// that reached Redis before its connection died may so be counted twice: the price of
-    /// not failing every first call after a restart.
-    async fn send<T>(
-        &self,
-        call: impl Fn(MultiplexedConnection) -> RedisFuture<'static, T>,
-    ) -> Result<T, RedisError> {
-        let (conn, id) = self.ready().await?;
-        let result = call(conn).await;
-        self.settle(id, &result);
-        match &result {
-            Err(e) if !e.is_timeout() && (e.is_connection_dropped() || e.is_io_error()) => {
-                let (conn, id) = self.ready().await?;
-                let again = call(conn).await;
-                self.settle(id, &again);
-                again
-            }
-            _ => result,
-        }
-    }
-
     /// The current connection (waiting for it if it is being made), and which it is. One that
     /// failed to connect is replaced first: this call waits for a fresh attempt rather than
     /// failing on an old one (under Sentinel, one made before the failover was over).
@@ -179,6 +156,16 @@ impl Managed {
             tokio::spawn(next.pending.clone().map(drop));
         }
         swapped
+    }
+
+    /// `settle`, and whether the call met a dead connection (Redis restarted, or a server
+    /// closed it while idle): then the caller sends it once more, on the new connection, so
+    /// an idle replica's first request after Redis returns is decided, not refused. A call
+    /// that reached Redis before its connection died may so be counted twice: the price of
+    /// not failing every first call after a restart.
+    fn settled_dead<T>(&self, id: u64, result: &Result<T, RedisError>) -> bool {
+        self.settle(id, result);
+        matches!(result, Err(e) if !e.is_timeout() && (e.is_connection_dropped() || e.is_io_error()))
     }
 
     /// After a call on connection `id`: reconnect if the connection is gone, or (Sentinel)
@@ -311,13 +298,16 @@ impl super::watch::Follower for Inner {
 
 impl ConnectionLike for Managed {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let cmd = cmd.clone();
         async move {
-            self.send(move |mut conn| {
-                let cmd = cmd.clone();
-                async move { conn.req_packed_command(&cmd).await }.boxed()
-            })
-            .await
+            let (mut conn, id) = self.ready().await?;
+            let result = conn.req_packed_command(cmd).await;
+            if !self.settled_dead(id, &result) {
+                return result;
+            }
+            let (mut conn, id) = self.ready().await?;
+            let again = conn.req_packed_command(cmd).await;
+            self.settle(id, &again);
+            again
         }
         .boxed()
     }
@@ -328,13 +318,16 @@ impl ConnectionLike for Managed {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let pipeline = pipeline.clone();
         async move {
-            self.send(move |mut conn| {
-                let pipeline = pipeline.clone();
-                async move { conn.req_packed_commands(&pipeline, offset, count).await }.boxed()
-            })
-            .await
+            let (mut conn, id) = self.ready().await?;
+            let result = conn.req_packed_commands(pipeline, offset, count).await;
+            if !self.settled_dead(id, &result) {
+                return result;
+            }
+            let (mut conn, id) = self.ready().await?;
+            let again = conn.req_packed_commands(pipeline, offset, count).await;
+            self.settle(id, &again);
+            again
         }
         .boxed()
     }
