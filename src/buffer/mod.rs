@@ -111,11 +111,6 @@ impl Spill {
         self.gauge.dec_by(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// Bytes in files now.
-    pub fn used(&self) -> u64 {
-        self.bytes.used()
-    }
-
     /// A response that could not spill goes on with backpressure: counted, and logged at WARN
     /// at most once per 10 s (with how many were not logged).
     pub(super) fn fell_back(&self, dir: &std::path::Path, why: &io::Error, capped: bool) {
@@ -163,9 +158,31 @@ impl Store {
     }
 }
 
-/// The error of a body that `max_spill` keeps out of a file.
-pub(super) fn spill_full() -> io::Error {
-    io::Error::other("buffering.max_spill bytes are in temporary files already")
+/// Write `data` at `at` of `file` (made in `temp_dir` when there is none yet), under the
+/// proxy-wide cap on bytes in files; the error says why not, and whether it was the cap.
+pub(super) fn spill<F: From<File> + std::borrow::Borrow<File>>(
+    store: &Store,
+    file: &mut Option<F>,
+    at: u64,
+    data: &[u8],
+) -> Result<(), (io::Error, bool)> {
+    let n = data.len() as u64;
+    if !store.spill.reserve(n) {
+        let full = io::Error::other("buffering.max_spill bytes are in temporary files already");
+        return Err((full, true));
+    }
+    let written = match file {
+        Some(f) => f.borrow().write_all_at(data, at),
+        None => store.temp_file().and_then(|f| {
+            f.write_all_at(data, at)?;
+            *file = Some(F::from(f));
+            Ok(())
+        }),
+    };
+    written.map_err(|e| {
+        store.spill.release(n);
+        (e, false)
+    })
 }
 
 // === Held: a complete body ===
@@ -244,21 +261,7 @@ impl Filling {
             return Ok(());
         }
         // A request body cannot wait for a reader: past the cap it is refused (503).
-        if !self.store.spill.reserve(n) {
-            return Err(spill_full());
-        }
-        let written = match &h.file {
-            Some(file) => file.write_all_at(data, h.file_len),
-            None => self.store.temp_file().and_then(|file| {
-                file.write_all_at(data, 0)?;
-                h.file = Some(file);
-                Ok(())
-            }),
-        };
-        if let Err(e) = written {
-            self.store.spill.release(n);
-            return Err(e);
-        }
+        spill(&self.store, &mut h.file, h.file_len, data).map_err(|(e, _)| e)?;
         h.file_len += n;
         Ok(())
     }

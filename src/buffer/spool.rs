@@ -3,7 +3,6 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -13,7 +12,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 
-use super::{read_at, spill_full, Store, READ_CHUNK};
+use super::{read_at, spill, Store, READ_CHUNK};
 
 /// A response body read ahead: all of it already (small bodies, the common case: no task, no
 /// file), or the rest still coming in through a task of its own.
@@ -166,7 +165,8 @@ impl Spool {
     /// the file, or, when no file can take it, in the tail the reader takes next.
     pub fn push(&self, data: &[u8]) {
         let n = data.len() as u64;
-        let mut s = self.state.lock();
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
         let backlog = s.written - s.read;
         if backlog == 0
             && s.tail.as_ref().is_none_or(VecDeque::is_empty)
@@ -177,38 +177,19 @@ impl Spool {
             s.chunks.push_back(Bytes::copy_from_slice(data));
         } else if let Some(tail) = &mut s.tail {
             tail.push_back(Bytes::copy_from_slice(data));
-        } else if let Err((why, capped)) = self.spill(&mut s, data) {
-            self.store
-                .spill
-                .fell_back(&self.store.temp_dir, &why, capped);
-            s.tail = Some(VecDeque::from([Bytes::copy_from_slice(data)]));
+        } else {
+            match spill(&self.store, &mut s.file, s.written, data) {
+                Ok(()) => s.written += n,
+                Err((why, capped)) => {
+                    let store = &self.store;
+                    store.spill.fell_back(&store.temp_dir, &why, capped);
+                    s.tail = Some(VecDeque::from([Bytes::copy_from_slice(data)]));
+                }
+            }
         }
         if let Some(w) = s.reader.take() {
             w.wake();
         }
-    }
-
-    /// Write `data` at the file's end, under the proxy-wide cap; the error says why not, and
-    /// whether it was the cap.
-    fn spill(&self, s: &mut SpoolState, data: &[u8]) -> Result<(), (io::Error, bool)> {
-        let n = data.len() as u64;
-        if !self.store.spill.reserve(n) {
-            return Err((spill_full(), true));
-        }
-        let written = match &s.file {
-            Some(file) => file.write_all_at(data, s.written),
-            None => self.store.temp_file().and_then(|file| {
-                file.write_all_at(data, s.written)?;
-                s.file = Some(Arc::new(file));
-                Ok(())
-            }),
-        };
-        if let Err(e) = written {
-            self.store.spill.release(n);
-            return Err((e, false));
-        }
-        s.written += n;
-        Ok(())
     }
 
     /// Whether the writer may push now; pending (woken when there is room) while the file's
