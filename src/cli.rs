@@ -247,7 +247,7 @@ fn routes_summary(s: &Settings, out: &mut String) {
                 );
             }
             let shape = match &l.quota {
-                Some(q) if matches!(q.period, crate::config::settings::Period::Every(_)) => {
+                Some(q) if q.is_window() => {
                     format!(
                         "window {}/{}, {}",
                         q.count,

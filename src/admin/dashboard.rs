@@ -194,7 +194,7 @@ fn rule(limit: &Limit) -> String {
         return format!("{} in flight", c.max);
     }
     if let Some(q) = &limit.quota {
-        if matches!(q.period, crate::limiter::Period::Every(_)) {
+        if q.is_window() {
             return format!(
                 "{}/{} {}",
                 q.count,

@@ -319,7 +319,7 @@ fn judge(limit: &Limit, n: &Numbers<'_>, p: &Peeked, store: &str, out: &mut Limi
 /// The limit's settings, with no request read yet (its outcome: admitted).
 fn describe(limit: &Limit) -> LimitExplained {
     let kind = match (&limit.quota, &limit.concurrency) {
-        (Some(q), _) if matches!(q.period, crate::limiter::Period::Every(_)) => Kind::Window {
+        (Some(q), _) if q.is_window() => Kind::Window {
             count: q.count,
             window: q.period.describe(),
             algorithm: q.counting.as_str().to_owned(),

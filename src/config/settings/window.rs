@@ -13,6 +13,13 @@ pub struct QuotaSpec {
     pub counting: Counting,
 }
 
+impl QuotaSpec {
+    /// A window limit (`window: N/DURATION`), not a calendar quota.
+    pub fn is_window(&self) -> bool {
+        matches!(self.period, Period::Every(_))
+    }
+}
+
 /// How a window limit counts (`algorithm:`); a calendar quota counts as `Fixed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counting {
