@@ -124,7 +124,13 @@ impl RedisConn {
                 }
             })
             .collect();
-        let watch = Watch::of(s, &nodes, cfg.tls.as_ref().map(certificates).as_ref())?;
+        let watch = Watch::of(
+            s,
+            &nodes,
+            cfg.tls.as_ref().map(certificates).as_ref(),
+            cfg.username.as_deref(),
+            cfg.password.as_deref(),
+        )?;
         let mut b = SentinelClientBuilder::new(nodes, &s.master, SentinelServerType::Master)
             .map_err(|e| format!("limiter.redis.sentinel: {e}"))?;
         if let Some(password) = &cfg.password {

@@ -55,10 +55,22 @@ struct Inner {
     slot: ArcSwap<Slot>,
     /// The master's address the last connection went to, and its client (Sentinel only).
     master: Mutex<Option<(String, Client)>>,
+    /// A replica the watch saw promoted, until the Sentinels name it too: new connections go
+    /// there (while it answers `ROLE` as a master), not to the master the Sentinels still name.
+    promoted: Mutex<Option<Promotion>>,
     /// Times the Sentinels named a different master than the previous connection's.
     switches: AtomicU64,
     /// Connections replaced after an error (or a move to another master).
     reconnects: AtomicU64,
+}
+
+/// A replica seen promoted before the Sentinels name it.
+#[derive(Clone)]
+struct Promotion {
+    /// The master it replaces, which the Sentinels go on naming for up to a second.
+    from: String,
+    to: String,
+    client: Client,
 }
 
 /// A self-healing multiplexed connection; clones share it.
@@ -95,6 +107,7 @@ impl Managed {
                     pending: first,
                 }),
                 master: Mutex::new(None),
+                promoted: Mutex::new(None),
                 switches: AtomicU64::new(0),
                 reconnects: AtomicU64::new(0),
             }
@@ -190,19 +203,29 @@ fn connect(inner: std::sync::Weak<Inner>) -> Pending {
         let Some(inner) = inner.upgrade() else {
             return Err(RedisError::from((ErrorKind::Client, "the limiter is gone")));
         };
-        let (client, unconfirmed) = match &inner.target {
-            Target::Server(client) => (client.clone(), false),
-            Target::Sentinel(sentinel) => match master(&inner, sentinel).await {
-                Ok(client) => (client, false),
-                Err(e) => (last_master(&inner).ok_or(e)?, true),
-            },
+        let promoted = match inner.target {
+            Target::Sentinel(_) => promoted_master(&inner).await,
+            Target::Server(_) => None,
         };
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&inner.config)
-            .await?;
-        if unconfirmed {
-            still_master(&mut conn).await?;
-        }
+        let mut conn = match promoted {
+            Some(conn) => conn,
+            None => {
+                let (client, unconfirmed) = match &inner.target {
+                    Target::Server(client) => (client.clone(), false),
+                    Target::Sentinel(sentinel) => match master(&inner, sentinel).await {
+                        Ok(client) => (client, false),
+                        Err(e) => (last_master(&inner).ok_or(e)?, true),
+                    },
+                };
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(&inner.config)
+                    .await?;
+                if unconfirmed {
+                    still_master(&mut conn).await?;
+                }
+                conn
+            }
+        };
         // A user whose ACL lacks CLIENT SETNAME can still check limits: only the name is lost.
         let named: Result<(), RedisError> = ::redis::cmd("CLIENT")
             .arg("SETNAME")
@@ -247,6 +270,42 @@ async fn master(
     Ok(client)
 }
 
+/// A connection to the replica the watch saw promoted, if it still answers `ROLE` as a
+/// master; it becomes the master the Sentinels are taken to name.
+async fn promoted_master(inner: &Inner) -> Option<MultiplexedConnection> {
+    let Promotion {
+        to: addr, client, ..
+    } = inner
+        .promoted
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()?;
+    let connected = async {
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&inner.config)
+            .await?;
+        still_master(&mut conn).await.map(|()| conn)
+    };
+    let Ok(conn) = connected.await else {
+        // Gone, or no longer a master: the Sentinels decide again.
+        *inner
+            .promoted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        return None;
+    };
+    let mut last = inner
+        .master
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((before, _)) = last.as_ref().filter(|(before, _)| *before != addr) {
+        inner.switches.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(from = %before, to = %addr, "a Redis replica was promoted: following it");
+    }
+    *last = Some((addr, client));
+    Some(conn)
+}
+
 /// The last master the Sentinels named, when none of them answers now.
 fn last_master(inner: &Inner) -> Option<Client> {
     let last = inner
@@ -261,19 +320,31 @@ fn last_master(inner: &Inner) -> Option<Client> {
 /// Whether the server of `conn` still answers `ROLE` as a master (an error if not).
 async fn still_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
     let role: Value = ::redis::cmd("ROLE").query_async(conn).await?;
-    match role {
-        Value::Array(items) if matches!(items.first(), Some(Value::BulkString(b)) if b == b"master") => {
-            Ok(())
-        }
-        _ => Err(RedisError::from((
+    if super::watch::is_master(&role) {
+        Ok(())
+    } else {
+        Err(RedisError::from((
             ErrorKind::Io,
-            "no Sentinel answers and the last master named is no longer a master",
-        ))),
+            "the server is no longer (or not yet) a master",
+        )))
     }
 }
 
 impl super::watch::Follower for Inner {
     fn named(self: Arc<Self>, addr: &str, announced: bool) {
+        {
+            let mut promoted = self
+                .promoted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match promoted.as_ref() {
+                // The Sentinels have not caught up with the promotion yet.
+                Some(p) if p.from == addr => return,
+                // Caught up, or another failover: the Sentinels lead again.
+                Some(_) => *promoted = None,
+                None => {}
+            }
+        }
         let current = self
             .master
             .lock()
@@ -292,6 +363,30 @@ impl super::watch::Follower for Inner {
                 "the Sentinels' answer"
             };
             tracing::warn!(to = %addr, by = how, "the Redis master moved: reconnecting to it");
+        }
+    }
+
+    fn promoted(self: Arc<Self>, addr: &str, client: Client) {
+        let current = self
+            .master
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|(a, _)| a.clone());
+        let Some(from) = current.filter(|c| c != addr) else {
+            return;
+        };
+        *self
+            .promoted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Promotion {
+            from,
+            to: addr.to_owned(),
+            client,
+        });
+        let id = self.slot.load().id;
+        if Managed(self).reconnect(id) {
+            tracing::warn!(to = %addr, by = "the promotion", "the Redis master moved: reconnecting to it");
         }
     }
 }
