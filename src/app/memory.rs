@@ -1,7 +1,7 @@
 //! Memory, tollgate's and Redis's: the budget (`max_rss`), as Envoy's overload manager
 //! (resident memory read every 250 ms; past it new requests get 503 and new connections are
-//! refused until it is back under, and the allocator hands freed pages back), and the keys
-//! Redis evicted, read at each sweep.
+//! refused until it is back under, and the allocator hands freed pages back), and what Redis
+//! forgot (the keys it evicted, the servers that restarted), read at each sweep.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -51,44 +51,75 @@ pub(super) async fn watch(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Read Redis's `evicted_keys` (summed over the nodes that answer), show it, and warn when it
-/// grew since `before`: an evicted bucket hands its client a fresh allowance, an evicted
-/// operators' entry is written back by the replicas. An ACL without `INFO` shows nothing.
-pub(super) async fn evictions(
+/// What the last look at Redis saw: `evicted_keys` summed over its servers, and their
+/// `run_id`s.
+#[derive(Default)]
+pub(super) struct RedisSeen {
+    evicted: Option<u64>,
+    run_ids: Vec<String>,
+}
+
+/// Read Redis's `INFO` (every server's, on a cluster) and compare it with `before`. Evicted
+/// keys are shown, and a warning logged when they grew: an evicted bucket hands its client a
+/// fresh allowance, an evicted operators' entry is written back by the replicas. A `run_id`
+/// that is gone (a server restarted, or left) empties the negative cache, as a reconnect does:
+/// rejections learnt from counts Redis may have lost must not outlive them. An ACL without
+/// `INFO` shows nothing.
+pub(super) async fn look_at_redis(
     state: &State,
     redis: &crate::limiter::redis::RedisLimiter,
-    before: Option<u64>,
-) -> Option<u64> {
-    let info = redis
-        .command(::redis::cmd("INFO").arg("stats"))
-        .await
-        .ok()?;
-    let now = evicted_keys(&info);
+    before: RedisSeen,
+) -> RedisSeen {
+    let Ok(info) = redis.command(&::redis::cmd("INFO")).await else {
+        return before;
+    };
+    let mut lines = Vec::new();
+    info_lines(&info, &mut lines);
+    let evicted: u64 = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("evicted_keys:")?.trim().parse::<u64>().ok())
+        .sum();
+    let mut run_ids: Vec<String> = lines
+        .iter()
+        .filter_map(|l| Some(l.strip_prefix("run_id:")?.trim().to_owned()))
+        .collect();
+    run_ids.sort_unstable();
     state
         .metrics
         .redis_evicted_keys
-        .set(i64::try_from(now).unwrap_or(i64::MAX));
-    if let Some(before) = before.filter(|b| now > *b) {
-        tracing::warn!(evicted = now - before, "Redis evicted keys since the last look (maxmemory-policy): their clients got a fresh allowance");
+        .set(i64::try_from(evicted).unwrap_or(i64::MAX));
+    if let Some(was) = before.evicted.filter(|b| evicted > *b) {
+        tracing::warn!(evicted = evicted - was, "Redis evicted keys since the last look (maxmemory-policy): their clients got a fresh allowance");
     }
-    Some(now)
+    let gone = before
+        .run_ids
+        .iter()
+        .filter(|id| run_ids.binary_search(id).is_err())
+        .count();
+    if gone > 0 {
+        tracing::warn!(
+            servers = gone,
+            "a Redis server restarted or left (its run_id changed): quota rejections cached from it are forgotten"
+        );
+        redis.saw_restart();
+    }
+    RedisSeen {
+        evicted: Some(evicted),
+        run_ids,
+    }
 }
 
-/// The sum of every `evicted_keys:N` line in an `INFO` reply (one server's text, or a map of
-/// a cluster's nodes to theirs).
-fn evicted_keys(info: &::redis::Value) -> u64 {
+/// Every line of an `INFO` reply (one server's text, or a map of a cluster's nodes to theirs).
+fn info_lines(info: &::redis::Value, out: &mut Vec<String>) {
     use ::redis::Value;
     match info {
-        Value::BulkString(b) => String::from_utf8_lossy(b)
-            .lines()
-            .filter_map(|l| l.strip_prefix("evicted_keys:")?.trim().parse::<u64>().ok())
-            .sum(),
+        Value::BulkString(b) => out.extend(String::from_utf8_lossy(b).lines().map(str::to_owned)),
         Value::VerbatimString { text, .. } | Value::SimpleString(text) => {
-            evicted_keys(&Value::BulkString(text.clone().into_bytes()))
+            out.extend(text.lines().map(str::to_owned));
         }
-        Value::Map(pairs) => pairs.iter().map(|(_, v)| evicted_keys(v)).sum(),
-        Value::Array(items) => items.iter().map(evicted_keys).sum(),
-        _ => 0,
+        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| info_lines(v, out)),
+        Value::Array(items) => items.iter().for_each(|v| info_lines(v, out)),
+        _ => {}
     }
 }
 

@@ -241,8 +241,8 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     // Connections open at the last sweep.
     let mut was_open = 0;
-    // Redis's `evicted_keys` as last read.
-    let mut evicted = None;
+    // What Redis's `INFO` said at the last look.
+    let mut redis_seen = memory::RedisSeen::default();
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -250,7 +250,7 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         }
         let runtime = state.runtime.load_full();
         if let Some(r) = &runtime.redis {
-            evicted = memory::evictions(&state, r, evicted).await;
+            redis_seen = memory::look_at_redis(&state, r, redis_seen).await;
         }
         let now = state.clock.now().us();
         let mut forgotten = 0;

@@ -118,6 +118,8 @@ pub struct RedisLimiter {
     /// while the checks of the other masters' slots go on.
     breakers: Vec<Breaker>,
     negative: Arc<NegativeCache>,
+    /// Times a Redis server was seen restarted (or gone) by its `run_id` (`saw_restart`).
+    restarts: std::sync::atomic::AtomicU64,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
     /// Observes each check that went to Redis, sent until answered or failed.
@@ -165,6 +167,7 @@ impl RedisLimiter {
                 .map(|_| Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN))
                 .collect(),
             negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
+            restarts: std::sync::atomic::AtomicU64::new(0),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
             latency: None,
@@ -312,6 +315,14 @@ impl RedisLimiter {
         }
     }
 
+    /// A Redis server restarted or left (its `run_id` is gone): what the negative cache learnt
+    /// from it may be gone with it (a cluster node's connection is replaced inside the cluster
+    /// client, unseen by the reconnect count).
+    pub fn saw_restart(&self) {
+        self.restarts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The negative cache's answer, if it knows one. A new connection may be to a Redis that
     /// restarted and lost the counts the cache's rejections came from: they are forgotten
     /// first (see `negative`).
@@ -321,7 +332,8 @@ impl RedisLimiter {
         sent_us: f64,
     ) -> Option<(Small<Verdict>, Small<BanEvent>)> {
         if self.negative.holds_any() {
-            self.negative.renew(self.reconnects());
+            let restarts = self.restarts.load(std::sync::atomic::Ordering::Relaxed);
+            self.negative.renew(self.reconnects() + restarts);
         }
         self.negative.answer(buckets, sent_us)
     }

@@ -341,3 +341,34 @@ async fn a_redis_restart_empties_the_negative_cache() {
         "the replica went on refusing what Redis forgot"
     );
 }
+
+/// The same on a Redis Cluster, whose client replaces a node's connection by itself: the
+/// sweep sees the node's `run_id` change and the negative cache is emptied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_restart_empties_the_negative_cache() {
+    let mut cluster = RedisCluster::start();
+    let yaml = answering(
+        &cluster_block(&cluster),
+        "      - { name: daily, quota: 2/day, key: [\"header:x-api-key\"] }\n",
+    );
+    let a = TestProxy::start(&yaml);
+    let http = Http::new();
+    until_redis_answers(&http, &a.url("/"), "warm").await;
+    let key = [("x-api-key", "spent")];
+    assert_eq!(
+        http.statuses(4, &a.url("/"), &key).await,
+        [200, 200, 429, 429]
+    );
+    // Let a sweep note every node's run_id first.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for node in &mut cluster.nodes {
+        node.restart();
+    }
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            http.get_with(&a.url("/"), &key).await.code() == 200
+        })
+        .await,
+        "the replica went on refusing what the cluster forgot"
+    );
+}
