@@ -153,8 +153,14 @@ pub struct Store {
 }
 
 impl Store {
+    /// A new unnamed file in `temp_dir`, readable by this user only: `tempfile` makes an
+    /// `O_TMPFILE` one with the umask's mode (0644 under the usual 022), which another user
+    /// could open through `/proc` while it exists.
     pub(super) fn temp_file(&self) -> io::Result<File> {
-        tempfile::tempfile_in(&self.temp_dir)
+        use std::os::unix::fs::PermissionsExt;
+        let file = tempfile::tempfile_in(&self.temp_dir)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        Ok(file)
     }
 }
 
@@ -355,6 +361,17 @@ pub(super) mod tests {
             budget: Arc::new(Budget::new(budget)),
             spill: Arc::new(Spill::new(1 << 30, SpillHandles::default())),
         }
+    }
+
+    /// Spill files are made with mode 0600 (which a umask can only narrow), unlinked: no
+    /// other user can read a body, whatever the umask.
+    #[test]
+    fn spill_files_are_owner_only_and_unnamed() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let f = store(10, 1 << 20).temp_file().unwrap();
+        let meta = f.metadata().unwrap();
+        assert_eq!(meta.permissions().mode() & 0o077, 0, "{:o}", meta.mode());
+        assert_eq!(meta.nlink(), 0, "a spill file has no name");
     }
 
     #[tokio::test]

@@ -118,8 +118,6 @@ pub struct RedisLimiter {
     /// while the checks of the other masters' slots go on.
     breakers: Vec<Breaker>,
     negative: Arc<NegativeCache>,
-    /// Times a Redis server was seen restarted (or gone) by its `run_id` (`saw_restart`).
-    restarts: std::sync::atomic::AtomicU64,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
     /// Observes each check that went to Redis, sent until answered or failed.
@@ -167,7 +165,6 @@ impl RedisLimiter {
                 .map(|_| Breaker::new(Self::BREAKER_FAILURES, Self::BREAKER_COOLDOWN))
                 .collect(),
             negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
-            restarts: std::sync::atomic::AtomicU64::new(0),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
             latency: None,
@@ -319,8 +316,7 @@ impl RedisLimiter {
     /// from it may be gone with it (a cluster node's connection is replaced inside the cluster
     /// client, unseen by the reconnect count).
     pub fn saw_restart(&self) {
-        self.restarts
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.negative.clear();
     }
 
     /// The negative cache's answer, if it knows one. A new connection may be to a Redis that
@@ -332,8 +328,7 @@ impl RedisLimiter {
         sent_us: f64,
     ) -> Option<(Small<Verdict>, Small<BanEvent>)> {
         if self.negative.holds_any() {
-            let restarts = self.restarts.load(std::sync::atomic::Ordering::Relaxed);
-            self.negative.renew(self.reconnects() + restarts);
+            self.negative.renew(self.reconnects());
         }
         self.negative.answer(buckets, sent_us)
     }

@@ -116,10 +116,15 @@ impl NegativeCache {
     pub(super) fn renew(&self, generation: u64) {
         let was = self.generation.swap(generation, Ordering::AcqRel);
         if was != generation {
-            let mut map = self.map.lock();
-            map.entries.clear();
-            self.held.store(0, Ordering::Relaxed);
+            self.clear();
         }
+    }
+
+    /// Forget every entry.
+    pub(super) fn clear(&self) {
+        let mut map = self.map.lock();
+        map.entries.clear();
+        self.held.store(0, Ordering::Relaxed);
     }
 
     /// The verdicts for `buckets` at `now_us` when an enforced one of them is known to reject;
