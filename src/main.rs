@@ -19,8 +19,9 @@ fn main() -> ExitCode {
         _ => RunArgs::default(),
     }
     .resolve(std::mem::take(&mut cli.run));
-    // A replay's limits would log each ban they start: its report says what happened.
-    if !matches!(command, Command::Simulate { .. }) {
+    // A replay's limits would log each ban they start, and an explanation's Redis client its
+    // connections: their reports say what happened, and nothing else goes to the terminal.
+    if !matches!(command, Command::Simulate { .. } | Command::Explain(_)) {
         init_logging(&opts);
     }
     match command {

@@ -81,6 +81,18 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
+/// A config to replay or explain requests against (`tollgate simulate`): a full config, or a
+/// candidate config, which has no `listeners` and is compiled as one (as `candidate:` names it).
+pub fn load_routes(path: &Path) -> Result<Settings, ConfigError> {
+    let text = read(path)?;
+    let has_listeners = yaml::tree(&text).is_ok_and(|root| root.get("listeners").is_some());
+    if has_listeners {
+        load(path)
+    } else {
+        load_candidate(path)
+    }
+}
+
 /// The candidate config at `path`: the same format, compiled as `compile::Role::Candidate`.
 fn load_candidate(path: &Path) -> Result<Settings, ConfigError> {
     let text = read(path)?;

@@ -47,7 +47,8 @@ pub enum Format {
 
 /// Replay the access log at `log` (`-`: stdin) through the config at `config`; the report.
 pub fn run(config: &Path, log: &Path, format: Format) -> Result<String, String> {
-    let settings = crate::config::load(config).map_err(|e| e.to_string())?;
+    // The very file a `candidate:` names replays as well as the live config.
+    let settings = crate::config::load_routes(config).map_err(|e| e.to_string())?;
     let input: Box<dyn BufRead> = if log == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {

@@ -257,7 +257,8 @@ async fn explain_shows_each_bucket_and_the_decision_without_taking_tokens() {
     .await;
 }
 
-/// `tollgate explain ARGS` run to completion: its exit success and stdout (stderr on failure).
+/// `tollgate explain ARGS` run to completion: its exit success and stdout (stderr on failure;
+/// a success writes nothing there).
 fn run_explain(args: &[&str]) -> (bool, String) {
     let out = Command::new(BIN)
         .arg("explain")
@@ -266,6 +267,12 @@ fn run_explain(args: &[&str]) -> (bool, String) {
         .stdin(Stdio::null())
         .output()
         .expect("run the tollgate binary");
+    // Its report is all it prints: no proxy log lines around it.
+    assert!(
+        !out.status.success() || out.stderr.is_empty(),
+        "explain wrote to stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = if out.status.success() {
         &out.stdout
     } else {

@@ -27,6 +27,23 @@ fn routes(upstream: &MockUpstream, per_key: &str) -> String {
 const PER_KEY: &str =
     "      - { name: per-key, rate: 5/min, burst: 3, key: [header:X-API-Key, ip] }\n";
 
+/// `yaml` without its top-level `listeners` block: a candidate config.
+fn without_listeners(yaml: &str) -> String {
+    let mut inside = false;
+    let mut out = String::new();
+    for line in yaml.lines() {
+        if !line.starts_with(' ') && !line.starts_with('-') {
+            inside = line.starts_with("listeners:");
+        }
+        if !inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(!out.contains("listeners"), "{out}");
+    out
+}
+
 /// Write `yaml` to a file in `dir`.
 fn write_config(dir: &Path, name: &str, yaml: &str) -> std::path::PathBuf {
     let path = dir.join(name);
@@ -147,6 +164,12 @@ async fn the_same_config_replays_the_live_429s_exactly_and_a_stricter_one_more()
     assert_eq!(per_key["live_rejected"], api_429);
     assert_eq!(route(&same, "ip")["rejected"], ip_429);
     assert_eq!(same["lines"]["replayed"], 23);
+    // The same routes as a candidate config (no listeners, the file `candidate:` names)
+    // replay as well: the incident runbook replays the candidate itself.
+    let candidate = write_config(dir.path(), "candidate.yaml", &without_listeners(&yaml));
+    let as_candidate = report(&candidate, &log);
+    assert_eq!(route(&as_candidate, "api")["rejected"], api_429);
+    assert_eq!(as_candidate["lines"]["replayed"], 23);
     // The key rejected most: alpha's digest (4), then the address .2 (2), then .3 (1).
     let top = per_key["most_rejected"].as_array().unwrap();
     assert_eq!(top.len(), 3, "{top:?}");
