@@ -162,12 +162,12 @@ const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent
 #[derive(Debug)]
 pub struct LoggedBody<B> {
     body: B,
-    entry: Option<Entry>,
+    entry: Option<Box<Entry>>,
     sent: u64,
 }
 
 impl<B> LoggedBody<B> {
-    pub fn new(body: B, entry: Option<Entry>) -> Self {
+    pub fn new(body: B, entry: Option<Box<Entry>>) -> Self {
         Self {
             body,
             entry,

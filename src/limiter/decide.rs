@@ -50,46 +50,89 @@ pub async fn decide_tuned(
     now: Moment,
     tuned: &[Option<&Tuning>],
 ) -> Decision {
-    let mut results = smallvec::SmallVec::with_capacity(limits.len());
-    let mut checks: Small<Check<'_>> = Small::new();
-    // Aligned with `checks`; left empty when nothing is tuned.
-    let mut tunings: Small<Option<&Tuning>> = Small::new();
-    for (index, limit) in limits.iter().enumerate() {
-        // Concurrency limits are taken by `concurrency::acquire`, not here.
-        if limit.concurrency.is_some() {
-            continue;
-        }
-        let exempt = view.is_exempt(&limit.exempt);
-        let fresh = tuned.get(index).copied().flatten().and_then(|t| t.fresh);
-        let client = (!exempt).then(|| {
-            let id = view.resolve(&limit.key);
-            fresh.map_or(id, |salt| crate::identity::ClientId(id.0 ^ salt))
-        });
-        results.push(unchecked(index, limit, client));
-        if let Some(client) = client {
-            checks.push(Check { limit, client });
-            if !tuned.is_empty() {
-                tunings.push(tuned.get(index).copied().flatten());
+    let Some(redis) = redis else {
+        return decide_in_process(limits, view, now, tuned);
+    };
+    let mut p = Prepared::of(limits, view, tuned);
+    if !p.checks.is_empty() {
+        let (results, asked) = p.split(view, now);
+        settle(results, &Shared { redis, worker }, asked).await;
+    }
+    Decision { results: p.results }
+}
+
+/// `decide_tuned` without Redis: the in-process store answers at once, so no future is built
+/// (and moved between the stages' futures) for it.
+pub fn decide_in_process(
+    limits: &[Arc<Limit>],
+    view: &RequestView<'_>,
+    now: Moment,
+    tuned: &[Option<&Tuning>],
+) -> Decision {
+    let mut p = Prepared::of(limits, view, tuned);
+    if !p.checks.is_empty() {
+        let (results, asked) = p.split(view, now);
+        let answer = Local { fallback: false }.decide(asked);
+        record(results, asked.checks, answer);
+    }
+    Decision { results: p.results }
+}
+
+/// A request's limits before a store is asked: every limit's result so far, and the checks
+/// of those not exempt (with their overrides, and whether each is enforced).
+struct Prepared<'a> {
+    results: smallvec::SmallVec<[LimitResult; 2]>,
+    checks: Small<Check<'a>>,
+    /// Aligned with `checks`; left empty when nothing is tuned.
+    tunings: Small<Option<&'a Tuning>>,
+    enforced: Small<bool>,
+}
+
+impl<'a> Prepared<'a> {
+    fn of(limits: &'a [Arc<Limit>], view: &RequestView<'_>, tuned: &[Option<&'a Tuning>]) -> Self {
+        let mut results = smallvec::SmallVec::with_capacity(limits.len());
+        let mut checks: Small<Check<'_>> = Small::new();
+        let mut tunings: Small<Option<&Tuning>> = Small::new();
+        for (index, limit) in limits.iter().enumerate() {
+            // Concurrency limits are taken by `concurrency::acquire`, not here.
+            if limit.concurrency.is_some() {
+                continue;
+            }
+            let exempt = view.is_exempt(&limit.exempt);
+            let fresh = tuned.get(index).copied().flatten().and_then(|t| t.fresh);
+            let client = (!exempt).then(|| {
+                let id = view.resolve(&limit.key);
+                fresh.map_or(id, |salt| crate::identity::ClientId(id.0 ^ salt))
+            });
+            results.push(unchecked(index, limit, client));
+            if let Some(client) = client {
+                checks.push(Check { limit, client });
+                if !tuned.is_empty() {
+                    tunings.push(tuned.get(index).copied().flatten());
+                }
             }
         }
+        let enforced = checks.iter().map(|c| !c.limit.shadow).collect();
+        Self {
+            results,
+            checks,
+            tunings,
+            enforced,
+        }
     }
-    if checks.is_empty() {
-        return Decision { results };
+
+    /// The results to fill in, and what to ask a store for them.
+    fn split(&mut self, view: &RequestView<'_>, now: Moment) -> (&mut [LimitResult], Asked<'_>) {
+        let asked = Asked {
+            checks: &self.checks,
+            enforced: &self.enforced,
+            tuned: &self.tunings,
+            peer: local::Peer::of(view.client_ip),
+            now,
+            wall: None,
+        };
+        (&mut self.results, asked)
     }
-    let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
-    let asked = Asked {
-        checks: &checks,
-        enforced: &enforced,
-        tuned: &tunings,
-        peer: local::Peer::of(view.client_ip),
-        now,
-        wall: None,
-    };
-    match redis {
-        None => settle(&mut results, &Local { fallback: false }, asked).await,
-        Some(redis) => settle(&mut results, &Shared { redis, worker }, asked).await,
-    }
-    Decision { results }
 }
 
 /// Ask `store` for `asked`'s checks and fill in `results` (every limit of the route, the

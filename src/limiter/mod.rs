@@ -25,7 +25,7 @@ pub mod quota;
 pub mod redis;
 pub mod store;
 
-pub use decide::{decide, decide_known, decide_tuned, Tuning};
+pub use decide::{decide, decide_in_process, decide_known, decide_tuned, Tuning};
 
 use std::sync::Arc;
 

@@ -60,7 +60,9 @@ impl ClientConn {
 pub struct Handled {
     pub response: Response<Body>,
     pub tunnel: Option<Tunnel>,
-    pub access: Option<Entry>,
+    /// Boxed: the entry is large, and moves with the response into its body (hyper's
+    /// connection state) whether the access log is on or not.
+    pub access: Option<Box<Entry>>,
     /// The concurrency slots the request holds until its response (or tunnel) is done.
     pub slots: limiter::concurrency::Guard,
 }
@@ -102,13 +104,13 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) ->
         identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies)
     });
     let mut entry = access_log::enabled().then(|| {
-        Entry::begin(
+        Box::new(Entry::begin(
             &req,
             (conn.peer.ip(), &conn.peer_value),
             conn.tls,
             request_id.clone(),
             started,
-        )
+        ))
     });
     let version = req.version();
     let has_body = !req.body().is_end_stream();
@@ -207,7 +209,13 @@ async fn pipeline<'a>(
         Ok(tuned) => tuned,
         Err(refused) => return Ok(*refused),
     };
-    let now = limits(state, rt, conn, route, (&view, &tuned), started, trace).await;
+    let asked = (&view, &tuned[..]);
+    let now = if rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
+        limits::in_process(state, route, asked, started, trace)
+    } else {
+        // Boxed: inline, its state would make every request's pipeline future larger.
+        crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
+    };
     beside(rt, &arrival, now, &mut trace.slots);
     let refused = (trace.decision.as_ref()).and_then(|d| refusal(route, d, rt.settings.headers));
     if let Some(refused) = refused {
@@ -317,7 +325,7 @@ fn record(
     trace: &Trace<'_>,
     status: StatusCode,
     started: Instant,
-    entry: &mut Option<Entry>,
+    entry: &mut Option<Box<Entry>>,
 ) {
     let route = trace.route.map(|r| (&r.counters, &*r.name, &r.limits[..]));
     state

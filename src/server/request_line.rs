@@ -123,7 +123,7 @@ impl Line {
                 Some(_) => {
                     // The rest of the line: only its end matters.
                     let rest = &bytes[i..];
-                    match rest.iter().position(|&b| b == b'\n') {
+                    match memchr::memchr(b'\n', rest) {
                         Some(n) => {
                             self.len += n;
                             self.watching = false;
