@@ -10,9 +10,8 @@
 #
 # docs/operations.md ("Running as a container") explains the choices below.
 
-# The toolchain must be at least the crates' newest rust-version. Cargo.toml says 1.88, but the
-# locked notify-types 2.3.0 needs 1.91. 1.95 is the toolchain CI builds and tests with today,
-# so the image holds what CI tested. Override with --build-arg RUST_VERSION=...
+# The toolchain must be at least Cargo.toml's rust-version (1.91, which the locked crates need
+# too). 1.95 is the toolchain CI builds and tests with today, so the image holds what CI tested. Override with --build-arg RUST_VERSION=...
 ARG RUST_VERSION=1.95
 # Must be a Debian 12 (bookworm) image like the builder below: the binary links the builder's
 # glibc dynamically. The debug-nonroot tag adds a busybox shell for troubleshooting.

@@ -12,5 +12,6 @@ mod common;
 mod cli;
 mod config_env;
 mod config_errors;
+mod docs;
 mod schema;
 mod simulate;

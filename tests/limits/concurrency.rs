@@ -133,12 +133,18 @@ async fn n_in_flight_then_429_and_a_finished_or_aborted_request_frees_its_slot()
     let up = Held::start().await;
     let proxy = TestProxy::start(&config(&routes(up.addr, TWO)));
     let http = Http::new();
+    let admitted = http.get(&proxy.url("/fast")).await;
+    assert_eq!(admitted.code(), 200);
+    assert_eq!(admitted.opt_header("ratelimit"), None, "{admitted:?}");
     let held = hold(&proxy.url("/hold"), 2);
     up.wait_arrived(2).await;
     // Full: the third is refused, with a retry in a second.
     let r = http.get(&proxy.url("/fast")).await;
     assert_eq!(r.code(), 429, "{r:?}");
     assert_eq!(r.header("retry-after"), "1");
+    // The refusal reports the limit (slots as `q`, none left, a second to wait); an admitted
+    // request reports none (a slot is not a token), as the README says.
+    assert_eq!(r.header("ratelimit"), "\"c\";r=0;t=1", "{r:?}");
     assert!(r.text().contains("'c'"), "{}", r.text());
     // One finishes: its slot is free (once its response body is done).
     up.release(1);
