@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// lines), for supervisors and tests that bind port 0 (as Envoy's --admin-address-path).
     #[arg(long, env = "TOLLGATE_ADDRESS_FILE")]
     pub address_file: Option<std::path::PathBuf>,
+    /// Colour in the text log: auto (on a terminal, unless `NO_COLOR` is set), always or never
+    /// [default: auto].
+    #[arg(long, env = "TOLLGATE_COLOR")]
+    pub color: Option<Color>,
 }
 
 /// `RunArgs` with every value decided.
@@ -69,6 +73,28 @@ pub struct RunOptions {
     pub access_log: crate::access_log::Destination,
     pub access_log_format: LogFormat,
     pub address_file: Option<std::path::PathBuf>,
+    pub color: Color,
+}
+
+/// When the text log is coloured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Color {
+    /// On a terminal, unless `NO_COLOR` is set to anything but the empty string (no-color.org).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl Color {
+    /// Whether to colour output going to a terminal (`terminal`), given `NO_COLOR`'s value.
+    pub fn ansi(self, terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+        match self {
+            Self::Always => true,
+            Self::Never => false,
+            Self::Auto => terminal && no_color.is_none_or(std::ffi::OsStr::is_empty),
+        }
+    }
 }
 
 impl Default for Command {
@@ -99,6 +125,7 @@ impl RunArgs {
                 .or(outer.access_log_format)
                 .unwrap_or(log_format),
             address_file: self.address_file.or(outer.address_file),
+            color: self.color.or(outer.color).unwrap_or_default(),
         }
     }
 }
@@ -142,8 +169,13 @@ pub enum Command {
     },
     /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell) to stdout.
     Completions { shell: clap_complete::Shell },
-    /// Print the manual page (roff) to stdout, as in `tollgate man > tollgate.1`.
-    Man,
+    /// Print the manual page (roff) to stdout, as in `tollgate man > tollgate.1`; with
+    /// `--dir`, write one page per command there instead (tollgate.1, tollgate-run.1, ...).
+    Man {
+        /// The directory to write every page to.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Print the config's JSON Schema to stdout, for editors and CI (docs/configuration.md).
     Schema,
     /// Explain what the proxy would do with a request now (route, each limit's identity and
@@ -179,6 +211,28 @@ pub fn completions(
 pub fn man(out: &mut dyn std::io::Write) -> std::io::Result<()> {
     use clap::CommandFactory;
     clap_mangen::Man::new(Cli::command()).render(out)
+}
+
+/// Write the manual pages to `dir`: `tollgate.1`, and `tollgate-COMMAND.1` for each command.
+/// Returns the files written.
+pub fn man_pages(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    let mut written = Vec::new();
+    let mut write = |cmd: clap::Command, name: String| -> std::io::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut file = std::fs::File::create(&path)?;
+        // Named as the file, invoked as typed (`tollgate run`).
+        let invoked = name.replacen('-', " ", 1);
+        clap_mangen::Man::new(cmd.name(name).bin_name(invoked)).render(&mut file)?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in top.get_subcommands().filter(|c| c.get_name() != "help") {
+        write(sub.clone(), format!("tollgate-{}", sub.get_name()))?;
+    }
+    write(top, "tollgate".to_owned())?;
+    Ok(written)
 }
 
 /// A one-line summary of every route and limit, as `tollgate check` prints it (the

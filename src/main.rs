@@ -29,7 +29,22 @@ fn main() -> ExitCode {
         Command::Completions { shell } => {
             printed(tollgate::cli::completions(shell, &mut std::io::stdout()))
         }
-        Command::Man => printed(tollgate::cli::man(&mut std::io::stdout())),
+        Command::Man { dir: None } => printed(tollgate::cli::man(&mut std::io::stdout())),
+        Command::Man { dir: Some(dir) } => match tollgate::cli::man_pages(&dir) {
+            Ok(files) => {
+                for file in files {
+                    println!("{}", file.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "tollgate: cannot write the manual pages to {}: {e}",
+                    dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
         Command::Schema => written(
             Ok::<_, String>(tollgate::config::schema::text()),
             "tollgate",
@@ -155,7 +170,11 @@ fn init_logging(opts: &RunOptions) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match opts.log_format {
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR");
+            let ansi = (opts.color).ansi(std::io::stderr().is_terminal(), no_color.as_deref());
+            builder.with_ansi(ansi).init();
+        }
         // The event's fields beside timestamp, level, target and message, not under `fields`.
         LogFormat::Json => builder
             .json()

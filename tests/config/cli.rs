@@ -215,6 +215,50 @@ fn completions_and_the_man_page_are_generated() {
 }
 
 #[test]
+fn man_dir_writes_a_page_per_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_cli(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for command in [
+        "run", "check", "health", "explain", "simulate", "schema", "man",
+    ] {
+        let page = std::fs::read_to_string(dir.path().join(format!("tollgate-{command}.1")))
+            .unwrap_or_else(|e| panic!("tollgate-{command}.1: {e}"));
+        assert!(
+            page.contains(&format!(".TH tollgate-{command} 1")),
+            "{page}"
+        );
+        assert!(page.contains(&format!("tollgate {command}")), "{page}");
+    }
+    assert!(dir.path().join("tollgate.1").exists());
+}
+
+/// `--color always` colours the text log even off a terminal, `never` (and `auto` off a
+/// terminal) does not; `NO_COLOR` turns `auto` off on a terminal.
+#[tokio::test]
+async fn the_log_is_coloured_only_when_asked() {
+    use tollgate::cli::Color;
+    let yaml = config("routes:\n  - name: r\n    respond: { status: 200 }\n");
+    for (flag, coloured) in [("always", true), ("never", false), ("auto", false)] {
+        let proxy = BinaryProxy::start_with(&yaml, &["--color", flag], &[]);
+        assert!(proxy.wait_for_log("listening", Duration::from_secs(10)));
+        let line = proxy
+            .logs()
+            .into_iter()
+            .find(|l| l.contains("listening"))
+            .unwrap();
+        assert_eq!(line.contains('\x1b'), coloured, "--color {flag}: {line:?}");
+    }
+    let no_color = Some(std::ffi::OsStr::new("1"));
+    assert!(Color::Auto.ansi(true, None));
+    assert!(Color::Auto.ansi(true, Some(std::ffi::OsStr::new(""))));
+    assert!(!Color::Auto.ansi(true, no_color));
+    assert!(!Color::Auto.ansi(false, None));
+    assert!(Color::Always.ansi(false, no_color));
+    assert!(!Color::Never.ansi(true, None));
+}
+
+#[test]
 fn check_and_health_list_and_accept_only_their_own_flags() {
     for command in ["check", "health"] {
         let out = run_cli(&[command, "--help"]);
