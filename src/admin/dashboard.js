@@ -211,18 +211,23 @@ function tiles(data) {
 
 function limitsTable(data) {
   const rows = data.limits.map((l) => {
-    const a = l.rate.admitted || [], r = l.rate.limited || [];
-    const decided = (l.window.admitted || 0) + (l.window.limited || 0);
-    const share = decided ? (100 * (l.window.limited || 0)) / decided : 0;
+    // A dry run rejects nothing: its "limited" columns show what it would have rejected.
+    const lim = l.shadow ? "shadow_limited" : "limited";
+    const a = l.rate.admitted || [], r = l.rate[lim] || [];
+    const limited = l.window[lim] || 0;
+    // A dry run's would-be rejections were admitted too: its share is of all it decided.
+    const decided = (l.window.admitted || 0) + (l.shadow ? 0 : limited);
+    const share = decided ? (100 * limited) / decided : 0;
+    const would = (text) => (l.shadow ? "would limit " + text : text);
     return el("tr", { "data-limit": l.limit, "data-route": l.route },
       el("td", { class: "muted" }, l.route),
       el("td", { class: "name" }, l.limit, l.shadow ? [" ", pill("info", "dry run")] : null),
       el("td", { class: "muted" }, l.rule),
       el("td", {}, el("div", { class: "rate" }, spark(a, "var(--admitted)"), el("b", {}, rate(now(a))))),
-      el("td", {}, el("div", { class: "rate" }, spark(r, "var(--limited)"), el("b", {}, rate(now(r))))),
+      el("td", {}, el("div", { class: "rate" }, spark(r, "var(--limited)"), el("b", {}, would(rate(now(r)))))),
       el("td", { class: "num", "data-limit": l.limit, "data-count": "admitted" }, int(l.total.admitted)),
-      el("td", { class: "num", "data-limit": l.limit, "data-count": "limited" }, int(l.total.limited)),
-      el("td", { class: "num" }, decided ? share.toFixed(1) + "%" : "—"),
+      el("td", { class: "num", "data-limit": l.limit, "data-count": "limited" }, would(int(l.total[lim]))),
+      el("td", { class: "num" }, decided ? would(share.toFixed(1) + "%") : "—"),
     );
   });
   $("limits").replaceChildren(rows.length

@@ -197,6 +197,7 @@ const LIMIT: &str = "routes:
     respond: { status: 200, body: \"ok\\n\" }
     limits:
       - { name: per-key, rate: 1/min, burst: 3, key: [header:X-API-Key] }
+      - { name: dry, rate: 1/min, burst: 2, key: [header:X-API-Key], shadow: true }
 ";
 
 #[tokio::test]
@@ -238,6 +239,14 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     );
     assert_eq!(count_cell(&dom, "per-key", "admitted"), "6");
     assert_eq!(count_cell(&dom, "per-key", "limited"), "8");
+    // The dry run rejected nothing, and the page shows what it would have rejected.
+    let v = data(&http, &proxy).await;
+    let would = &limit(&v, "dry")["total"]["shadow_limited"];
+    assert!(would.as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        count_cell(&dom, "dry", "limited"),
+        format!("would limit {would}")
+    );
     let top = most_limited(&dom, "per-key");
     assert_eq!(
         top,
