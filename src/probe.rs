@@ -1,11 +1,15 @@
-//! `tollgate health`: a tiny HTTP/1.1 GET of the admin `/healthz`, for container health checks.
+//! `tollgate health` and `tollgate explain --admin`: one HTTP/1.1 GET (of the admin `/healthz`,
+//! for container health checks), through hyper.
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+
+/// How long the whole exchange may take.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Check `url` (`http://host:port/path`), or the admin address of the config at `config`.
@@ -14,94 +18,51 @@ pub fn check(config: &Path, url: Option<&str>) -> Result<(), String> {
         Some(url) => parse_url(url)?,
         None => (admin_address(config)?, "/healthz".to_owned()),
     };
-    let mut stream =
-        TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| format!("{addr}: {e}"))?;
-    stream
-        .set_read_timeout(Some(TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("{addr}: {e}"))?;
-    let mut head = [0u8; 64];
-    let n = stream.read(&mut head).map_err(|e| format!("{addr}: {e}"))?;
-    let status_line = String::from_utf8_lossy(&head[..n]);
-    if status_line.starts_with("HTTP/1.1 200") || status_line.starts_with("HTTP/1.0 200") {
-        Ok(())
-    } else {
-        let first = status_line.lines().next().unwrap_or("no answer");
-        Err(format!("{addr}{path}: {first}"))
+    match fetch(addr, &path, &[])? {
+        (200, _) => Ok(()),
+        (status, _) => Err(format!("{addr}{path}: HTTP {status}")),
     }
 }
 
-/// GET `url` (`http://host:port/path?query`) with `headers`, asking the server to close: the
-/// status and the body, read to the end (for `tollgate explain`).
+/// GET `url` (`http://host:port/path?query`) with `headers`: the status and the body (for
+/// `tollgate explain`).
 pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<(u16, String), String> {
     let (addr, path) = parse_url(url)?;
-    let mut stream =
-        TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| format!("{addr}: {e}"))?;
-    stream
-        .set_read_timeout(Some(TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        let _ = write!(head, "{name}: {value}\r\n");
-    }
-    head.push_str("\r\n");
-    stream
-        .write_all(head.as_bytes())
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("{addr}: no HTTP answer"))?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let body = &raw[split + 4..];
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "{addr}: no HTTP status in `{}`",
-                head.lines().next().unwrap_or("")
-            )
-        })?;
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_vec()
-    };
+    let (status, body) = fetch(addr, &path, headers)?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// A chunked body's data.
-fn dechunk(mut rest: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-        let line = String::from_utf8_lossy(&rest[..eol]);
-        let size =
-            usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
-        let data = &rest[eol + 2..];
-        if size == 0 || data.len() < size {
-            break;
-        }
-        out.extend_from_slice(&data[..size]);
-        rest = data[size..].strip_prefix(b"\r\n").unwrap_or(&data[size..]);
+/// One HTTP/1.1 GET through hyper, on a runtime of its own (the commands that call this
+/// run none), within `TIMEOUT`.
+fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<(u16, Bytes), String> {
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    let mut request = http::Request::get(path)
+        .header(http::header::HOST, addr.to_string())
+        .header(http::header::CONNECTION, "close");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
-    out
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| format!("{addr}{path}: {e}"))?;
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, Error>((status, body))
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .block_on(async { tokio::time::timeout(TIMEOUT, exchange).await })
+        .map_err(|_| format!("{addr}: no answer within {} s", TIMEOUT.as_secs()))?
+        .map_err(|e| format!("{addr}: {e}"))
 }
 
 /// The admin address, read leniently: only `admin.address` has to make sense, so a running

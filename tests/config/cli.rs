@@ -305,3 +305,38 @@ fn check_warns_of_an_admin_listener_off_loopback_and_still_passes() {
         stderr(&out)
     );
 }
+
+/// `tollgate health` asks the admin listener the config names (or a URL) and exits 0 only on
+/// a 200; a closed port or another status fails with the address and the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_the_admin_listener() {
+    let yaml = config(
+        "admin:\n  address: 127.0.0.1:0\nroutes:\n  - name: r\n    respond: { status: 200 }\n",
+    );
+    let proxy = BinaryProxy::start(&yaml);
+    let config = proxy.config_path().to_str().unwrap().to_owned();
+    let admin = proxy.admin_addr();
+    let healthz = format!("http://{admin}/healthz");
+    let missing = format!("http://{admin}/no-such-page");
+    let (by_url, by_config, not_found) = tokio::task::block_in_place(|| {
+        (
+            run_cli(&["health", "--url", &healthz]),
+            // The config's admin address is port 0: only a URL reaches this one.
+            run_cli(&["health", "--config", &config]),
+            run_cli(&["health", "--url", &missing]),
+        )
+    });
+    assert!(by_url.status.success(), "{}", stderr(&by_url));
+    assert!(!by_config.status.success());
+    assert!(
+        stderr(&by_config).starts_with("unhealthy: 127.0.0.1:0"),
+        "{}",
+        stderr(&by_config)
+    );
+    assert!(!not_found.status.success());
+    assert!(
+        stderr(&not_found).contains("HTTP 404"),
+        "{}",
+        stderr(&not_found)
+    );
+}
