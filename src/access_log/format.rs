@@ -29,34 +29,16 @@ impl Clock {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.` of a Unix time in seconds (UTC; Howard Hinnant's days-to-civil).
+/// `YYYY-MM-DDTHH:MM:SS.` of a Unix time in seconds (UTC), by jiff: once a second, so its
+/// cost does not matter. Years past 9999 (and before 1970) are clamped.
 fn civil(secs: u64) -> [u8; 20] {
-    let days = (secs / 86_400) as i64;
-    let tod = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let mut out = Vec::with_capacity(20);
-    push_padded(&mut out, year.clamp(0, 9999) as u64, 4);
-    out.push(b'-');
-    push_padded(&mut out, month as u64, 2);
-    out.push(b'-');
-    push_padded(&mut out, day as u64, 2);
-    out.push(b'T');
-    push_padded(&mut out, tod / 3600, 2);
-    out.push(b':');
-    push_padded(&mut out, tod / 60 % 60, 2);
-    out.push(b':');
-    push_padded(&mut out, tod % 60, 2);
-    out.push(b'.');
-    let mut fixed = [0u8; 20];
-    fixed.copy_from_slice(&out);
+    let secs = i64::try_from(secs).unwrap_or(i64::MAX);
+    let at = jiff::Timestamp::from_second(secs).unwrap_or(jiff::Timestamp::MAX);
+    let text = at.strftime("%Y-%m-%dT%H:%M:%S.").to_string();
+    let mut fixed = *b"9999-12-31T23:59:59.";
+    if text.len() == fixed.len() {
+        fixed.copy_from_slice(text.as_bytes());
+    }
     fixed
 }
 

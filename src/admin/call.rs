@@ -5,7 +5,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use percent_encoding::percent_decode_str;
 use serde_json::json;
 
 use crate::response::{fixed, Body};
@@ -56,11 +55,7 @@ pub(super) async fn read(req: Request<Incoming>) -> Result<Call, Response<Body>>
 
 /// `a=1&b=x%3Ay` as decoded pairs (`+` is a space, as browsers and curl `--data-urlencode` send).
 fn decode_query(query: &str) -> Vec<(String, String)> {
-    let decode = |s: &str| {
-        percent_decode_str(&s.replace('+', " "))
-            .decode_utf8_lossy()
-            .into_owned()
-    };
+    let decode = |s: &str| String::from_utf8_lossy(&crate::identity::form_decoded(s)).into_owned();
     query
         .split('&')
         .filter(|p| !p.is_empty())

@@ -16,6 +16,7 @@ pub mod jwt;
 pub mod logged;
 mod view;
 pub use address::{client_ip, client_ip_from, host, is_trusted, ForwardedHeader};
+pub(crate) use view::form_decoded;
 pub use view::{bearer, fold_path, Arrival, RequestView};
 
 /// The IPv6 prefix the `ip` source groups clients by.
@@ -290,6 +291,18 @@ pub fn without_trailing_slash(path: &str) -> &str {
 mod tests {
     use super::*;
     use http::{HeaderMap, Method, Uri};
+
+    /// One decoder for every query string: `+` is a space in keys and values alike, `%2B` a
+    /// plus; text without either is borrowed.
+    #[test]
+    fn query_strings_decode_as_forms() {
+        assert_eq!(&*form_decoded("a+b%2Bc"), b"a b+c");
+        assert_eq!(&*form_decoded("%61"), b"a");
+        assert!(matches!(
+            form_decoded("plain"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -217,19 +217,23 @@ fn fold(uri: &Uri) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-/// The percent-decoded value of query parameter `name` (decoded, so `%61` and `a` are one key).
+/// The decoded value of query parameter `name` (decoded, so `%61` and `a` are one key).
 fn query_param<'a>(query: &'a str, name: &str) -> Option<Cow<'a, [u8]>> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k: Cow<'_, [u8]> = percent_decode_str(k).into();
-        (k.as_ref() == name.as_bytes()).then(|| {
-            if v.contains('+') {
-                Cow::Owned(percent_decode_str(&v.replace('+', " ")).collect())
-            } else {
-                percent_decode_str(v).into()
-            }
-        })
+        (form_decoded(k).as_ref() == name.as_bytes()).then(|| form_decoded(v))
     })
+}
+
+/// A query string's key or value decoded as browsers encode forms
+/// (`application/x-www-form-urlencoded`): `+` is a space, then percent-decoding. The one
+/// decoder of query strings, for identities and the admin API alike.
+pub(crate) fn form_decoded(s: &str) -> Cow<'_, [u8]> {
+    if s.contains('+') {
+        Cow::Owned(percent_decode_str(&s.replace('+', " ")).collect())
+    } else {
+        percent_decode_str(s).into()
+    }
 }
 
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
