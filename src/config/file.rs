@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::values::{DURATION, QUOTA, RATE, SIZE};
+use super::values::{DURATION, POSITIVE_DURATION, QUOTA, RATE, SIZE};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -69,10 +69,12 @@ pub struct Positions {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Listener {
+    #[schemars(length(min = 1))]
     pub address: String,
     pub tls: Option<Tls>,
     pub timeouts: Option<ListenerTimeouts>,
     /// Open connections at once; beyond it new connections are closed at once.
+    #[schemars(range(min = 1))]
     pub max_connections: Option<usize>,
     /// Requests on one connection before it is closed (HTTP/1.1 `Connection: close`, HTTP/2
     /// GOAWAY), so long-lived clients re-balance.
@@ -99,15 +101,15 @@ pub struct Listener {
 #[serde(deny_unknown_fields)]
 pub struct ListenerTimeouts {
     /// Until a request head is complete (also the first request of a new connection).
-    #[schemars(pattern(DURATION))]
+    #[schemars(pattern(POSITIVE_DURATION))]
     pub header_read: Option<String>,
     /// A keep-alive connection with no request in flight is closed after this long.
-    #[schemars(pattern(DURATION))]
+    #[schemars(pattern(POSITIVE_DURATION))]
     pub idle: Option<String>,
-    #[schemars(pattern(DURATION))]
+    #[schemars(pattern(POSITIVE_DURATION))]
     pub tls_handshake: Option<String>,
     /// A client that accepts no response bytes for this long is disconnected.
-    #[schemars(pattern(DURATION))]
+    #[schemars(pattern(POSITIVE_DURATION))]
     pub send: Option<String>,
 }
 
@@ -273,6 +275,7 @@ fn yes() -> bool {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
+    #[schemars(length(min = 1))]
     pub targets: Vec<String>,
     #[schemars(pattern(DURATION))]
     pub connect_timeout: Option<String>,
@@ -299,7 +302,7 @@ pub struct Upstream {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum MaxInFlight {
-    Fixed(u64),
+    Fixed(#[schemars(range(min = 1))] u64),
     #[schemars(extend("enum" = ["adaptive"]))]
     Word(String),
 }
@@ -408,6 +411,7 @@ pub struct UpstreamTls {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Route {
+    #[schemars(length(min = 1))]
     pub name: String,
     #[serde(rename = "match", default)]
     pub matcher: Match,
@@ -479,8 +483,12 @@ pub struct RouteTimeouts {
 #[serde(deny_unknown_fields)]
 pub struct Match {
     pub host: Option<String>,
+    /// Starts with `/`.
+    #[schemars(regex(pattern = r"^/|\$\{"))]
     pub path: Option<String>,
+    #[schemars(regex(pattern = r"^/|\$\{"))]
     pub path_prefix: Option<String>,
+    #[schemars(length(min = 1))]
     pub methods: Option<Vec<String>>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -505,17 +513,19 @@ fn ok() -> u16 {
     200
 }
 
-/// A token bucket (`rate`), a calendar quota (`quota`) or a cap on requests in flight
-/// (`concurrency`): exactly one of the three.
+/// A token bucket (`rate`), a calendar quota (`quota`), a window (`window`) or a cap on
+/// requests in flight (`concurrency`): exactly one of the four.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }, { "required": ["concurrency"] }]))]
+#[schemars(extend("oneOf" = [{ "required": ["rate"] }, { "required": ["quota"] }, { "required": ["window"] }, { "required": ["concurrency"] }]))]
 pub struct Limit {
+    #[schemars(length(min = 1))]
     pub name: String,
     /// A token bucket: `N/s`, `N/min`, ... (a limit has one of `rate`, `quota` and
     /// `concurrency`).
     #[schemars(pattern(RATE))]
     pub rate: Option<String>,
+    #[schemars(range(min = 1))]
     pub burst: Option<u32>,
     /// Calendar quota, as `1000/day` (`hour`, `day`, `week`, `month`): fixed windows aligned
     /// to the calendar of `timezone`.
@@ -525,7 +535,7 @@ pub struct Limit {
     pub timezone: Option<String>,
     /// At most N requests per window of a duration, as `5/15m` (1s to 31d): windows aligned
     /// to the UNIX epoch.
-    #[schemars(regex(pattern = r"^\s*[0-9]+\s*/\s*[0-9]+(ms|s|m|h|d)\s*$"))]
+    #[schemars(regex(pattern = r"^\s*0*[1-9][0-9]*\s*/\s*0*[1-9][0-9]*(ms|s|m|h|d)\s*$|\$\{"))]
     pub window: Option<String>,
     /// How a `window` counts: `sliding` (the default: this window's count and the last one's,
     /// weighted), `exact` (the time of every request, N up to 1000) or `fixed` (a counter per
@@ -540,7 +550,9 @@ pub struct Limit {
     pub lease: Option<String>,
     /// Refuse an identity outright once this limit has rejected it `after` times `within`.
     pub ban: Option<Ban>,
+    #[schemars(length(min = 1))]
     pub key: Vec<String>,
+    #[schemars(range(min = 1))]
     pub cost: Option<u32>,
     #[serde(default)]
     pub shadow: bool,

@@ -80,8 +80,20 @@ fn allow_references(schema: &mut Schema) {
     if !types.iter().any(scalar) || types.iter().any(|t| t == "string") {
         return;
     }
+    // A quoted number or boolean is read as the value it spells (`burst: "20"`), as `check`
+    // reads it: the loader sees text either way once `${VAR}`s are substituted.
+    let spelled = if types.iter().any(|t| t == "boolean") {
+        "true|false"
+    } else if types.iter().any(|t| t == "number") {
+        r"-?[0-9]+(?:\.[0-9]+)?"
+    } else {
+        "-?[0-9]+"
+    };
     let mut types = types;
     types.push(json!("string"));
     schema.insert("type".into(), Value::Array(types));
-    schema.insert("pattern".into(), json!(ONE_REFERENCE));
+    schema.insert(
+        "pattern".into(),
+        json!(format!("^(?:{spelled})$|{ONE_REFERENCE}")),
+    );
 }

@@ -6,13 +6,17 @@ use std::time::Duration;
 
 /// A duration (`250ms`, `1.5s`, `1m30s`; units ms, s, m, h, d), or a string with `${VAR}`.
 pub const DURATION: &str = r"^(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+$|\$\{";
+/// A duration longer than zero: at least one part has a non-zero digit.
+pub const POSITIVE_DURATION: &str =
+    r"^(?:[0-9.]+(?:ms|s|m|h|d))*[0-9.]*[1-9][0-9.]*(?:ms|s|m|h|d)(?:[0-9.]+(?:ms|s|m|h|d))*$|\$\{";
 /// A byte size (`512`, `64KiB`, `10MiB`, `1GB`), or a string with `${VAR}`.
 pub const SIZE: &str = r"^[0-9]+ *(?:B|KiB|MiB|GiB|KB|kB|MB|GB)?$|\$\{";
 /// A rate (`10/s`, `5/min`, `100/h`, `1000/day`, `100/10s`; N may be fractional), or a
 /// string with `${VAR}`.
-pub const RATE: &str = r"^ *(?:[0-9]+\.?[0-9]*|\.[0-9]+) */ *(?:s|sec|second|m|min|minute|h|hour|d|day|(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:ms|s|m|h|d))+) *$|\$\{";
+/// The count must not be zero (`0/s`, `0.0/s` admit nothing).
+pub const RATE: &str = r"^ *(?:[0-9]*[1-9][0-9]*\.?[0-9]*|[0-9]*\.[0-9]*[1-9][0-9]*) */ *(?:s|sec|second|m|min|minute|h|hour|d|day|(?:[0-9.]+(?:ms|s|m|h|d))*[0-9.]*[1-9][0-9.]*(?:ms|s|m|h|d)(?:[0-9.]+(?:ms|s|m|h|d))*) *$|\$\{";
 /// A calendar quota: `N/hour`, `N/day`, `N/week` or `N/month` (or a `${VAR}`).
-pub const QUOTA: &str = r"^ *[0-9]+ */ *(?:hour|day|week|month) *$|\$\{";
+pub const QUOTA: &str = r"^ *0*[1-9][0-9]* */ *(?:hour|day|week|month) *$|\$\{";
 
 /// Parse `250ms`, `2s`, `1.5s`, `5m`, `1h`, `1d`, or several of them in a row, as in `1m30s`
 /// or `1h30m` (Go's and systemd's compound form).

@@ -211,3 +211,115 @@ fn descriptions_come_from_the_doc_comments() {
     );
     assert_eq!(schema["$defs"]["Limit"]["additionalProperties"], false);
 }
+
+/// A valid config that touches most keys, for `mutations`.
+const BASE: &str = r#"listeners:
+  - address: 127.0.0.1:8000
+    timeouts: { header_read: 10s, idle: 60s }
+    max_connections: 100
+    max_header_bytes: 32KiB
+admin:
+  address: 127.0.0.1:9901
+upstreams:
+  app:
+    targets: ["127.0.0.1:9000"]
+    timeout: 30s
+    retries: 1
+    max_in_flight: 8
+routes:
+  - name: api
+    match: { path_prefix: /api/, methods: [GET, POST] }
+    upstream: app
+    limits:
+      - { name: per-key, rate: 10/s, burst: 20, key: [header:X-API-Key, ip], cost: 1, shadow: false, on_failure: open }
+      - { name: daily, quota: 1000/day, key: [ip] }
+      - { name: login, window: 5/15m, algorithm: exact, key: [ip] }
+      - { name: exports, concurrency: 4, key: [ip] }
+"#;
+
+/// Edits of `BASE` (the text replaced, its replacement), each a mistake or a legal variant.
+const MUTATIONS: &[(&str, &str)] = &[
+    ("burst: 20", "burst: 0"),
+    ("burst: 20", "burst: -1"),
+    ("burst: 20", "burst: \"20\""),
+    ("burst: 20", "burst: 1.5"),
+    ("rate: 10/s", "rate: 0/s"),
+    ("rate: 10/s", "rate: 10"),
+    ("rate: 10/s", "rate: 10/fortnight"),
+    ("rate: 10/s", "rate: 10 / s"),
+    ("cost: 1", "cost: 0"),
+    (
+        "key: [ip] }\n      - { name: login",
+        "key: [] }\n      - { name: login",
+    ),
+    ("quota: 1000/day", "quota: 0/day"),
+    ("quota: 1000/day", "quota: 1000/year"),
+    ("window: 5/15m", "window: 0/15m"),
+    ("window: 5/15m", "window: 5/0s"),
+    ("algorithm: exact", "algorithm: exactly"),
+    ("concurrency: 4", "concurrency: 0"),
+    ("shadow: false", "shadow: \"false\""),
+    ("shadow: false", "shadow: no"),
+    ("on_failure: open", "on_failure: opened"),
+    ("max_connections: 100", "max_connections: 0"),
+    ("max_connections: 100", "max_connections: \"100\""),
+    ("max_header_bytes: 32KiB", "max_header_bytes: 32 KiB"),
+    ("header_read: 10s", "header_read: 10 s"),
+    ("header_read: 10s", "header_read: 0s"),
+    ("header_read: 10s", "header_read: \"10s\""),
+    ("timeout: 30s", "timeout: 30"),
+    ("timeout: 30s", "timeout: 1h30m"),
+    ("retries: 1", "retries: -1"),
+    ("max_in_flight: 8", "max_in_flight: 0"),
+    ("targets: [\"127.0.0.1:9000\"]", "targets: []"),
+    ("methods: [GET, POST]", "methods: []"),
+    ("path_prefix: /api/", "path_prefix: api/"),
+    ("name: api", "name: \"\""),
+    ("address: 127.0.0.1:8000", "address: \"\""),
+];
+
+/// Mistakes only `tollgate check` sees: JSON Schema cannot compare a size written with a unit
+/// with a floor, nor one key with another or with the rest of the file.
+const CHECK_ONLY: &[(&str, &str)] = &[
+    ("max_header_bytes: 32KiB", "max_header_bytes: 4KiB"),
+    ("cost: 1", "cost: 30"),
+    ("upstream: app", "upstream: nowhere"),
+];
+
+/// What `tollgate schema` and `tollgate check` say of each of `MUTATIONS`: they agree; and
+/// each of `CHECK_ONLY` passes the schema and fails check.
+#[test]
+fn the_schema_and_check_agree_on_mutations() {
+    let v = validator();
+    assert!(errors(&v, BASE).is_empty(), "{:?}", errors(&v, BASE));
+    assert!(
+        tollgate::config::parse(BASE).is_ok(),
+        "{:?}",
+        tollgate::config::parse(BASE).err()
+    );
+    let mut disagree = Vec::new();
+    for (from, to) in MUTATIONS {
+        assert!(BASE.contains(from), "{from}");
+        let text = BASE.replacen(from, to, 1);
+        let schema_ok = errors(&v, &text).is_empty();
+        let check_ok = tollgate::config::parse(&text).is_ok();
+        if schema_ok != check_ok {
+            disagree.push(format!("{to}: schema {schema_ok}, check {check_ok}"));
+        }
+    }
+    assert!(
+        disagree.is_empty(),
+        "{} disagree:\n{}",
+        disagree.len(),
+        disagree.join("\n")
+    );
+    for (from, to) in CHECK_ONLY {
+        let text = BASE.replacen(from, to, 1);
+        assert!(
+            errors(&v, &text).is_empty(),
+            "{to}: {:?}",
+            errors(&v, &text)
+        );
+        assert!(tollgate::config::parse(&text).is_err(), "{to} passes check");
+    }
+}
