@@ -57,20 +57,30 @@ impl Servers {
         } else {
             ConnectionAddr::Tcp(host.to_owned(), port)
         };
-        let mut info = addr.into_connection_info().ok()?;
-        let mut settings = info.redis_settings().clone();
-        if let Some(password) = &self.password {
-            settings = settings.set_password(password);
-        }
-        if let Some(user) = &self.username {
-            settings = settings.set_username(user);
-        }
-        info = info.set_redis_settings(settings);
-        match &self.tls {
-            Some(tls) => Client::build_with_tls(info, tls.clone()),
-            None => Client::open(info),
-        }
-        .ok()
+        let auth = (self.username.as_deref(), self.password.as_deref());
+        authed(addr, auth, self.tls.as_ref()).ok()
+    }
+}
+
+/// A client of `addr` with a user and password (`auth`) and TLS, as the Sentinels' and the
+/// servers' own settings say.
+fn authed(
+    addr: ConnectionAddr,
+    (user, password): (Option<&str>, Option<&str>),
+    tls: Option<&TlsCertificates>,
+) -> Result<Client, RedisError> {
+    let mut info = addr.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(password) = password {
+        settings = settings.set_password(password);
+    }
+    if let Some(user) = user {
+        settings = settings.set_username(user);
+    }
+    info = info.set_redis_settings(settings);
+    match tls {
+        Some(tls) => Client::build_with_tls(info, tls.clone()),
+        None => Client::open(info),
     }
 }
 
@@ -95,23 +105,8 @@ impl Watch {
         let sentinels = nodes
             .iter()
             .map(|addr| {
-                let mut info = addr
-                    .clone()
-                    .into_connection_info()
-                    .map_err(|e| format!("limiter.redis.sentinel: {e}"))?;
-                let mut settings = info.redis_settings().clone();
-                if let Some(password) = &s.password {
-                    settings = settings.set_password(password);
-                }
-                if let Some(user) = &s.username {
-                    settings = settings.set_username(user);
-                }
-                info = info.set_redis_settings(settings);
-                match tls {
-                    Some(tls) => Client::build_with_tls(info, tls.clone()),
-                    None => Client::open(info),
-                }
-                .map_err(|e| format!("limiter.redis.sentinel: {e}"))
+                let auth = (s.username.as_deref(), s.password.as_deref());
+                authed(addr.clone(), auth, tls).map_err(|e| format!("limiter.redis.sentinel: {e}"))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
