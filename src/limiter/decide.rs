@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use futures_util::FutureExt as _;
-
 use super::redis::RedisLimiter;
 use super::store::{Answer, Asked, Local, Shared, Store};
 use super::{
@@ -176,9 +174,8 @@ pub fn decide_known(
             now,
             wall: Some(now),
         };
-        let settled = settle(&mut results, &Local { fallback: false }, asked);
-        // The in-process store answers on the first poll.
-        let _ = settled.now_or_never();
+        let answer = Local { fallback: false }.decide(asked);
+        record(&mut results, asked.checks, answer);
     }
     Decision { results }
 }
