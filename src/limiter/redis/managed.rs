@@ -253,20 +253,11 @@ async fn master(
             RedisError::from((ErrorKind::Io, "the Sentinels did not name a master in time"))
         })??;
     let addr = client.get_connection_info().addr().to_string();
-    let mut last = inner
-        .master
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let before = last.as_ref().map(|(a, _)| a.clone());
-    if before.as_deref() != Some(addr.as_str()) {
-        if let Some(before) = before {
-            inner.switches.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(from = %before, to = %addr, "the Sentinels name another Redis master: following it");
-        } else {
-            tracing::info!(master = %addr, "the Sentinels name the Redis master");
-        }
-    }
-    *last = Some((addr, client.clone()));
+    inner.note_master(
+        addr,
+        client.clone(),
+        "the Sentinels name another Redis master: following it",
+    );
     Ok(client)
 }
 
@@ -294,16 +285,45 @@ async fn promoted_master(inner: &Inner) -> Option<MultiplexedConnection> {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         return None;
     };
-    let mut last = inner
-        .master
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((before, _)) = last.as_ref().filter(|(before, _)| *before != addr) {
-        inner.switches.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(from = %before, to = %addr, "a Redis replica was promoted: following it");
-    }
-    *last = Some((addr, client));
+    inner.note_master(addr, client, "a Redis replica was promoted: following it");
     Some(conn)
+}
+
+impl Inner {
+    /// The master's address the last connection went to.
+    fn current_master(&self) -> Option<String> {
+        self.master
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|(a, _)| a.clone())
+    }
+
+    /// Note `addr` as the master connections go to; a move from another is counted and
+    /// logged as `moved`.
+    fn note_master(&self, addr: String, client: Client, moved: &'static str) {
+        let mut last = self
+            .master
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last.as_ref().map(|(a, _)| a) {
+            Some(before) if *before == addr => {}
+            Some(before) => {
+                self.switches.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(from = %before, to = %addr, "{moved}");
+            }
+            None => tracing::info!(master = %addr, "the Sentinels name the Redis master"),
+        }
+        *last = Some((addr, client));
+    }
+
+    /// Replace the live connection, as the master moved to `addr` (told `by`).
+    fn move_to(self: Arc<Self>, addr: &str, by: &'static str) {
+        let id = self.slot.load().id;
+        if Managed(self).reconnect(id) {
+            tracing::warn!(to = %addr, by, "the Redis master moved: reconnecting to it");
+        }
+    }
 }
 
 /// The last master the Sentinels named, when none of them answers now.
@@ -345,35 +365,20 @@ impl super::watch::Follower for Inner {
                 None => {}
             }
         }
-        let current = self
-            .master
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(|(a, _)| a.clone());
         // Before the first connection, that connection asks the Sentinels itself.
-        if current.is_none_or(|c| c == addr) {
+        if self.current_master().is_none_or(|c| c == addr) {
             return;
         }
-        let id = self.slot.load().id;
-        if Managed(self).reconnect(id) {
-            let how = if announced {
-                "+switch-master"
-            } else {
-                "the Sentinels' answer"
-            };
-            tracing::warn!(to = %addr, by = how, "the Redis master moved: reconnecting to it");
-        }
+        let by = if announced {
+            "+switch-master"
+        } else {
+            "the Sentinels' answer"
+        };
+        self.move_to(addr, by);
     }
 
     fn promoted(self: Arc<Self>, addr: &str, client: Client) {
-        let current = self
-            .master
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(|(a, _)| a.clone());
-        let Some(from) = current.filter(|c| c != addr) else {
+        let Some(from) = self.current_master().filter(|c| c != addr) else {
             return;
         };
         *self
@@ -384,10 +389,7 @@ impl super::watch::Follower for Inner {
             to: addr.to_owned(),
             client,
         });
-        let id = self.slot.load().id;
-        if Managed(self).reconnect(id) {
-            tracing::warn!(to = %addr, by = "the promotion", "the Redis master moved: reconnecting to it");
-        }
+        self.move_to(addr, "the promotion");
     }
 }
 
