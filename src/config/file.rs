@@ -521,7 +521,7 @@ fn ok() -> u16 {
 pub struct Limit {
     #[schemars(length(min = 1))]
     pub name: String,
-    /// A token bucket: `N/s`, `N/min`, ... (a limit has one of `rate`, `quota` and
+    /// A token bucket: `N/s`, `N/min`, ... (a limit has one of `rate`, `quota`, `window` and
     /// `concurrency`).
     #[schemars(pattern(RATE))]
     pub rate: Option<String>,

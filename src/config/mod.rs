@@ -67,14 +67,18 @@ impl std::error::Error for ConfigError {}
 /// Read, parse and compile the file at `path`, and the candidate config it names (which
 /// loads or fails on its own: see `CandidateLoad`).
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-    let text = read(path)?;
-    let digest = inputs_digest_at(path, &text);
-    let mut settings = parse(&text).map_err(|problems| ConfigError {
+    load_text(path, &read(path)?)
+}
+
+/// `load`, of the file's `text` read already.
+fn load_text(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    let digest = inputs_digest_at(path, text);
+    let mut settings = parse(text).map_err(|problems| ConfigError {
         file: path.display().to_string(),
         problems,
     })?;
     settings.inputs_digest = digest;
-    settings.candidate = candidate_path(path, &text).map(|path| settings::CandidateLoad {
+    settings.candidate = candidate_path(path, text).map(|path| settings::CandidateLoad {
         settings: load_candidate(&path).map(Arc::new),
         path,
     });
@@ -87,16 +91,20 @@ pub fn load_routes(path: &Path) -> Result<Settings, ConfigError> {
     let text = read(path)?;
     let has_listeners = yaml::tree(&text).is_ok_and(|root| root.get("listeners").is_some());
     if has_listeners {
-        load(path)
+        load_text(path, &text)
     } else {
-        load_candidate(path)
+        candidate_text(path, &text)
     }
 }
 
 /// The candidate config at `path`: the same format, compiled as `compile::Role::Candidate`.
 fn load_candidate(path: &Path) -> Result<Settings, ConfigError> {
-    let text = read(path)?;
-    parse_as(&text, compile::Role::Candidate).map_err(|problems| ConfigError {
+    candidate_text(path, &read(path)?)
+}
+
+/// `load_candidate`, of the file's `text` read already.
+fn candidate_text(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    parse_as(text, compile::Role::Candidate).map_err(|problems| ConfigError {
         file: path.display().to_string(),
         problems,
     })
