@@ -185,12 +185,7 @@ impl Watch {
         let mut conn: Option<MultiplexedConnection> = None;
         while tokio::time::Instant::now() < deadline {
             if conn.is_none() {
-                let made = tokio::time::timeout(
-                    SENTINEL_TIMEOUT,
-                    client.get_multiplexed_async_connection(),
-                )
-                .await;
-                conn = made.ok().and_then(Result::ok);
+                conn = connected(&client).await;
             }
             if let Some(c) = conn.as_mut() {
                 let role = tokio::time::timeout(
@@ -226,12 +221,7 @@ impl Watch {
             if conn.is_none() {
                 let client = &self.sentinels[*turn % n];
                 *turn += 1;
-                let made = tokio::time::timeout(
-                    SENTINEL_TIMEOUT,
-                    client.get_multiplexed_async_connection(),
-                )
-                .await;
-                *conn = made.ok().and_then(Result::ok);
+                *conn = connected(client).await;
             }
             let Some(c) = conn.as_mut() else { continue };
             let asked = tokio::time::timeout(
@@ -250,6 +240,12 @@ impl Watch {
         }
         None
     }
+}
+
+/// A connection to `client`'s server within `SENTINEL_TIMEOUT`, or none.
+async fn connected(client: &Client) -> Option<MultiplexedConnection> {
+    let made = tokio::time::timeout(SENTINEL_TIMEOUT, client.get_multiplexed_async_connection());
+    made.await.ok().and_then(Result::ok)
 }
 
 /// `+switch-master`'s payload is `<name> <old-ip> <old-port> <new-ip> <new-port>`: the new
