@@ -12,6 +12,8 @@ use clap::Parser;
 use tollgate::cli::{Cli, Command, LogFormat, RunArgs, RunOptions};
 
 fn main() -> ExitCode {
+    // Before the runtime and its buffers allocate: see the function's documentation.
+    tollgate_alloc::without_huge_pages();
     let mut cli = Cli::parse();
     let command = cli.command.take().unwrap_or_default();
     let opts = match &command {
