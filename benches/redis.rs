@@ -75,6 +75,7 @@ fn limit(name: &str) -> Limit {
         bans: None,
         concurrency: None,
         slots: None,
+        leases: None,
     }
 }
 

@@ -390,6 +390,28 @@ pub struct Ban {
     pub max: String,
 }
 
+/// A limit's `leasing`: `auto`, or the size and hold of every lease.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Leasing {
+    #[schemars(extend("enum" = ["auto"]))]
+    Word(String),
+    Sized(LeaseSize),
+}
+
+/// `leasing: { tokens, hold }`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSize {
+    /// Tokens one lease holds at most (default: what `auto` would allow at most).
+    #[schemars(range(min = 1))]
+    pub tokens: Option<u32>,
+    /// Unused tokens go back to Redis once no new lease has topped them up for this long
+    /// (default 1s).
+    #[schemars(pattern(DURATION))]
+    pub hold: Option<String>,
+}
+
 /// `upstreams.NAME.keepalive`: the pool of idle connections to each target.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -550,6 +572,9 @@ pub struct Limit {
     pub lease: Option<String>,
     /// Refuse an identity outright once this limit has rejected it `after` times `within`.
     pub ban: Option<Ban>,
+    /// Over Redis: a replica takes a busy identity's tokens several at a time and spends them
+    /// without a call (`auto`, or `{ tokens, hold }`; `rate` limits only).
+    pub leasing: Option<Leasing>,
     #[schemars(length(min = 1))]
     pub key: Vec<String>,
     #[schemars(range(min = 1))]

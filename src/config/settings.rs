@@ -189,6 +189,21 @@ pub struct LimitSpec {
     /// `concurrency: N`: a cap on requests in flight instead of a token bucket (then `rate` is
     /// `N/s`, only for headers).
     pub concurrency: Option<ConcurrencySpec>,
+    /// `leasing:`: over Redis, a busy identity's tokens taken several at a time (see
+    /// `limiter::leasing`).
+    pub leasing: Option<LeaseSpec>,
+}
+
+/// A limit's leases: a replica holds at most `tokens` of one identity's bucket at a time, and
+/// gives back what no new lease topped up within `hold`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseSpec {
+    /// The most one lease holds (`L` of the stated bound).
+    pub tokens: u32,
+    /// `auto`: each lease sized from what the identity spent here in the last hold, up to
+    /// `tokens`; else every lease asks for `tokens`.
+    pub auto: bool,
+    pub hold: std::time::Duration,
 }
 
 /// An escalating ban: `after` rejections by the limit within `within` ban the identity for

@@ -31,8 +31,12 @@
 --                       counted in (so replicas agree at a boundary whatever their clocks say,
 --                       within a window), [s1, s2) if none does; "s L" for a sliding window
 --                       and "x L" for an exact one, of L microseconds (windows aligned to the
---                       UNIX epoch, found by Redis's clock). Then "b after within for max"
---                       (microseconds) for a limit with a ban (see "Bans" below).
+--                       UNIX epoch, found by Redis's clock). "l N" for a token bucket whose
+--                       check also takes a lease: once the check admits and charges, up to N
+--                       more tokens, as many as the bucket holds after `cost` (the reply's
+--                       `remaining`, which counts them: the caller holds min(N, remaining)).
+--                       Then "b after within for max" (microseconds) for a limit with a ban
+--                       (see "Bans" below).
 --
 -- A quota bucket in its window [s, e) of N, with tok = (e - s) / N, holds the same one number:
 -- `tat` = s + used * tok. used = clamp(floor((tat - s) / tok + 0.5), 0, N) (a `tat` of an
@@ -215,6 +219,8 @@ local logs = {}
 local function check(k0, a, n)
   local new_tats = {}
   local ends = {}
+  -- Leased tokens to take beside the cost, by bucket, once the check charges.
+  local leases = {}
   -- The key a sliding window's counter is written to, and the log an exact one adds to.
   local wkeys = {}
   local xadds = {}
@@ -391,6 +397,10 @@ local function check(k0, a, n)
         if remaining < 0 then
           remaining = 0
         end
+        local lease = w ~= '-' and tonumber(string.match(w, '^l (%d+)'))
+        if lease and new_tats[i] then
+          leases[i] = math.min(lease, remaining) * tok
+        end
       end
       if retry > 0 then
         if enforced then
@@ -444,6 +454,7 @@ local function check(k0, a, n)
       end
       local tat = new_tats[i]
       if tat then
+        tat = tat + (leases[i] or 0)
         local key = wkeys[i] or KEYS[k0 + i]
         tats[key], written[key] = tat, tat
         if ends[i] then

@@ -19,6 +19,7 @@
 pub mod ban;
 pub mod concurrency;
 pub(crate) mod decide;
+pub mod leasing;
 pub mod local;
 pub mod peek;
 pub mod quota;
@@ -61,6 +62,8 @@ pub struct Limit {
     pub concurrency: Option<ConcurrencySpec>,
     /// The in-process counts and Redis leases of a concurrency limit.
     pub slots: Option<Arc<concurrency::Slots>>,
+    /// The tokens this replica holds of busy identities' Redis buckets (`leasing:`).
+    pub leases: Option<Arc<leasing::Leases>>,
 }
 
 impl Limit {
@@ -90,7 +93,8 @@ impl Limit {
         Arc::new(
             Self::new(spec, local)
                 .with_bans(spec, old, max_buckets)
-                .with_slots(old),
+                .with_slots(old)
+                .with_leases(old),
         )
     }
 
@@ -111,6 +115,7 @@ impl Limit {
             bans: None,
             concurrency: spec.concurrency,
             slots: spec.concurrency.map(|_| concurrency::Slots::new()),
+            leases: spec.leasing.map(|l| Arc::new(leasing::Leases::new(l))),
         }
     }
 
@@ -135,6 +140,23 @@ impl Limit {
         if let Some(p) = previous.filter(|p| p.concurrency == self.concurrency) {
             if p.slots.is_some() {
                 self.slots.clone_from(&p.slots);
+            }
+        }
+        self
+    }
+}
+
+impl Limit {
+    /// With `previous`'s leases when it leases the same bucket the same way: a reload keeps
+    /// the tokens this replica holds. Otherwise they are dropped with the old limit (at most
+    /// one lease's tokens per identity, which the bucket then misses once).
+    #[must_use]
+    pub fn with_leases(mut self, previous: Option<&Limit>) -> Self {
+        if let Some(p) = previous.filter(|p| p.rate == self.rate && p.cost == self.cost) {
+            if let (Some(old), Some(_)) = (&p.leases, &self.leases) {
+                if Some(old.spec()) == self.leases.as_ref().map(|l| l.spec()) {
+                    self.leases = Some(old.clone());
+                }
             }
         }
         self

@@ -79,6 +79,8 @@ struct Bucket<'a> {
     slot: u16,
     rate: &'a Rate,
     cost: u32,
+    /// Tokens asked beyond `cost` for this replica's lease (see `leasing`); 0: none.
+    lease: u32,
     enforced: bool,
     /// A calendar quota's count and windows, as the script takes them.
     quota: Option<conn::QuotaArgs>,
@@ -236,24 +238,26 @@ impl RedisLimiter {
         checks: &[Check<'_>],
         enforced: &[bool],
     ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
-        self.check_tuned(worker, checks, enforced, &[]).await
+        self.check_tuned(worker, checks, enforced, &[], &[]).await
     }
 
     /// `check_bans`, with `tuned[i]` replacing the rate (or quota count) of `checks[i]`'s
-    /// limit: the same key, other numbers (an empty slice: none replaced).
+    /// limit: the same key, other numbers (an empty slice: none replaced); and `asks[i]` the
+    /// tokens `checks[i]` takes for this replica's lease (an empty slice: none).
     pub async fn check_tuned(
         &self,
         worker: Option<usize>,
         checks: &[Check<'_>],
         enforced: &[bool],
         tuned: &[Option<&super::Tuning>],
+        asks: &[super::leasing::Ask],
     ) -> Result<(Small<Verdict>, Small<BanEvent>), Unavailable> {
         bump(&self.counters.checks);
         let via = self.worker(worker);
         if checks.is_empty() {
             return Ok((Small::new(), Small::new()));
         }
-        let buckets = self.buckets(checks, enforced, tuned);
+        let buckets = self.buckets(checks, enforced, tuned, asks);
         // One clock read: the local time the negative cache and breaker use, and the deadline.
         let sent = Instant::now();
         let sent_us = self.clock.at(sent).us();
@@ -338,6 +342,7 @@ impl RedisLimiter {
         checks: &[Check<'a>],
         enforced: &[bool],
         tuned: &[Option<&'a super::Tuning>],
+        asks: &[super::leasing::Ask],
     ) -> Small<Bucket<'a>> {
         // Quotas' windows come from the wall clock (read once, and only for them).
         let wall = checks
@@ -349,6 +354,7 @@ impl RedisLimiter {
             .enumerate()
             .map(|(i, c)| {
                 let tuning = tuned.get(i).copied().flatten();
+                let ask = asks.get(i).copied().unwrap_or_default();
                 let key = self.key(c.limit, c.client);
                 let slot = if self.cluster {
                     cluster::slot_of(&key)
@@ -361,7 +367,8 @@ impl RedisLimiter {
                     // A tuned quota's rate differs from the limit's too, so the negative
                     // cache does not answer it from what it learnt under the other count.
                     rate: tuning.map_or(&c.limit.rate, |t| &t.rate),
-                    cost: c.limit.cost,
+                    cost: if ask.top_up { 0 } else { c.limit.cost },
+                    lease: ask.tokens,
                     enforced: enforced.get(i).copied().unwrap_or(true),
                     quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
                         let mut args = conn::QuotaArgs::of(q, wall);

@@ -194,7 +194,7 @@ impl Store for Shared<'_> {
     async fn check<'s>(&'s self, asked: Asked<'s>) -> Result<Answer, Unavailable> {
         // Boxed so that the Redis call's state does not inflate every request's future.
         let call = crate::boxed(|| {
-            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned)
+            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned, &[])
         });
         let (verdicts, bans) = call.await?;
         Ok(Answer {

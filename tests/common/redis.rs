@@ -406,6 +406,7 @@ pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limit
         bans: None,
         concurrency: None,
         slots: None,
+        leases: None,
     }
 }
 

@@ -221,7 +221,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `leasing`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
 ",
     unknown_upstream: r"
 {f}: 1 problem

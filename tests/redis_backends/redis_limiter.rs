@@ -103,6 +103,49 @@ async fn a_rejection_by_one_limit_takes_nothing_from_the_other() {
     assert_eq!(one(&l, &a, 7).await.unwrap().remaining, 6);
 }
 
+/// A check that asks for a lease takes, once admitted, as many more tokens as the bucket holds
+/// after its cost, up to the ask: the reply's `remaining` counts them (the caller holds
+/// min(ask, remaining)); a top-up takes none for itself; a rejected check takes nothing.
+#[tokio::test]
+async fn a_lease_takes_its_tokens_only_when_the_check_charges() {
+    use tollgate::limiter::leasing::Ask;
+    let server = RedisServer::start();
+    let l = limiter(server.url(), Duration::from_secs(1));
+    let lim = limit("leased", 0.01, 10, 1);
+    let check = [Check {
+        limit: &lim,
+        client: ClientId(9),
+    }];
+    let ask = |tokens, top_up| [Ask { tokens, top_up }];
+    let (v, _) = l
+        .check_tuned(None, &check, &[true], &[], &ask(4, false))
+        .await
+        .unwrap();
+    assert!(v[0].admitted && v[0].remaining == 9, "{v:?}");
+    // 1 + 4 taken: 5 left.
+    assert_eq!(one(&l, &lim, 9).await.unwrap().remaining, 4);
+    // A top-up of 3 takes 3 and nothing for itself.
+    let (v, _) = l
+        .check_tuned(None, &check, &[true], &[], &ask(3, true))
+        .await
+        .unwrap();
+    assert!(v[0].admitted && v[0].remaining == 4, "{v:?}");
+    // An ask beyond what is left takes what is left: 1 for the check, 0 after.
+    let (v, _) = l
+        .check_tuned(None, &check, &[true], &[], &ask(50, false))
+        .await
+        .unwrap();
+    assert!(v[0].admitted && v[0].remaining == 0, "{v:?}");
+    let v = one(&l, &lim, 9).await.unwrap();
+    assert!(!v.admitted, "{v:?}");
+    // Rejected: nothing taken, nothing leased (the bucket refills by time alone).
+    let (v, _) = l
+        .check_tuned(None, &check, &[true], &[], &ask(5, false))
+        .await
+        .unwrap();
+    assert!(!v[0].admitted, "{v:?}");
+}
+
 /// The script reads a call's keys with MGET in chunks: a check of 9000 buckets (more than
 /// Lua's `unpack` can take at once) is decided, charged all-or-nothing, and read back right.
 #[tokio::test]

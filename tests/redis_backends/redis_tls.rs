@@ -73,6 +73,7 @@ async fn rediss_with_an_acl_user() {
         bans: None,
         concurrency: None,
         slots: None,
+        leases: None,
     };
     let checks = [Check {
         limit: &lim,

@@ -9,6 +9,7 @@ mod capacity;
 mod concurrency;
 mod health;
 mod identity;
+mod leasing;
 mod limiter;
 mod listeners;
 mod quota;

@@ -11,7 +11,7 @@ use super::{duration_or, values, Problems};
 use crate::body::BodyLimits;
 use crate::config::file;
 use crate::config::settings::{
-    ActionSpec, LimitSpec, LimiterSettings, Rate, Respond, RouteSpec, UpstreamSpec,
+    ActionSpec, Backend, LimitSpec, LimiterSettings, Rate, Respond, RouteSpec, UpstreamSpec,
 };
 use crate::identity::{Alternative, Exemption, KeySpec};
 use crate::route::{HostPattern, Matcher, PathPattern};
@@ -343,6 +343,8 @@ fn limit(
         per_sec: rate?.per_sec(),
         burst: burst?,
     };
+    let redis = matches!(ctx.limiter.backend, Backend::Redis(_));
+    let leasing = super::leasing::spec(l, path, &rate, cost, redis, p);
     let fallback = Rate {
         per_sec: rate.per_sec / f64::from(ctx.limiter.divide_by),
         burst: (rate.burst / ctx.limiter.divide_by).max(1),
@@ -362,5 +364,6 @@ fn limit(
             .as_ref()
             .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
         concurrency: concurrency.flatten(),
+        leasing,
     })
 }

@@ -48,7 +48,8 @@ const GATHER_TURNS: usize = 4;
 type PerBucket<T> = SmallVec<[T; 2]>;
 
 /// One bucket's rate, cost, enforcement, quota and ban, as the script takes them.
-type Args = (Rate, u32, bool, Option<QuotaArgs>, Option<BanArgs>);
+/// A bucket's rate, cost, leased tokens asked, enforcement, quota and ban.
+type Args = (Rate, u32, u32, bool, Option<QuotaArgs>, Option<BanArgs>);
 
 /// One request's check, waiting for its batch.
 struct Job {
@@ -90,7 +91,7 @@ impl Batcher {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
-                .map(|b| (b.rate.clone(), b.cost, b.enforced, b.quota, b.ban))
+                .map(|b| (b.rate.clone(), b.cost, b.lease, b.enforced, b.quota, b.ban))
                 .collect(),
             deadline,
             reply,
@@ -186,11 +187,12 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             std::mem::take(&mut keys[first])
                 .into_iter()
                 .zip(&args[first])
-                .map(|(key, (rate, cost, enforced, quota, ban))| Bucket {
+                .map(|(key, (rate, cost, lease, enforced, quota, ban))| Bucket {
                     key,
                     slot,
                     rate,
                     cost: *cost,
+                    lease: *lease,
                     enforced: *enforced,
                     quota: *quota,
                     ban: *ban,
@@ -241,7 +243,7 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
         for &member in members {
             let reply = items
                 .get(at..at + n)
-                .and_then(|part| parse_items(part, bucket_args.iter().map(|a| a.2)))
+                .and_then(|part| parse_items(part, bucket_args.iter().map(|a| a.3)))
                 .ok_or_else(Failure::unexpected_reply);
             at += n;
             if let Some(sender) = replies[member].take() {

@@ -349,11 +349,14 @@ fn push_buckets<'b, 'a: 'b>(
             }
         }
         call.arg(b.cost).arg(u8::from(b.enforced));
-        if b.quota.is_none() && b.ban.is_none() {
+        if b.quota.is_none() && b.ban.is_none() && b.lease == 0 {
             call.arg("-");
             continue;
         }
         let mut w = String::with_capacity(96);
+        if b.lease > 0 {
+            let _ = write!(w, "l {}", b.lease);
+        }
         match b.quota.as_ref().map(|q| (q, q.slides)) {
             Some((_, Some((Counting::Exact, len)))) => {
                 let _ = write!(w, "x {len}");

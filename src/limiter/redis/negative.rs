@@ -309,6 +309,7 @@ mod tests {
             slot: 0,
             rate,
             cost: 1,
+            lease: 0,
             enforced,
             quota: None,
             ban: None,
