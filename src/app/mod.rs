@@ -149,6 +149,7 @@ pub async fn start(
         crate::reload::watch_sighup(reloader.clone());
     }
     tokio::spawn(sweep(state.clone(), stop_rx.clone()));
+    tokio::spawn(return_leases(state.clone(), stop_rx.clone()));
     tokio::spawn(memory::watch(state.clone(), stop_rx.clone()));
     start_control(&state, stop_rx.clone()).await;
     let (bound, per_worker) = per_worker(sockets, &state);
@@ -276,6 +277,38 @@ async fn sweep(state: Arc<State>, mut stop: watch::Receiver<bool>) {
             state
                 .workers
                 .on_every(|_| async { tollgate_alloc::collect() });
+        }
+    }
+}
+
+/// How often leased tokens whose hold ended go back to Redis: a quiet identity's tokens are
+/// back within its hold plus this.
+const LEASES_EVERY: Duration = Duration::from_millis(100);
+
+/// Give leased tokens back to Redis once their hold ends (see `limiter::leasing`).
+async fn return_leases(state: Arc<State>, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(LEASES_EVERY);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = every.tick() => {}
+        }
+        let runtime = state.runtime.load();
+        let Some(redis) = &runtime.redis else {
+            continue;
+        };
+        let now = state.clock.now().us();
+        for limit in runtime.limits() {
+            let Some(leases) = &limit.leases else {
+                continue;
+            };
+            for back in leases.sweep(now) {
+                let check = crate::limiter::Check {
+                    limit,
+                    client: back.client,
+                };
+                crate::limiter::decide::give_back(redis, &check, back);
+            }
         }
     }
 }

@@ -52,7 +52,10 @@ pub async fn decide_tuned(
         return decide_in_process(limits, view, now, tuned);
     };
     let mut p = Prepared::of(limits, view, tuned);
-    if !p.checks.is_empty() {
+    if p.checks.iter().any(|c| c.limit.leases.is_some()) {
+        let peer = local::Peer::of(view.client_ip);
+        leased::settle(&mut p, redis, worker, peer, now).await;
+    } else if !p.checks.is_empty() {
         let (results, asked) = p.split(view, now);
         settle(results, &Shared { redis, worker }, asked).await;
     }
@@ -277,5 +280,7 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
     }
 }
 
+mod leased;
+pub(crate) use self::leased::give_back;
 #[cfg(test)]
 mod tests;

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::Verdict;
+use super::{Rate, Verdict};
 use crate::config::settings::LeaseSpec;
 use crate::identity::ClientId;
 
@@ -47,8 +47,9 @@ type Map = HashMap<ClientId, Entry, BuildHasherDefault<super::local::DigestHashe
 struct Entry {
     /// Tokens held, not yet spent.
     tokens: u32,
-    /// The rate the tokens were taken at (the limit's, or an operator's override).
+    /// The numbers the tokens were taken at (the limit's, or an operator's override).
     per_sec: f64,
+    burst: u32,
     /// When unused tokens go back: the last grant plus the hold (µs).
     until: f64,
     /// This hold's window: when it began, requests in it and in the one before.
@@ -133,15 +134,16 @@ impl Leases {
         &self.shards[(client.0 >> 64) as usize % SHARDS]
     }
 
-    /// The plan for one request of `client` costing `cost` at `per_sec`, at `now` (µs), and
-    /// tokens to give back first (a lease taken at another rate).
+    /// The plan for one request of `client` costing `cost` at `rate`, at `now` (µs), and
+    /// tokens to give back first (a lease taken at other numbers).
     pub fn plan(
         &self,
         client: ClientId,
         cost: u32,
-        per_sec: f64,
+        rate: &Rate,
         now: f64,
     ) -> (Plan, Option<Returned>) {
+        let per_sec = rate.per_sec;
         let mut map = self.shard(client).lock();
         let e = match map.get_mut(&client) {
             Some(e) => e,
@@ -153,6 +155,7 @@ impl Leases {
                 map.entry(client).or_insert(Entry {
                     tokens: 0,
                     per_sec,
+                    burst: rate.burst,
                     until: now,
                     window: now,
                     seen: 0,
@@ -166,7 +169,7 @@ impl Leases {
         e.count(now, self.hold_us);
         let mut back = None;
         // Exactly the same number, or another rate: an override came or went.
-        if e.per_sec.to_bits() != per_sec.to_bits() {
+        if e.per_sec.to_bits() != per_sec.to_bits() || e.burst != rate.burst {
             if e.tokens > 0 {
                 back = Some(Returned {
                     client,
@@ -174,7 +177,7 @@ impl Leases {
                     per_sec: e.per_sec,
                 });
             }
-            (e.tokens, e.per_sec, e.asking) = (0, per_sec, None);
+            (e.tokens, e.per_sec, e.burst, e.asking) = (0, per_sec, rate.burst, None);
         }
         let asking = e.asking.is_some_and(|t| now - t < self.hold_us);
         let size = self.size(e, cost);
@@ -235,6 +238,20 @@ impl Leases {
         }
     }
 
+    /// End `client`'s lease (Redis refused the identity outright: a ban): its tokens, to give
+    /// back.
+    pub fn end(&self, client: ClientId) -> Option<Returned> {
+        let mut map = self.shard(client).lock();
+        let e = map.get_mut(&client)?;
+        e.asking = None;
+        let tokens = std::mem::take(&mut e.tokens);
+        (tokens > 0).then_some(Returned {
+            client,
+            tokens,
+            per_sec: e.per_sec,
+        })
+    }
+
     /// A request spent from the lease was refused by another limit: its tokens come back.
     pub fn put_back(&self, client: ClientId, cost: u32) {
         if let Some(e) = self.shard(client).lock().get_mut(&client) {
@@ -289,6 +306,13 @@ mod tests {
 
     const HOLD: f64 = 1e6;
 
+    fn r(per_sec: f64) -> Rate {
+        Rate {
+            per_sec,
+            burst: 1_000,
+        }
+    }
+
     fn leases(tokens: u32, auto: bool) -> Leases {
         Leases::new(LeaseSpec {
             tokens,
@@ -302,16 +326,16 @@ mod tests {
         let l = leases(100, false);
         let c = ClientId(7);
         for i in 0..HOT - 1 {
-            assert_eq!(l.plan(c, 1, 10.0, f64::from(i)).0, Plan::Exact);
+            assert_eq!(l.plan(c, 1, &r(10.0), f64::from(i)).0, Plan::Exact);
         }
-        assert_eq!(l.plan(c, 1, 10.0, 5.0).0, Plan::Take { extra: 99 });
+        assert_eq!(l.plan(c, 1, &r(10.0), 5.0).0, Plan::Take { extra: 99 });
         // In flight: the others keep the exact path.
-        assert_eq!(l.plan(c, 1, 10.0, 6.0).0, Plan::Exact);
+        assert_eq!(l.plan(c, 1, &r(10.0), 6.0).0, Plan::Exact);
         l.granted(c, 99, 500, 1e5, 7.0);
         let mut spent = 0;
         let mut top_ups = 0;
         for i in 0..99 {
-            match l.plan(c, 1, 10.0, 8.0 + f64::from(i)).0 {
+            match l.plan(c, 1, &r(10.0), 8.0 + f64::from(i)).0 {
                 Plan::Spent { top_up, .. } => {
                     spent += 1;
                     if top_up > 0 {
@@ -329,7 +353,7 @@ mod tests {
     fn a_lease_never_holds_more_than_its_size() {
         let l = leases(10, false);
         let c = ClientId(1);
-        l.plan(c, 1, 10.0, 0.0);
+        l.plan(c, 1, &r(10.0), 0.0);
         l.granted(c, 1_000, 1_000, 0.0, 1.0);
         assert_eq!(l.held(), 10);
         l.put_back(c, 5);
@@ -340,14 +364,14 @@ mod tests {
     fn unused_tokens_go_back_after_the_hold_and_on_a_new_rate() {
         let l = leases(10, false);
         let c = ClientId(2);
-        l.plan(c, 1, 10.0, 0.0);
+        l.plan(c, 1, &r(10.0), 0.0);
         l.granted(c, 10, 100, 0.0, 1.0);
         assert!(l.sweep(HOLD / 2.0).is_empty());
         let back = l.sweep(HOLD + 2.0);
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].tokens, 10);
         l.granted(c, 10, 100, 0.0, 2.0 * HOLD);
-        let (_, back) = l.plan(c, 1, 20.0, 2.0 * HOLD + 1.0);
+        let (_, back) = l.plan(c, 1, &r(20.0), 2.0 * HOLD + 1.0);
         assert_eq!(back.map(|r| (r.tokens, r.per_sec)), Some((10, 10.0)));
         assert_eq!(l.held(), 0);
         // Quiet for two holds: forgotten.
@@ -360,10 +384,10 @@ mod tests {
         let l = leases(128, true);
         let c = ClientId(3);
         for i in 0..10 {
-            l.plan(c, 1, 1e6, f64::from(i));
+            l.plan(c, 1, &r(1e6), f64::from(i));
         }
         // 11 requests in this hold: a lease of 11 at most (10 more beside this request's).
         l.not_granted(c);
-        assert_eq!(l.plan(c, 1, 1e6, 20.0).0, Plan::Take { extra: 10 });
+        assert_eq!(l.plan(c, 1, &r(1e6), 20.0).0, Plan::Take { extra: 10 });
     }
 }

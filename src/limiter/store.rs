@@ -204,3 +204,23 @@ impl Store for Shared<'_> {
         })
     }
 }
+
+impl Shared<'_> {
+    /// `check`, with `asks[i]` the tokens check `i` takes for this replica's lease (see
+    /// `leasing`).
+    pub async fn check_leased(
+        &self,
+        asked: Asked<'_>,
+        asks: &[super::leasing::Ask],
+    ) -> Result<Answer, Unavailable> {
+        let call = crate::boxed(|| {
+            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned, asks)
+        });
+        let (verdicts, bans) = call.await?;
+        Ok(Answer {
+            verdicts,
+            banned: None,
+            bans,
+        })
+    }
+}

@@ -476,3 +476,46 @@ async fn cluster_enforces_a_per_client_and_a_global_limit() {
         "per-key caps a at 3; the global cap of 5 leaves b one"
     );
 }
+
+/// Two replicas lease a hot identity's tokens from one bucket: together they admit no more than
+/// the bucket hands out (burst + rate x t; leases only ever come out of it) and, with leases of
+/// at most L held at the end, at least burst - 2L; and they ask Redis far less than once per
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis() {
+    let redis = RedisServer::start();
+    let routes = "routes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 1/s, burst: 300, key: [ip], leasing: { tokens: 20, hold: 5s } }\n";
+    let yaml = config(&format!(
+        "{}{routes}",
+        redis_block_timed(&redis.url(), "2s", "")
+    ));
+    let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
+    let http = Http::new();
+    until_redis_decides(&http, &a.url("/"), &[]).await;
+    until_redis_decides(&http, &b.url("/"), &[]).await;
+    let calls_before = redis.script_calls();
+    let started = Instant::now();
+    let (mut admitted_a, mut admitted_b) = (0, 0);
+    for _ in 0..40 {
+        admitted_a += admitted(&http, &a.url("/"), 10, &[]).await;
+        admitted_b += admitted(&http, &b.url("/"), 10, &[]).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let calls = redis.script_calls() - calls_before;
+    let admitted = admitted_a + admitted_b;
+    // Two requests went before the clock started; the bucket refills 1 a second.
+    eprintln!(
+        "leased: {admitted_a} + {admitted_b} admitted of 800, {calls} script calls, {elapsed:.2}s"
+    );
+    let most = 300 - 2 + elapsed.ceil() as usize + 1;
+    assert!(
+        admitted <= most,
+        "admitted {admitted} > {most} in {elapsed:.1}s"
+    );
+    assert!(admitted >= 300 - 2 - 2 * 20, "admitted only {admitted}");
+    assert!(
+        admitted_a > 50 && admitted_b > 50,
+        "{admitted_a} / {admitted_b}"
+    );
+    assert!(calls * 8 <= 800, "{calls} script calls for 800 requests");
+}
