@@ -34,7 +34,8 @@
 //!   quotas and window limits (`quota`: fixed, sliding and exact windows, the exact logs in
 //!   `local::log`) and escalating bans (`ban`), the per-request `Decision`, the in-process
 //!   and Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
-//!   read-only look at one identity's state (`peek`), a Sentinel failover followed at the
+//!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
+//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), a Sentinel failover followed at the
 //!   promotion (`limiter::redis::watch`), slots of requests in
 //!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
 //!   the response body carries; keep-alive upstream connections; target choice (load

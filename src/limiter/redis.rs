@@ -27,6 +27,7 @@
 
 mod batch;
 mod breaker;
+mod buckets;
 mod cluster;
 mod conn;
 mod entries;
@@ -56,9 +57,8 @@ pub use self::stats::RedisStats;
 use self::stats::{bump, Counters};
 use super::ban::BanEvent;
 use super::local::Clock;
-use super::{Check, Limit, Rate, Small, Verdict};
+use super::{Check, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
-use crate::identity::ClientId;
 use crate::log_gate::LogGate;
 
 /// Slots of a Redis Cluster.
@@ -197,17 +197,6 @@ impl RedisLimiter {
         self
     }
 
-    /// The Redis key of `client`'s bucket of `limit`.
-    pub fn key(&self, limit: &Limit, client: ClientId) -> String {
-        let mut key = String::with_capacity(self.key_prefix.len() + limit.name.len() + 35);
-        key.push_str(&self.key_prefix);
-        key.push_str(&limit.name);
-        key.push_str(":{");
-        client.push_hex(&mut key);
-        key.push('}');
-        key
-    }
-
     /// Check several buckets as one, with the semantics of `local::check`: every verdict is
     /// returned, and tokens are taken only if every enforced bucket admits (`enforced[i] ==
     /// false` marks a shadow bucket; a missing entry counts as enforced).
@@ -335,52 +324,6 @@ impl RedisLimiter {
             self.negative.renew(self.reconnects());
         }
         self.negative.answer(buckets, sent_us)
-    }
-
-    fn buckets<'a>(
-        &self,
-        checks: &[Check<'a>],
-        enforced: &[bool],
-        tuned: &[Option<&'a super::Tuning>],
-        asks: &[super::leasing::Ask],
-    ) -> Small<Bucket<'a>> {
-        // Quotas' windows come from the wall clock (read once, and only for them).
-        let wall = checks
-            .iter()
-            .any(|c| c.limit.quota.is_some())
-            .then(super::local::wall_us);
-        checks
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let tuning = tuned.get(i).copied().flatten();
-                let ask = asks.get(i).copied().unwrap_or_default();
-                let key = self.key(c.limit, c.client);
-                let slot = if self.cluster {
-                    cluster::slot_of(&key)
-                } else {
-                    0
-                };
-                Bucket {
-                    key,
-                    slot,
-                    // A tuned quota's rate differs from the limit's too, so the negative
-                    // cache does not answer it from what it learnt under the other count.
-                    rate: tuning.map_or(&c.limit.rate, |t| &t.rate),
-                    cost: if ask.top_up { 0 } else { c.limit.cost },
-                    lease: ask.tokens,
-                    enforced: enforced.get(i).copied().unwrap_or(true),
-                    quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
-                        let mut args = conn::QuotaArgs::of(q, wall);
-                        if let Some(count) = tuning.and_then(|t| t.quota) {
-                            args.count = count;
-                        }
-                        args
-                    }),
-                    ban: c.limit.ban,
-                }
-            })
-            .collect()
     }
 
     /// Whether Redis runs the bucket script within the check timeout (for `/readyz`): an

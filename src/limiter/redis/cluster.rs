@@ -147,31 +147,8 @@ impl RedisLimiter {
         .await;
     }
 
-    /// Give `tokens` of `client`'s bucket of `limit` back, counted at `rate` (a lease's unused
-    /// tokens), from a task of its own on the shared connection.
-    pub fn give_back(
-        &self,
-        limit: &crate::limiter::Limit,
-        client: crate::identity::ClientId,
-        rate: &Rate,
-        tokens: u32,
-    ) {
-        let key = self.key(limit, client);
-        let bucket = Bucket {
-            slot: if self.cluster { slot_of(&key) } else { 0 },
-            key,
-            rate,
-            cost: tokens,
-            lease: 0,
-            enforced: true,
-            quota: None,
-            ban: None,
-        };
-        self.refund_later(None, &[&bucket]);
-    }
-
     /// Send a refund from a task of its own, with a deadline of its own.
-    fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
+    pub(super) fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
         let owned: Vec<(String, u16, Rate, u32, Option<super::conn::QuotaArgs>)> = group
             .iter()
             .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost, b.quota))

@@ -1,0 +1,92 @@
+//! A request's checks as the bucket script's buckets: their keys, slots, numbers and lease
+//! asks; and a lease's unused tokens handed back.
+
+use super::{cluster, conn, Bucket, RedisLimiter};
+use crate::identity::ClientId;
+use crate::limiter::{Check, Limit, Rate, Small};
+
+impl RedisLimiter {
+    /// The Redis key of `client`'s bucket of `limit`.
+    pub fn key(&self, limit: &Limit, client: ClientId) -> String {
+        let mut key = String::with_capacity(self.key_prefix.len() + limit.name.len() + 35);
+        key.push_str(&self.key_prefix);
+        key.push_str(&limit.name);
+        key.push_str(":{");
+        client.push_hex(&mut key);
+        key.push('}');
+        key
+    }
+
+    /// Give `tokens` of `client`'s bucket of `limit` back, counted at `rate` (a lease's unused
+    /// tokens), from a task of its own on the shared connection.
+    pub fn give_back(
+        &self,
+        limit: &crate::limiter::Limit,
+        client: crate::identity::ClientId,
+        rate: &Rate,
+        tokens: u32,
+    ) {
+        let key = self.key(limit, client);
+        let bucket = Bucket {
+            slot: if self.cluster {
+                cluster::slot_of(&key)
+            } else {
+                0
+            },
+            key,
+            rate,
+            cost: tokens,
+            lease: 0,
+            enforced: true,
+            quota: None,
+            ban: None,
+        };
+        self.refund_later(None, &[&bucket]);
+    }
+
+    pub(super) fn buckets<'a>(
+        &self,
+        checks: &[Check<'a>],
+        enforced: &[bool],
+        tuned: &[Option<&'a crate::limiter::Tuning>],
+        asks: &[crate::limiter::leasing::Ask],
+    ) -> Small<Bucket<'a>> {
+        // Quotas' windows come from the wall clock (read once, and only for them).
+        let wall = checks
+            .iter()
+            .any(|c| c.limit.quota.is_some())
+            .then(crate::limiter::local::wall_us);
+        checks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let tuning = tuned.get(i).copied().flatten();
+                let ask = asks.get(i).copied().unwrap_or_default();
+                let key = self.key(c.limit, c.client);
+                let slot = if self.cluster {
+                    cluster::slot_of(&key)
+                } else {
+                    0
+                };
+                Bucket {
+                    key,
+                    slot,
+                    // A tuned quota's rate differs from the limit's too, so the negative
+                    // cache does not answer it from what it learnt under the other count.
+                    rate: tuning.map_or(&c.limit.rate, |t| &t.rate),
+                    cost: if ask.top_up { 0 } else { c.limit.cost },
+                    lease: ask.tokens,
+                    enforced: enforced.get(i).copied().unwrap_or(true),
+                    quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
+                        let mut args = conn::QuotaArgs::of(q, wall);
+                        if let Some(count) = tuning.and_then(|t| t.quota) {
+                            args.count = count;
+                        }
+                        args
+                    }),
+                    ban: c.limit.ban,
+                }
+            })
+            .collect()
+    }
+}
