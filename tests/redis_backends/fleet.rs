@@ -519,3 +519,30 @@ async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis()
     );
     assert!(calls * 8 <= 800, "{calls} script calls for 800 requests");
 }
+
+/// A replica that stops holding a lease takes its unused tokens with it, at most one lease's
+/// worth: the replica left admits the rest of the bucket, no more, and at most L less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_gone_with_a_lease_costs_the_fleet_at_most_that_lease() {
+    let redis = RedisServer::start();
+    let routes = "routes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 1/s, burst: 100, key: [ip], leasing: { tokens: 20, hold: 5s } }\n";
+    let yaml = config(&format!(
+        "{}{routes}",
+        redis_block_timed(&redis.url(), "2s", "")
+    ));
+    let http = Http::new();
+    let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
+    until_redis_decides(&http, &a.url("/"), &[]).await;
+    until_redis_decides(&http, &b.url("/"), &[]).await;
+    let started = Instant::now();
+    let by_a = admitted(&http, &a.url("/"), 10, &[]).await;
+    drop(a);
+    let by_b = admitted(&http, &b.url("/"), 200, &[]).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let total = by_a + by_b;
+    eprintln!("gone with a lease: {by_a} + {by_b} admitted in {elapsed:.2}s");
+    assert_eq!(by_a, 10);
+    let most = 100 - 2 + elapsed.ceil() as usize + 1;
+    assert!(total <= most, "{total} > {most}");
+    assert!(total >= 100 - 2 - 20, "{total}: more than one lease lost");
+}
