@@ -149,6 +149,7 @@ mod tests {
             shadow: false,
             on_failure: "open".into(),
             ban: None,
+            leasing: None,
             key: vec!["ip".into()],
             exempt: None,
             identity: None,

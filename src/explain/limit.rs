@@ -32,6 +32,9 @@ pub struct LimitExplained {
     pub on_failure: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ban: Option<BanRule>,
+    /// Leases of this limit's tokens, with the fleet's stated bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leasing: Option<LeaseRule>,
     /// The key's alternatives, in order.
     pub key: Vec<String>,
     /// The exemption that matched, if one did (then nothing else is read).
@@ -90,6 +93,16 @@ pub struct BanRule {
     pub within_s: f64,
     pub for_s: f64,
     pub max_s: f64,
+}
+
+/// A limit's `leasing`: a replica holds at most `tokens` of one identity's bucket, given back
+/// after `hold_s` unused; `bound` states what a fleet admits at most.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseRule {
+    pub tokens: u32,
+    pub auto: bool,
+    pub hold_s: f64,
+    pub bound: String,
 }
 
 /// The `exempt` entry that matched: its index and the entry, values masked.
@@ -351,6 +364,18 @@ fn describe(limit: &Limit) -> LimitExplained {
             within_s: secs(b.within_us),
             for_s: secs(b.first_us),
             max_s: secs(b.max_us),
+        }),
+        leasing: limit.leases.as_ref().map(|l| {
+            let spec = l.spec();
+            LeaseRule {
+                tokens: spec.tokens,
+                auto: spec.auto,
+                hold_s: spec.hold.as_secs_f64(),
+                bound: format!(
+                    "R replicas admit at most {} + {}/s x t + R x {} in any interval t",
+                    limit.rate.burst, limit.rate.per_sec, spec.tokens
+                ),
+            }
         }),
         key: limit.key.0.iter().map(ToString::to_string).collect(),
         exempt: None,

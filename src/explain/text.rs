@@ -135,6 +135,16 @@ fn heading(out: &mut String, l: &LimitExplained) {
         l.name,
         l.key.join(", ")
     );
+    if let Some(lease) = &l.leasing {
+        let _ = writeln!(
+            out,
+            "  leasing:  {}leases of at most {} tokens, held {}: {}",
+            if lease.auto { "auto, " } else { "" },
+            lease.tokens,
+            seconds(lease.hold_s),
+            lease.bound
+        );
+    }
 }
 
 /// The state read: the bucket or slots, and the ban.

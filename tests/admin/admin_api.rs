@@ -561,3 +561,24 @@ async fn explain_shows_requests_in_flight_in_redis() {
     );
     bounded(slots_explained(&limiter, "redis")).await;
 }
+
+/// `explain` states a leased limit's lease size, hold and the fleet's bound, from the config
+/// alone (Redis is not asked).
+#[test]
+fn explain_states_a_leased_limits_bound() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("lease.yaml");
+    std::fs::write(
+        &path,
+        "listeners: [{ address: 127.0.0.1:0 }]\nlimiter: { backend: redis, redis: { url: \"redis://127.0.0.1:1\" } }\nroutes:\n  - name: r\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 100/s, burst: 400, key: [ip], leasing: { tokens: 30, hold: 2s } }\n",
+    )
+    .expect("write the config");
+    let (ok, text) = run_explain(&["-c", path.to_str().expect("a UTF-8 path")]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(
+            "  leasing:  leases of at most 30 tokens, held 2 s: R replicas admit at most 400 + 100/s x t + R x 30 in any interval t"
+        ),
+        "{text}"
+    );
+}
