@@ -156,6 +156,8 @@ pub struct Metrics {
     redis_timeouts: Counter,
     redis_calls: Counter,
     negative_hits: Counter,
+    leased_checks: Counter,
+    lease_tokens_returned: Counter,
     redis_reconnects: Counter,
     redis_failovers: Counter,
     breaker_open: Gauge,
@@ -219,6 +221,8 @@ impl Metrics {
             redis_timeouts: Counter::default(),
             redis_calls: Counter::default(),
             negative_hits: Counter::default(),
+            leased_checks: Counter::default(),
+            lease_tokens_returned: Counter::default(),
             redis_reconnects: Counter::default(),
             redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
@@ -362,6 +366,8 @@ impl Metrics {
             set_counter(&self.redis_timeouts, s.timeouts);
             set_counter(&self.redis_calls, s.redis_calls);
             set_counter(&self.negative_hits, s.negative_hits);
+            set_counter(&self.leased_checks, s.leased);
+            set_counter(&self.lease_tokens_returned, s.lease_tokens_returned);
             set_counter(&self.redis_reconnects, s.reconnects);
             set_counter(&self.redis_failovers, s.failovers);
             self.breaker_open.set(i64::from(redis.breaker_open()));

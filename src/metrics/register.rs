@@ -188,6 +188,16 @@ impl Metrics {
             self.negative_hits.clone(),
         );
         r.register(
+            "redis_leased_checks",
+            "Checks admitted from a lease this replica holds, without asking Redis",
+            self.leased_checks.clone(),
+        );
+        r.register(
+            "redis_lease_tokens_returned",
+            "Leased tokens handed back to Redis unused",
+            self.lease_tokens_returned.clone(),
+        );
+        r.register(
             "redis_reconnects",
             "Redis connections replaced because their calls kept timing out or went out of step",
             self.redis_reconnects.clone(),

@@ -484,7 +484,7 @@ async fn cluster_enforces_a_per_client_and_a_global_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis() {
     let redis = RedisServer::start();
-    let routes = "routes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 1/s, burst: 300, key: [ip], leasing: { tokens: 20, hold: 5s } }\n";
+    let routes = "admin: { address: 127.0.0.1:0 }\nroutes:\n  - name: r\n    match: { path_prefix: / }\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 1/s, burst: 300, key: [ip], leasing: { tokens: 20, hold: 5s } }\n";
     let yaml = config(&format!(
         "{}{routes}",
         redis_block_timed(&redis.url(), "2s", "")
@@ -518,6 +518,12 @@ async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis()
         "{admitted_a} / {admitted_b}"
     );
     assert!(calls * 8 <= 800, "{calls} script calls for 800 requests");
+    // Each replica counts what it admitted from its leases.
+    for proxy in [&a, &b] {
+        let leased: f64 =
+            common::sample(&proxy.scrape().await, "tollgate_redis_leased_checks_total");
+        assert!(leased > 100.0, "{leased} checks admitted from leases");
+    }
 }
 
 /// A replica that stops holding a lease takes its unused tokens with it, at most one lease's

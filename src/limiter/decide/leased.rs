@@ -33,6 +33,7 @@ pub(super) async fn settle(
         .collect();
     for (i, plan) in plans.iter().enumerate() {
         if let Plan::Spent { verdict, .. } = plan {
+            redis.count_leased();
             let r = &mut p.results[slots[i]];
             r.verdict = Some(*verdict);
             r.outcome = outcome(verdict, p.checks[i].limit);

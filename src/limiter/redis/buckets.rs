@@ -41,6 +41,9 @@ impl RedisLimiter {
             quota: None,
             ban: None,
         };
+        self.counters
+            .lease_tokens_returned
+            .fetch_add(u64::from(tokens), std::sync::atomic::Ordering::Relaxed);
         self.refund_later(None, &[&bucket]);
     }
 

@@ -30,6 +30,10 @@ pub struct RedisStats {
     pub refund_failures: u64,
     /// Buckets the negative cache holds now (a gauge).
     pub negative_cache_entries: u64,
+    /// Checks admitted from a lease this replica holds (Redis was not asked for them).
+    pub leased: u64,
+    /// Leased tokens handed back to Redis unused (their hold ended, or the lease was revoked).
+    pub lease_tokens_returned: u64,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +46,8 @@ pub(super) struct Counters {
     pub(super) negative_hits: AtomicU64,
     pub(super) refunds: AtomicU64,
     pub(super) refund_failures: AtomicU64,
+    pub(super) leased: AtomicU64,
+    pub(super) lease_tokens_returned: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64) {
@@ -77,6 +83,13 @@ impl RedisLimiter {
             refunds: get(&c.refunds),
             refund_failures: get(&c.refund_failures),
             negative_cache_entries: self.negative.len() as u64,
+            leased: get(&c.leased),
+            lease_tokens_returned: get(&c.lease_tokens_returned),
         }
+    }
+
+    /// Count a check admitted from a lease.
+    pub fn count_leased(&self) {
+        bump(&self.counters.leased);
     }
 }
