@@ -81,6 +81,9 @@ async fn a_sliding_window_says_when_its_estimate_leaves_room() {
     );
     assert!(r.text().contains("sms"), "{}", r.text());
     tokio::time::sleep(Duration::from_secs(retry)).await;
+    // A fresh client: the wait can outlast the proxy's keep-alive idle timeout, and a pooled
+    // connection it closed would fail the next request.
+    let http = Http::new();
     assert_eq!(http.statuses(2, &url, &[]).await, [200, 429]);
 }
 
