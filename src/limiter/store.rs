@@ -192,27 +192,19 @@ pub struct Shared<'r> {
 
 impl Store for Shared<'_> {
     async fn check<'s>(&'s self, asked: Asked<'s>) -> Result<Answer, Unavailable> {
-        // Boxed so that the Redis call's state does not inflate every request's future.
-        let call = crate::boxed(|| {
-            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned, &[])
-        });
-        let (verdicts, bans) = call.await?;
-        Ok(Answer {
-            verdicts,
-            banned: None,
-            bans,
-        })
+        self.check_leased(asked, &[]).await
     }
 }
 
 impl Shared<'_> {
     /// `check`, with `asks[i]` the tokens check `i` takes for this replica's lease (see
-    /// `leasing`).
+    /// `leasing`; empty: none).
     pub async fn check_leased(
         &self,
         asked: Asked<'_>,
         asks: &[super::leasing::Ask],
     ) -> Result<Answer, Unavailable> {
+        // Boxed so that the Redis call's state does not inflate every request's future.
         let call = crate::boxed(|| {
             (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned, asks)
         });

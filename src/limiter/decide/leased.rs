@@ -18,11 +18,7 @@ pub(super) async fn settle(
     now: Moment,
 ) {
     let plans = plan(p, redis, now);
-    // The result slot of each check (exempt limits have results and no check).
-    let slots: Small<usize> = (p.results.iter().enumerate())
-        .filter(|(_, r)| r.outcome != Outcome::Exempt)
-        .map(|(i, _)| i)
-        .collect();
+    let slots = slots(p);
     // Redis is asked for the checks no lease covers, then the top-ups: the failure policy
     // applies to the first part only.
     let counted: Small<usize> = (0..plans.len())
@@ -77,10 +73,7 @@ async fn ask(
     peer: crate::limiter::local::Peer,
     now: Moment,
 ) -> (Small<LimitResult>, bool) {
-    let slots: Small<usize> = (p.results.iter().enumerate())
-        .filter(|(_, r)| r.outcome != Outcome::Exempt)
-        .map(|(i, _)| i)
-        .collect();
+    let slots = slots(p);
     let checks: Small<Check<'_>> = order.iter().map(|&i| p.checks[i]).collect();
     let enforced: Small<bool> = order.iter().map(|&i| p.enforced[i]).collect();
     let tuned: Small<Option<&crate::limiter::Tuning>> = if p.tunings.is_empty() {
@@ -133,6 +126,14 @@ async fn ask(
         }
     };
     (results, charged)
+}
+
+/// The result slot of each check (exempt limits have results and no check).
+fn slots(p: &Prepared<'_>) -> Small<usize> {
+    (p.results.iter().enumerate())
+        .filter(|(_, r)| r.outcome != Outcome::Exempt)
+        .map(|(i, _)| i)
+        .collect()
 }
 
 /// Each check's plan; tokens of leases taken at other numbers go back to Redis now.
