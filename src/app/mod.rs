@@ -303,11 +303,7 @@ async fn return_leases(state: Arc<State>, mut stop: watch::Receiver<bool>) {
                 continue;
             };
             for back in leases.sweep(now) {
-                let check = crate::limiter::Check {
-                    limit,
-                    client: back.client,
-                };
-                crate::limiter::decide::give_back(redis, &check, back);
+                redis.give_back(limit, back);
             }
         }
     }

@@ -281,6 +281,5 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
 }
 
 mod leased;
-pub(crate) use self::leased::give_back;
 #[cfg(test)]
 mod tests;

@@ -3,10 +3,10 @@
 //! nothing across both.
 
 use super::{outcome, record, without_backend, Prepared};
-use crate::limiter::leasing::{Ask, Plan, Returned};
+use crate::limiter::leasing::{Ask, Plan};
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::store::{Asked, Shared};
-use crate::limiter::{Check, LimitResult, Moment, Outcome, Rate, Small};
+use crate::limiter::{Check, LimitResult, Moment, Outcome, Small};
 
 /// Decide `p`'s checks at `now`: from leases where they hold enough, the rest in Redis
 /// through worker `worker`'s connection, the failure policy for those when it cannot answer.
@@ -147,7 +147,7 @@ fn plan(p: &Prepared<'_>, redis: &RedisLimiter, now: Moment) -> Small<Plan> {
             let rate = tuning.map_or(&c.limit.rate, |t| &t.rate);
             let (plan, back) = leases.plan(c.client, c.limit.cost, rate, now.us());
             if let Some(back) = back {
-                give_back(redis, c, back);
+                redis.give_back(c.limit, back);
             }
             plan
         })
@@ -177,7 +177,7 @@ fn settle_leases(
         if results[j].ban == crate::limiter::ban::BanEvent::Refused {
             // Banned fleet-wide: the lease ends, its tokens back in the bucket.
             if let Some(back) = leases.end(c.client) {
-                give_back(redis, c, back);
+                redis.give_back(c.limit, back);
             }
             continue;
         }
@@ -186,13 +186,4 @@ fn settle_leases(
             None => leases.not_granted(c.client),
         }
     }
-}
-
-/// Hand `back`'s tokens of `c`'s bucket back to Redis, in the background.
-pub(crate) fn give_back(redis: &RedisLimiter, c: &Check<'_>, back: Returned) {
-    let rate = Rate {
-        per_sec: back.per_sec,
-        burst: c.limit.rate.burst,
-    };
-    redis.give_back(c.limit, back.client, &rate, back.tokens);
 }

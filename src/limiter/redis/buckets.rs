@@ -17,15 +17,18 @@ impl RedisLimiter {
         key
     }
 
-    /// Give `tokens` of `client`'s bucket of `limit` back, counted at `rate` (a lease's unused
-    /// tokens), from a task of its own on the shared connection.
+    /// Give a lease's unused tokens (`back`) of `limit`'s bucket back, counted at the rate they
+    /// were leased at, from a task of its own on the shared connection.
     pub fn give_back(
         &self,
         limit: &crate::limiter::Limit,
-        client: crate::identity::ClientId,
-        rate: &Rate,
-        tokens: u32,
+        back: crate::limiter::leasing::Returned,
     ) {
+        let (client, tokens) = (back.client, back.tokens);
+        let rate = &Rate {
+            per_sec: back.per_sec,
+            burst: limit.rate.burst,
+        };
         let key = self.key(limit, client);
         let bucket = Bucket {
             slot: if self.cluster {
