@@ -24,7 +24,8 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                    Cluster), slots (3d: a per-client and a `global` limit, two cluster slots per
                    request), redis-quota (3e: a calendar quota on one redis-server, beside its
                    token bucket and the local limiter), redis-concurrency (3f: the same with a
-                   concurrency limit), keys (4: KEYS distinct X-API-Key values), h2 (5: h2c),
+                   concurrency limit), redis-leased (3g: the token bucket with `leasing: auto`,
+                   one hot client), keys (4: KEYS distinct X-API-Key values), h2 (5: h2c),
                    fixed (6, 7: HTTP/1.1 at a fixed rate, forwarded and rejected).
     DURATION [10]  seconds measured per run       WARMUP [2]   seconds of warm-up per run
     CONNECTIONS [64]  client connections          THREADS [2]  wrk/h2load threads
@@ -36,7 +37,7 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                       (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
     SCENARIOS [baseline forwarded candidate rejected redis cluster slots redis-quota
-               redis-concurrency keys h2 fixed]
+               redis-concurrency redis-leased keys h2 fixed]
     LOGS [off]        off: every proxy's access log off; file: every proxy logs every request
                       to a file (tollgate --access-log FILE; nginx access_log FILE, and a
                       second nginx with buffer=64k flush=1s; HAProxy option httplog to its
@@ -44,7 +45,7 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                       with each proxy's logged/off ratio
     PEERS [haproxy caddy]  the peers measured beside nginx and tollgate (empty: none)
     ROUNDS [1]        measure nginx and tollgate this many times each in scenarios 1, 2, 4, 6, 7
-                      (and tollgate with Redis and in process in 3, 3c, 3d, 3e, 3f, with and
+                      (and tollgate with Redis and in process in 3, 3c, 3d, 3e, 3f, 3g, with and
                       without a candidate in 1c), alternating which
                       goes first; ratios are taken between the medians, each round's listed
     TOLLGATE_BIN      the tollgate binary [target/release/tollgate, built when missing or older
@@ -62,10 +63,10 @@ run_compare() {
     export KEYS # for keys.lua
     TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
     FIXED_RPS=${FIXED_RPS:-900}
-    SCENARIOS=${SCENARIOS:-baseline forwarded candidate rejected redis cluster slots redis-quota redis-concurrency keys h2 fixed}
+    SCENARIOS=${SCENARIOS:-baseline forwarded candidate rejected redis cluster slots redis-quota redis-concurrency redis-leased keys h2 fixed}
     # Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
     TOLLGATE_EXTRA=
-    # The kind of tollgate's limit in place of its token bucket (scenarios 3e and 3f set it).
+    # The kind of tollgate's limit in place of its token bucket (scenarios 3e, 3f and 3g set it).
     TOLLGATE_LIMIT=
     ROUNDS=${ROUNDS:-1}
     LOGS=${LOGS:-off}
@@ -274,8 +275,8 @@ beside_local() {
     ratio "$label" "$2" "$3" "$2" "tollgate (local)"
 }
 
-# Scenarios 3e and 3f: the route's one limit (`key: [ip]`, as the token bucket's) is a calendar
-# quota or a concurrency limit, never reached, over one redis-server, measured in alternating
+# Scenarios 3e, 3f and 3g: the route's one limit (`key: [ip]`, as the token bucket's) is a
+# calendar quota, a concurrency limit or a leased token bucket, never reached, over one redis-server, measured in alternating
 # rounds beside the token bucket over the same redis-server ("tollgate (redis)") and beside the
 # local limiter's token bucket ("tollgate (local)").
 # kind_run NAME SCENARIO TARGET LIMITER: one forwarded run of tollgate with LIMITER and the
@@ -289,7 +290,7 @@ kind_run() {
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
     shared_run "$1-$KIND_NAME" "$2" "$KIND_TARGET" "$4"
 }
-# beside_bucket SCENARIO NAME KIND LIMIT: scenario 3e or 3f (NAME its runs' directories, KIND
+# beside_bucket SCENARIO NAME KIND LIMIT: scenario 3e, 3f or 3g (NAME its runs' directories, KIND
 # the limit's kind, LIMIT its YAML) with the ratios of the kind over Redis to the local limiter
 # and to the token bucket over Redis, and of that bucket to the local limiter.
 beside_bucket() {
@@ -449,6 +450,14 @@ compare_pass() {
         beside_bucket "$(sc "3f redis concurrency forwarded")" tollgate-redis-c concurrency \
             "concurrency: 100000"
     fi
+    # Scenario 3g: the token bucket of scenario 3 with `leasing: auto`; wrk's one address is
+    # the hot identity whose checks leases answer in process.
+    if compare_want redis-leased; then
+        beside_bucket "$(sc "3g redis leased forwarded")" tollgate-redis-l leased \
+            "rate: ${FWD_TOLLGATE[0]}
+        burst: ${FWD_TOLLGATE[1]}
+        leasing: auto"
+    fi
 
     if compare_want keys; then
         keys=$(keys_scen)
@@ -524,7 +533,7 @@ compare_report() {
         "$(! peer_wanted caddy || echo "Caddy $(caddy version | awk '{print $1}')")."
     echo "Each run: ${WARMUP}s warm-up, then ${DURATION}s measured, $CONNECTIONS connections," \
         "$THREADS client threads; h2 with $H2_STREAMS streams per connection;" \
-        "$ROUNDS round(s) of scenarios 1, 1c, 2, 3, 3c, 3d, 3e, 3f, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
+        "$ROUNDS round(s) of scenarios 1, 1c, 2, 3, 3c, 3d, 3e, 3f, 3g, 4, 6 and 7; scenarios 6 and 7 at $FIXED_RPS req/s per connection." \
         "tollgate rate-limit headers: $TOLLGATE_HEADERS; buffering: ${TOLLGATE_BUFFERING:-default};" \
         "access logs: $LOGS (\", logged\": every proxy logs every request to a file)."
     echo

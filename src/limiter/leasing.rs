@@ -6,7 +6,7 @@
 //! in Redis per request). A hot one asks, with one request's check, for up to a lease's size
 //! of further tokens (`Plan::Take`); the script takes them only if the request is admitted,
 //! and never more than the bucket holds. Later requests spend them here (`Plan::Spent`), and
-//! the one that finds an eighth of the lease left asks for a top-up beside its spend, so a
+//! the one that finds half of the lease left asks for a top-up beside its spend, so a
 //! steady hot identity never waits for Redis. Tokens no new lease topped up within `hold` go
 //! back to the bucket (`sweep`), as do the tokens of a lease taken at other numbers than the
 //! request's (an operator's override changed).
@@ -32,8 +32,9 @@ use crate::identity::ClientId;
 /// Requests of one identity here within a hold (this one and the last) before it leases.
 pub const HOT: u32 = 4;
 
-/// A lease is topped up once this fraction of its size is left (1/8).
-const TOP_UP_SHIFT: u32 = 3;
+/// A lease is topped up once this fraction of its size is left (1/2): the other half covers
+/// the top-up's round trip, which under load is many requests of a hot identity long.
+const TOP_UP_SHIFT: u32 = 1;
 
 /// Identities one limit's table follows at most; past it new ones keep the exact path.
 pub const MAX_ENTRIES: usize = 65_536;

@@ -9,9 +9,9 @@ use crate::config::settings::{LeaseSpec, Rate};
 /// How long unused leased tokens stay on a replica without a new lease (`hold`'s default).
 pub(super) const DEFAULT_HOLD: Duration = Duration::from_secs(1);
 
-/// `auto`'s most tokens per lease, per token a request costs: a lease is topped up when an
-/// eighth of it is left, so a hot identity costs Redis one call per 112 requests or fewer.
-pub(super) const AUTO_PER_COST: u32 = 128;
+/// `auto`'s most tokens per lease, per token a request costs: a lease is topped up when half
+/// of it is left, so a hot identity costs Redis one call per 128 requests or fewer.
+pub(super) const AUTO_PER_COST: u32 = 256;
 
 /// `l.leasing` of a limit of `rate` at `cost` tokens a request, over Redis when `redis`;
 /// `None` when unset or wrong.
