@@ -11,6 +11,7 @@ mod common;
 
 mod faults_redis;
 mod fleet;
+mod leasing;
 mod redis_cluster;
 mod redis_limiter;
 mod redis_sentinel;
