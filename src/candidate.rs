@@ -169,7 +169,7 @@ impl Candidate {
 fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard) {
     let limits = &route.limits[..];
     if concurrency::any(limits) {
-        let (held, taken) = concurrency::acquire(None, limits, view)
+        let (held, taken) = concurrency::acquire(None, None, limits, view)
             .now_or_never()
             .unwrap_or_default();
         let refused = taken

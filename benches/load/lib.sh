@@ -352,8 +352,8 @@ start_redis() {
 
 # "ALL SCRIPTS CPU TAKES DROPS": commands Redis has processed, and of those the script calls
 # (EVAL, EVALSHA and their _RO forms), the CPU time the servers used (user + system,
-# microseconds), and the ZCARD and ZREM commands run (one each by a concurrency lease's take and
-# its release, both inside lease.lua), summed over the servers of REDIS_PORTS. Commands a
+# microseconds), and the ZADD and ZREM commands run (one each by a concurrency lease's take and
+# its release, both inside lease.lua; its renewals, a few a minute, count as takes), summed over the servers of REDIS_PORTS. Commands a
 # script runs inside Redis (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the
 # number of round trips a request costs.
 redis_commands() {
@@ -362,7 +362,7 @@ redis_commands() {
         redis-cli -p "$port" info commandstats cpu
     done | tr -d '\r' | awk -F'[:=,]' '
         /^cmdstat_/ { all += $3; if ($1 ~ /^cmdstat_eval/) scripts += $3 }
-        /^cmdstat_zcard:/ { takes += $3 }
+        /^cmdstat_zadd:/ { takes += $3 }
         /^cmdstat_zrem:/ { drops += $3 }
         /^used_cpu_(sys|user):/ { cpu += $2 }
         END { printf "%d %d %.0f %d %d\n", all, scripts, cpu * 1e6, takes, drops }'

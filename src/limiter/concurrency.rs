@@ -152,6 +152,7 @@ pub fn any(limits: &[Arc<Limit>]) -> bool {
 #[allow(clippy::too_many_lines)]
 pub async fn acquire(
     redis: Option<&RedisLimiter>,
+    worker: Option<usize>,
     limits: &[Arc<Limit>],
     view: &RequestView<'_>,
 ) -> (Guard, Small<LimitResult>) {
@@ -186,7 +187,7 @@ pub async fn acquire(
             ),
             Some(r) => {
                 let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
-                match r.take_lease(leases, limit, client, cap(spec.max)).await {
+                match r.take_lease(worker, leases, limit, client, cap(spec.max)).await {
                     Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::Lease(lease), n))),
                     Ok(Taken::Full(n)) => Some(Err(n)),
                     Err(_) => {

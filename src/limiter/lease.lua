@@ -1,25 +1,68 @@
--- Concurrency leases: KEYS[1] is a sorted set of one limit and identity, its members lease IDs
+-- Concurrency leases: each key is a sorted set of one limit and identity, its members lease IDs
 -- scored by their expiry in milliseconds on Redis's clock.
---   take  max lease_ms id   -> {1, in flight with it} or {0, in flight}
---   renew lease_ms id...    -> how many were still held (XX: a released lease stays released)
---   drop  id                -> 0
-local key = KEYS[1]
+--   batch op...             -> two integers per take, in order: {1, in flight with it} or
+--                              {0, in flight}; an op is one of
+--                                t KEY_INDEX max lease_ms id   (take a slot)
+--                                d KEY_INDEX id                (release one)
+--   renew lease_ms id...    -> how many were still held (XX: a released lease stays released);
+--                              KEYS[1] the set
 local mode = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if mode == 'take' then
-  local lease = tonumber(ARGV[3])
-  -- Leases a replica stopped renewing (it crashed, or lost Redis) are free again.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local n = redis.call('ZCARD', key)
-  if n >= tonumber(ARGV[2]) then
-    return {0, n}
+
+-- Within one batch a set is swept and counted once, and its expiry set once at the end.
+local count = {}
+local expire = {}
+
+local function card(key)
+  local n = count[key]
+  if n == nil then
+    -- Leases a replica stopped renewing (it crashed, or lost Redis) are free again.
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    n = redis.call('ZCARD', key)
   end
-  redis.call('ZADD', key, now + lease, ARGV[4])
+  return n
+end
+
+local function take(key, max, lease, id)
+  local n = card(key)
+  if n >= max then
+    count[key] = n
+    return 0, n
+  end
+  redis.call('ZADD', key, now + lease, id)
+  count[key] = n + 1
   -- Every member expires by now + lease: the set may go with its last lease.
-  redis.call('PEXPIRE', key, lease)
-  return {1, n + 1}
+  expire[key] = math.max(expire[key] or 0, lease)
+  return 1, n + 1
+end
+
+if mode == 'batch' then
+  local out = {}
+  local i = 2
+  while i <= #ARGV do
+    local key = KEYS[tonumber(ARGV[i + 1])]
+    if ARGV[i] == 't' then
+      local added, n = take(key, tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), ARGV[i + 4])
+      out[#out + 1] = added
+      out[#out + 1] = n
+      i = i + 5
+    elseif ARGV[i] == 'd' then
+      local removed = redis.call('ZREM', key, ARGV[i + 2])
+      if count[key] ~= nil then
+        count[key] = count[key] - removed
+      end
+      i = i + 3
+    else
+      return redis.error_reply('lease.lua: unknown op ' .. tostring(ARGV[i]))
+    end
+  end
+  for key, lease in pairs(expire) do
+    redis.call('PEXPIRE', key, lease)
+  end
+  return out
 elseif mode == 'renew' then
+  local key = KEYS[1]
   local lease = tonumber(ARGV[2])
   local held = 0
   for i = 3, #ARGV do
@@ -29,8 +72,5 @@ elseif mode == 'renew' then
     redis.call('PEXPIRE', key, lease)
   end
   return held
-elseif mode == 'drop' then
-  redis.call('ZREM', key, ARGV[2])
-  return 0
 end
 return redis.error_reply('lease.lua: unknown mode ' .. tostring(mode))

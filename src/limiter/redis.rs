@@ -93,6 +93,7 @@ struct Bucket<'a> {
 struct Worker {
     link: Arc<Link>,
     batcher: batch::Batcher,
+    leases: lease::Batcher,
 }
 
 /// The worker whose connection and batcher a check uses; `None`: the shared connection.
@@ -111,6 +112,8 @@ pub struct RedisLimiter {
     /// first use there: its I/O then runs on the worker that asks, so a check never wakes
     /// another thread.
     per_worker: Vec<std::sync::OnceLock<Worker>>,
+    /// The concurrency-lease batcher of the shared connection, started on first use.
+    shared_leases: std::sync::OnceLock<lease::Batcher>,
     cfg: RedisConfig,
     timeout: Duration,
     key_prefix: String,
@@ -159,6 +162,7 @@ impl RedisLimiter {
             shared: Arc::new(shared),
             cluster,
             per_worker: (0..workers).map(|_| std::sync::OnceLock::new()).collect(),
+            shared_leases: std::sync::OnceLock::new(),
             cfg: cfg.clone(),
             timeout: cfg.timeout,
             key_prefix: cfg.key_prefix.clone(),
@@ -374,7 +378,12 @@ impl RedisLimiter {
         }
         let link = Arc::new(Link::open(&self.cfg).ok()?);
         let batcher = batch::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
-        Some(cell.get_or_init(|| Worker { link, batcher }))
+        let leases = lease::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
+        Some(cell.get_or_init(|| Worker {
+            link,
+            batcher,
+            leases,
+        }))
     }
 
     /// Open this worker thread's connection and start its batcher now, and have Redis answer

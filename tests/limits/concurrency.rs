@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{config, BinaryProxy, Http, Raw, TestProxy};
-use redis_helpers::RedisServer;
+use redis_helpers::{RedisCluster, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -283,4 +283,45 @@ async fn two_replicas_share_n_and_a_killed_replica_frees_its_slots_within_the_le
     until_admitted(&http, &a.url("/fast")).await;
     up.release(10);
     drop(raws);
+}
+
+/// Many requests arriving at once go to Redis as few batched calls: exactly N of them get a
+/// slot, on one server and on a Cluster, and their releases come back in batches too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takes_arriving_together_are_batched_and_admit_exactly_n() {
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let limiters = [
+        redis_block(&server.url()),
+        format!(
+            "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: 1s\n",
+            nodes.join(", ")
+        ),
+    ];
+    let limits = "      - { name: c, concurrency: 5, key: [ip], on_failure: closed }\n";
+    for (i, limiter) in limiters.iter().enumerate() {
+        let up = Held::start().await;
+        let proxy = TestProxy::start(&config(&format!("{limiter}{}", routes(up.addr, limits))));
+        let http = Http::new();
+        until_admitted(&http, &proxy.url("/fast")).await;
+        let calls = |i: usize| if i == 0 { server.script_calls() } else { cluster.script_calls() };
+        let before = calls(i);
+        let held = hold(&proxy.url("/hold"), 40);
+        up.wait_arrived(5).await;
+        // The 35 refused answer while the 5 are held.
+        let start = Instant::now();
+        while held.iter().filter(|h| h.is_finished()).count() < 35 {
+            assert!(start.elapsed() < DEADLINE, "the refusals never came");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        up.release(100);
+        let codes = futures_join(held).await;
+        let admitted = codes.iter().filter(|&&c| c == 200).count();
+        let refused = codes.iter().filter(|&&c| c == 429).count();
+        let made = calls(i) - before;
+        eprintln!("limiter {i}: {admitted} admitted, {refused} refused, {made} script calls");
+        assert_eq!((admitted, refused), (5, 35), "{codes:?}");
+        assert!(made <= 20, "{made} script calls for 40 takes and 5 releases");
+    }
 }

@@ -1,6 +1,11 @@
 //! Concurrency slots in Redis: leases in a sorted set per limit and identity (`lease.lua`),
 //! renewed in one batch per interval by one task per limit while held, released by ZREM.
 //!
+//! Takes and releases waiting at the same moment on one worker go to Redis as one script call
+//! (`lease.lua`'s "batch" mode), gathered as `batch` gathers bucket checks: under load a call
+//! carries many requests' takes and the releases of those that ended, on the worker's own
+//! connection.
+//!
 //! A replica that dies stops renewing: its leases expire within the `lease` time and the
 //! next take drops them. Renewals and releases are fire-and-forget: a lost one costs at most a
 //! slot held until its lease ends.
@@ -11,10 +16,13 @@ use std::time::Duration;
 
 use ::redis::{Script, Value};
 use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
-use super::failure::{Failure, Unavailable};
+use super::batch::{GATHER_TURNS, MAX_BATCH};
+use super::failure::{by_deadline, Failure, Unavailable};
 use super::link::Link;
-use super::RedisLimiter;
+use super::{bump, Counters, RedisLimiter};
 use crate::identity::ClientId;
 use crate::limiter::Limit;
 
@@ -27,7 +35,6 @@ pub struct Leases {
     live: Mutex<HashMap<u128, Arc<str>>>,
     link: Arc<Link>,
     lease: Duration,
-    timeout: Duration,
 }
 
 /// A lease held by a request; released when dropped.
@@ -36,6 +43,8 @@ pub struct Lease {
     leases: Arc<Leases>,
     id: u128,
     key: Arc<str>,
+    /// The batcher of the worker that took it, which sends its release.
+    batcher: Batcher,
 }
 
 /// What a take found.
@@ -54,18 +63,163 @@ fn member(id: u128) -> String {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.leases.live.lock().remove(&self.id);
-        // Off the dropping thread (hyper's, in a body's drop): a task of its own.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let leases = self.leases.clone();
-            let key = self.key.clone();
-            let id = member(self.id);
-            rt.spawn(async move {
-                let mut call = LEASE_SCRIPT.prepare_invoke();
-                call.key(&*key).arg("drop").arg(id);
-                let on = leases.link.now();
-                let _ = tokio::time::timeout(leases.timeout * 4, on.conn.invoke(&call)).await;
-            });
+        // Into the next batch; if the batcher is gone (shutdown), the lease expires unrenewed.
+        let _ = self.batcher.ops.send(Op::Drop {
+            key: self.key.clone(),
+            id: self.id,
+        });
+    }
+}
+
+/// One take or release waiting for its worker's next lease call.
+enum Op {
+    Take {
+        key: Arc<str>,
+        max: u32,
+        lease_ms: u64,
+        id: u128,
+        deadline: Instant,
+        reply: oneshot::Sender<Result<(bool, u32), Failure>>,
+    },
+    Drop {
+        key: Arc<str>,
+        id: u128,
+    },
+}
+
+impl Op {
+    fn key(&self) -> &Arc<str> {
+        match self {
+            Op::Take { key, .. } | Op::Drop { key, .. } => key,
         }
+    }
+}
+
+/// The queue of one worker's lease takes and releases.
+#[derive(Debug, Clone)]
+pub(super) struct Batcher {
+    ops: mpsc::UnboundedSender<Op>,
+}
+
+impl Batcher {
+    /// Start the batching task on the current runtime.
+    pub(super) fn start(link: Arc<Link>, counters: Arc<Counters>, timeout: Duration) -> Self {
+        let (ops, queue) = mpsc::unbounded_channel();
+        tokio::spawn(collect(link, queue, counters, timeout));
+        Self { ops }
+    }
+}
+
+/// Take everything queued, send it as one call per slot (without waiting for it), repeat.
+async fn collect(
+    link: Arc<Link>,
+    mut queue: mpsc::UnboundedReceiver<Op>,
+    counters: Arc<Counters>,
+    timeout: Duration,
+) {
+    let cluster = link.is_cluster();
+    while let Some(first) = queue.recv().await {
+        for _ in 0..GATHER_TURNS {
+            tokio::task::yield_now().await;
+        }
+        let mut batch = Vec::with_capacity(1 + queue.len().min(MAX_BATCH - 1));
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        if cluster {
+            let mut slots: Vec<(u16, Vec<Op>)> = Vec::new();
+            for op in batch {
+                let slot = super::cluster::slot_of(op.key());
+                match slots.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, ops)) => ops.push(op),
+                    None => slots.push((slot, vec![op])),
+                }
+            }
+            for (_, ops) in slots {
+                tokio::spawn(send(link.clone(), ops, counters.clone(), timeout));
+            }
+        } else {
+            tokio::spawn(send(link.clone(), batch, counters.clone(), timeout));
+        }
+    }
+}
+
+/// One "batch" call for `ops`; every take gets its answer, or the failure.
+async fn send(link: Arc<Link>, mut ops: Vec<Op>, counters: Arc<Counters>, timeout: Duration) {
+    let now = Instant::now();
+    let late = ops.extract_if(.., |op| matches!(op, Op::Take { deadline, .. } if *deadline <= now));
+    for op in late {
+        if let Op::Take { reply, .. } = op {
+            let _ = reply.send(Err(Failure::timed_out(timeout)));
+        }
+    }
+    if ops.is_empty() {
+        return;
+    }
+    // Releases alone wait longer: nothing waits on them.
+    let deadline = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Take { deadline, .. } => Some(*deadline),
+            Op::Drop { .. } => None,
+        })
+        .min()
+        .unwrap_or(now + timeout * 4);
+    bump(&counters.redis_calls);
+    let mut call = LEASE_SCRIPT.prepare_invoke();
+    call.arg("batch");
+    let mut keys: Vec<&Arc<str>> = Vec::new();
+    let mut replies = Vec::new();
+    for op in &ops {
+        let at = match keys.iter().position(|k| *k == op.key()) {
+            Some(at) => at,
+            None => {
+                keys.push(op.key());
+                call.key(&**op.key());
+                keys.len() - 1
+            }
+        } + 1;
+        match op {
+            Op::Take {
+                max, lease_ms, id, ..
+            } => {
+                call.arg("t").arg(at).arg(*max).arg(*lease_ms).arg(member(*id));
+            }
+            Op::Drop { id, .. } => {
+                call.arg("d").arg(at).arg(member(*id));
+            }
+        }
+    }
+    for op in ops {
+        if let Op::Take { reply, .. } = op {
+            replies.push(reply);
+        }
+    }
+    let on = link.now();
+    let value = by_deadline(deadline, timeout, on.conn.invoke(&call)).await;
+    link.settle(&on, &value);
+    let answers = match &value {
+        Ok(Value::Array(items)) if items.len() == 2 * replies.len() => items
+            .chunks(2)
+            .map(|pair| parse(pair).ok_or_else(Failure::unexpected_reply))
+            .collect(),
+        Ok(other) => {
+            // Another call's reply: the connection is out of step (see `link`).
+            link.out_of_step(&on);
+            let failure = Failure::new(
+                Unavailable::Error,
+                format!("unexpected lease reply {other:?}"),
+            );
+            vec![Err(failure); replies.len()]
+        }
+        Err(failure) => vec![Err(failure.clone()); replies.len()],
+    };
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer);
     }
 }
 
@@ -76,10 +230,19 @@ impl RedisLimiter {
             live: Mutex::default(),
             link: self.shared.clone(),
             lease,
-            timeout: self.timeout,
         });
         tokio::spawn(renew(Arc::downgrade(&leases)));
         leases
+    }
+
+    /// The lease batcher of worker `worker`, else of the shared connection.
+    fn lease_batcher(&self, worker: Option<usize>) -> &Batcher {
+        match self.worker(worker) {
+            Some(w) => &w.leases,
+            None => self.shared_leases.get_or_init(|| {
+                Batcher::start(self.shared.clone(), self.counters.clone(), self.timeout)
+            }),
+        }
     }
 
     /// The Redis key of `client`'s leases under `limit`: the bucket's hash tag, so a cluster
@@ -94,9 +257,11 @@ impl RedisLimiter {
         key
     }
 
-    /// Take one of `max` slots of `client` under `limit`, as a lease in `leases`.
+    /// Take one of `max` slots of `client` under `limit`, as a lease in `leases`, in the next
+    /// lease call of worker `worker` (`None`: of the shared connection).
     pub(crate) async fn take_lease(
         &self,
+        worker: Option<usize>,
         leases: &Arc<Leases>,
         limit: &Limit,
         client: ClientId,
@@ -104,26 +269,22 @@ impl RedisLimiter {
     ) -> Result<Taken, Unavailable> {
         let key: Arc<str> = self.lease_key(limit, client).into();
         let id = (u128::from(fastrand::u64(..)) << 64) | u128::from(fastrand::u64(..));
-        let lease_ms = u64::try_from(leases.lease.as_millis()).unwrap_or(u64::MAX);
-        let mut call = LEASE_SCRIPT.prepare_invoke();
-        call.key(&*key)
-            .arg("take")
-            .arg(max)
-            .arg(lease_ms)
-            .arg(member(id));
-        let on = self.shared.now();
+        let batcher = self.lease_batcher(worker).clone();
         // Registered before it is asked: a renewal may go out for it, never a lease unrenewed.
         leases.live.lock().insert(id, key.clone());
-        let asked = tokio::time::timeout(self.timeout, on.conn.invoke(&call)).await;
-        let taken = match asked {
-            Ok(Ok(reply)) => parse(&reply).ok_or_else(|| {
-                Failure::new(
-                    Unavailable::Error,
-                    format!("unexpected lease reply {reply:?}"),
-                )
-            }),
-            Ok(Err(e)) => Err(Failure::new(Unavailable::Error, e.to_string())),
-            Err(_) => Err(Failure::timed_out(self.timeout)),
+        let (reply, answer) = oneshot::channel();
+        let op = Op::Take {
+            key: key.clone(),
+            max,
+            lease_ms: u64::try_from(leases.lease.as_millis()).unwrap_or(u64::MAX),
+            id,
+            deadline: Instant::now() + self.timeout,
+            reply,
+        };
+        let taken = if batcher.ops.send(op).is_ok() {
+            answer.await.unwrap_or_else(|_| Err(stopped()))
+        } else {
+            Err(stopped())
         };
         match taken {
             Ok((true, n)) => Ok(Taken::Slot(
@@ -131,6 +292,7 @@ impl RedisLimiter {
                     leases: leases.clone(),
                     id,
                     key,
+                    batcher,
                 },
                 n,
             )),
@@ -147,9 +309,12 @@ impl RedisLimiter {
     }
 }
 
+fn stopped() -> Failure {
+    Failure::new(Unavailable::Error, "the Redis lease batching task has stopped")
+}
+
 /// `{admitted, in flight}`.
-fn parse(v: &Value) -> Option<(bool, u32)> {
-    let Value::Array(items) = v else { return None };
+fn parse(items: &[Value]) -> Option<(bool, u32)> {
     let int = |v: &Value| match v {
         Value::Int(n) => u32::try_from(*n).ok(),
         _ => None,
