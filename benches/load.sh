@@ -5,7 +5,7 @@
 #   benches/load.sh help [SUBCOMMAND]      what each subcommand does and its environment
 #
 # Subcommands: compare, ab OLD NEW, floor, memory, idle [CONNECTIONS], callgrind [tollgate|bare]
-# [fwd|rej|redis], shield. The body of each is benches/load/SUBCOMMAND.sh (sourced here, not run on its
+# [fwd|rej|redis], shield, fleet. The body of each is benches/load/SUBCOMMAND.sh (sourced here, not run on its
 # own); all share benches/load/lib.sh, and the configs, the wrk script and the report's parser
 # in benches/compare/. Everything runs on 127.0.0.1 only, and a subcommand stops every process
 # it started when it ends, fails or is interrupted. A tool that is missing (nginx, wrk, h2load,
@@ -14,7 +14,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONF=$ROOT/benches/compare
-SUBCOMMANDS=(compare ab floor memory idle callgrind shield)
+SUBCOMMANDS=(compare ab floor memory idle callgrind shield fleet)
 SUBCOMMAND=
 
 # shellcheck source=benches/load/lib.sh
@@ -35,6 +35,8 @@ SUBCOMMAND=
 . "$ROOT/benches/load/callgrind.sh"
 # shellcheck source=benches/load/shield.sh
 . "$ROOT/benches/load/shield.sh"
+# shellcheck source=benches/load/fleet.sh
+. "$ROOT/benches/load/fleet.sh"
 
 # usage [SUBCOMMAND]: what every subcommand (or that one) does, with its environment variables
 # and their defaults in brackets.

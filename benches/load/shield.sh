@@ -26,6 +26,6 @@ run_shield() {
     [[ " ${PEERS-haproxy} " != *" haproxy "* ]] || need haproxy
     start_run
     tollgate_binary
-    (cd "$ROOT" && TOLLGATE_BIN=$TOLLGATE_BIN PEERS=${PEERS-haproxy} SHIELD_SECONDS=${SHIELD_SECONDS:-10} \
+    (cd "$ROOT" && TOLLGATE_BIN=$TOLLGATE PEERS=${PEERS-haproxy} SHIELD_SECONDS=${SHIELD_SECONDS:-10} \
         cargo bench --bench shield)
 }

@@ -187,7 +187,10 @@ pub async fn acquire(
             ),
             Some(r) => {
                 let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
-                match r.take_lease(worker, leases, limit, client, cap(spec.max)).await {
+                match r
+                    .take_lease(worker, leases, limit, client, cap(spec.max))
+                    .await
+                {
                     Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::Lease(lease), n))),
                     Ok(Taken::Full(n)) => Some(Err(n)),
                     Err(_) => {

@@ -11,6 +11,13 @@
 //! back to the bucket (`sweep`), as do the tokens of a lease taken at other numbers than the
 //! request's (an operator's override changed).
 //!
+//! An identity over its limit would cost a call per request once its lease is empty: every
+//! token the bucket refills is fought for. So once Redis refuses a leased identity, this
+//! replica refuses it here for a while (`Plan::Refused`): until about `REFUSED_REQUESTS` of
+//! its requests have come, at most half the time the bucket takes to fill and at most a hold.
+//! The tokens refilled meanwhile stay in the bucket, for the next lease (here or elsewhere):
+//! the fleet admits as many, later, never more.
+//!
 //! The bound: a replica holds at most `L` (`LeaseSpec::tokens`) of one identity's tokens,
 //! and only ever takes them from the bucket, which hands out at most `burst + rate × t` in
 //! any interval `t`. What the fleet admits in `t` is what it took in `t` plus what it held at
@@ -35,6 +42,9 @@ pub const HOT: u32 = 4;
 /// A lease is topped up once this fraction of its size is left (1/2): the other half covers
 /// the top-up's round trip, which under load is many requests of a hot identity long.
 const TOP_UP_SHIFT: u32 = 1;
+
+/// Requests of a refused identity this replica refuses on its own before it asks again.
+const REFUSED_REQUESTS: f64 = 64.0;
 
 /// Identities one limit's table follows at most; past it new ones keep the exact path.
 pub const MAX_ENTRIES: usize = 65_536;
@@ -64,9 +74,47 @@ struct Entry {
     /// and when it is full again: the headers of a request answered here.
     left: u64,
     full_at: f64,
+    /// Refused here until then (µs), the lease empty: Redis refused the identity last.
+    refused_until: f64,
 }
 
 impl Entry {
+    fn new(rate: &Rate, now: f64) -> Self {
+        Self {
+            tokens: 0,
+            per_sec: rate.per_sec,
+            burst: rate.burst,
+            until: now,
+            window: now,
+            seen: 0,
+            seen_before: 0,
+            asking: None,
+            left: 0,
+            full_at: now,
+            refused_until: now,
+        }
+    }
+
+    /// Take the numbers of `rate` when they differ from the lease's (exactly the same number,
+    /// or another rate: an override came or went): its tokens, to give back.
+    fn renumber(&mut self, client: ClientId, rate: &Rate, now: f64) -> Option<Returned> {
+        if self.per_sec.to_bits() == rate.per_sec.to_bits() && self.burst == rate.burst {
+            return None;
+        }
+        let back = (self.tokens > 0).then_some(Returned {
+            client,
+            tokens: self.tokens,
+            per_sec: self.per_sec,
+        });
+        *self = Self {
+            window: self.window,
+            seen: self.seen,
+            seen_before: self.seen_before,
+            ..Self::new(rate, now)
+        };
+        back
+    }
+
     /// Count a request at `now` in its hold's window, starting a new window once it is over.
     fn count(&mut self, now: f64, hold_us: f64) {
         if now >= self.window + hold_us {
@@ -90,6 +138,8 @@ pub enum Plan {
     Take { extra: u32 },
     /// Admitted here from the lease; `top_up` more tokens asked of Redis beside (0: none).
     Spent { verdict: Verdict, top_up: u32 },
+    /// Refused here: Redis refused the identity a moment ago, and the lease is empty.
+    Refused { verdict: Verdict },
 }
 
 /// What a check asks of Redis for a lease, beside its own cost: `tokens` more, and for a
@@ -144,7 +194,6 @@ impl Leases {
         rate: &Rate,
         now: f64,
     ) -> (Plan, Option<Returned>) {
-        let per_sec = rate.per_sec;
         let mut map = self.shard(client).lock();
         let e = match map.get_mut(&client) {
             Some(e) => e,
@@ -153,33 +202,11 @@ impl Leases {
                     return (Plan::Exact, None);
                 }
                 self.entries.fetch_add(1, Ordering::Relaxed);
-                map.entry(client).or_insert(Entry {
-                    tokens: 0,
-                    per_sec,
-                    burst: rate.burst,
-                    until: now,
-                    window: now,
-                    seen: 0,
-                    seen_before: 0,
-                    asking: None,
-                    left: 0,
-                    full_at: now,
-                })
+                map.entry(client).or_insert(Entry::new(rate, now))
             }
         };
         e.count(now, self.hold_us);
-        let mut back = None;
-        // Exactly the same number, or another rate: an override came or went.
-        if e.per_sec.to_bits() != per_sec.to_bits() || e.burst != rate.burst {
-            if e.tokens > 0 {
-                back = Some(Returned {
-                    client,
-                    tokens: e.tokens,
-                    per_sec: e.per_sec,
-                });
-            }
-            (e.tokens, e.per_sec, e.burst, e.asking) = (0, per_sec, rate.burst, None);
-        }
+        let back = e.renumber(client, rate, now);
         let asking = e.asking.is_some_and(|t| now - t < self.hold_us);
         let size = self.size(e, cost);
         if e.tokens >= cost {
@@ -197,6 +224,15 @@ impl Leases {
                 e.asking = Some(now);
             }
             return (Plan::Spent { verdict, top_up }, back);
+        }
+        if now < e.refused_until {
+            let verdict = Verdict {
+                admitted: false,
+                remaining: 0,
+                reset_us: (e.full_at - now).max(0.0),
+                retry_after_us: e.refused_until - now,
+            };
+            return (Plan::Refused { verdict }, back);
         }
         if asking || e.seen.saturating_add(e.seen_before) < HOT {
             return (Plan::Exact, back);
@@ -237,6 +273,24 @@ impl Leases {
         if let Some(e) = self.shard(client).lock().get_mut(&client) {
             e.asking = None;
         }
+    }
+
+    /// Redis refused a lease call of `client` at `now` with `refused`: refuse it here until
+    /// about `REFUSED_REQUESTS` more of its requests have come (at its rate here), at least
+    /// until Redis's retry time, at most half the bucket's fill time and a hold.
+    pub fn refused(&self, client: ClientId, refused: &Verdict, now: f64) {
+        let mut map = self.shard(client).lock();
+        let Some(e) = map.get_mut(&client) else {
+            return;
+        };
+        e.asking = None;
+        let per_hold = f64::from(e.seen.max(e.seen_before).max(1));
+        let wait = REFUSED_REQUESTS * self.hold_us / per_hold;
+        let fill_us = f64::from(e.burst) / e.per_sec.max(f64::MIN_POSITIVE) * 1e6;
+        let most = self.hold_us.min(fill_us / 2.0);
+        e.refused_until = now + wait.min(most).max(refused.retry_after_us);
+        e.full_at = now + refused.reset_us;
+        e.left = refused.remaining;
     }
 
     /// End `client`'s lease (Redis refused the identity outright: a ban): its tokens, to give
@@ -390,5 +444,43 @@ mod tests {
         // 11 requests in this hold: a lease of 11 at most (10 more beside this request's).
         l.not_granted(c);
         assert_eq!(l.plan(c, 1, &r(1e6), 20.0).0, Plan::Take { extra: 10 });
+    }
+
+    #[test]
+    fn a_refused_identity_is_refused_here_for_a_while_then_asks_again() {
+        let l = leases(100, true);
+        let c = ClientId(4);
+        let rate = Rate {
+            per_sec: 1_000.0,
+            burst: 1_000,
+        };
+        // 640 requests in this hold: 64 of them take a tenth of it.
+        for i in 0..640 {
+            l.plan(c, 1, &rate, f64::from(i));
+        }
+        l.not_granted(c);
+        assert!(matches!(l.plan(c, 1, &rate, 700.0).0, Plan::Take { .. }));
+        let refusal = Verdict {
+            admitted: false,
+            remaining: 0,
+            reset_us: 1e6,
+            retry_after_us: 1_000.0,
+        };
+        l.refused(c, &refusal, 1_000.0);
+        match l.plan(c, 1, &rate, 2_000.0).0 {
+            Plan::Refused { verdict } => {
+                assert!(!verdict.admitted);
+                // 64 requests at 641 a hold of 1 s: about 0.1 s.
+                assert!(
+                    (verdict.retry_after_us - 98_800.0).abs() < 1_000.0,
+                    "{verdict:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            l.plan(c, 1, &rate, 101_000.0).0,
+            Plan::Take { .. }
+        ));
     }
 }

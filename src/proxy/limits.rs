@@ -114,7 +114,9 @@ async fn decide(
     let (worker, redis) = (conn.worker, rt.redis.as_deref());
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
-        let acquire = crate::boxed(|| limiter::concurrency::acquire(redis, Some(worker), &route.limits, view));
+        let acquire = crate::boxed(|| {
+            limiter::concurrency::acquire(redis, Some(worker), &route.limits, view)
+        });
         (*slots, taken) = acquire.await;
     }
     if taken

@@ -305,7 +305,13 @@ async fn takes_arriving_together_are_batched_and_admit_exactly_n() {
         let proxy = TestProxy::start(&config(&format!("{limiter}{}", routes(up.addr, limits))));
         let http = Http::new();
         until_admitted(&http, &proxy.url("/fast")).await;
-        let calls = |i: usize| if i == 0 { server.script_calls() } else { cluster.script_calls() };
+        let calls = |i: usize| {
+            if i == 0 {
+                server.script_calls()
+            } else {
+                cluster.script_calls()
+            }
+        };
         let before = calls(i);
         let held = hold(&proxy.url("/hold"), 40);
         up.wait_arrived(5).await;
@@ -322,6 +328,9 @@ async fn takes_arriving_together_are_batched_and_admit_exactly_n() {
         let made = calls(i) - before;
         eprintln!("limiter {i}: {admitted} admitted, {refused} refused, {made} script calls");
         assert_eq!((admitted, refused), (5, 35), "{codes:?}");
-        assert!(made <= 20, "{made} script calls for 40 takes and 5 releases");
+        assert!(
+            made <= 20,
+            "{made} script calls for 40 takes and 5 releases"
+        );
     }
 }

@@ -19,10 +19,22 @@ pub(super) async fn settle(
 ) {
     let plans = plan(p, redis, now);
     let slots = slots(p);
+    // A leased limit refusing here: the request is refused without asking Redis anything.
+    for (i, plan) in plans.iter().enumerate() {
+        if let Plan::Refused { verdict } = plan {
+            let r = &mut p.results[slots[i]];
+            r.verdict = Some(*verdict);
+            r.outcome = outcome(verdict, p.checks[i].limit);
+        }
+    }
+    let refused_here = |i: usize| matches!(plans[i], Plan::Refused { .. }) && p.enforced[i];
+    if (0..plans.len()).any(refused_here) {
+        return;
+    }
     // Redis is asked for the checks no lease covers, then the top-ups: the failure policy
     // applies to the first part only.
     let counted: Small<usize> = (0..plans.len())
-        .filter(|&i| !matches!(plans[i], Plan::Spent { .. }))
+        .filter(|&i| !matches!(plans[i], Plan::Spent { .. } | Plan::Refused { .. }))
         .collect();
     let top_ups: Small<usize> = (0..plans.len())
         .filter(|&i| matches!(plans[i], Plan::Spent { top_up, .. } if top_up > 0))
@@ -84,7 +96,8 @@ async fn ask(
     let asks: Small<Ask> = order
         .iter()
         .map(|&i| match plans[i] {
-            Plan::Exact => Ask::default(),
+            // A check refused here is never asked (see `settle`).
+            Plan::Exact | Plan::Refused { .. } => Ask::default(),
             Plan::Take { extra } => Ask {
                 tokens: extra,
                 top_up: false,
@@ -172,7 +185,7 @@ fn settle_leases(
         let asked = match plans[i] {
             Plan::Take { extra } => extra,
             Plan::Spent { top_up, .. } => top_up,
-            Plan::Exact => continue,
+            Plan::Exact | Plan::Refused { .. } => continue,
         };
         if results[j].ban == crate::limiter::ban::BanEvent::Refused {
             // Banned fleet-wide: the lease ends, its tokens back in the bucket.
@@ -181,9 +194,15 @@ fn settle_leases(
             }
             continue;
         }
-        match results[j].verdict.filter(|v| charged && v.admitted) {
-            Some(v) => leases.granted(c.client, asked, v.remaining, v.reset_us, now.us()),
-            None => leases.not_granted(c.client),
+        match results[j].verdict {
+            Some(v) if charged && v.admitted => {
+                leases.granted(c.client, asked, v.remaining, v.reset_us, now.us());
+            }
+            // This limit's own bucket refused (not another limit, not a failure's fallback).
+            Some(v) if !v.admitted && !results[j].fallback => {
+                leases.refused(c.client, &v, now.us());
+            }
+            _ => leases.not_granted(c.client),
         }
     }
 }

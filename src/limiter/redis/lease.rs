@@ -151,7 +151,10 @@ async fn collect(
 /// One "batch" call for `ops`; every take gets its answer, or the failure.
 async fn send(link: Arc<Link>, mut ops: Vec<Op>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
-    let late = ops.extract_if(.., |op| matches!(op, Op::Take { deadline, .. } if *deadline <= now));
+    let late = ops.extract_if(
+        ..,
+        |op| matches!(op, Op::Take { deadline, .. } if *deadline <= now),
+    );
     for op in late {
         if let Op::Take { reply, .. } = op {
             let _ = reply.send(Err(Failure::timed_out(timeout)));
@@ -170,35 +173,13 @@ async fn send(link: Arc<Link>, mut ops: Vec<Op>, counters: Arc<Counters>, timeou
         .min()
         .unwrap_or(now + timeout * 4);
     bump(&counters.redis_calls);
-    let mut call = LEASE_SCRIPT.prepare_invoke();
-    call.arg("batch");
-    let mut keys: Vec<&Arc<str>> = Vec::new();
-    let mut replies = Vec::new();
-    for op in &ops {
-        let at = match keys.iter().position(|k| *k == op.key()) {
-            Some(at) => at,
-            None => {
-                keys.push(op.key());
-                call.key(&**op.key());
-                keys.len() - 1
-            }
-        } + 1;
-        match op {
-            Op::Take {
-                max, lease_ms, id, ..
-            } => {
-                call.arg("t").arg(at).arg(*max).arg(*lease_ms).arg(member(*id));
-            }
-            Op::Drop { id, .. } => {
-                call.arg("d").arg(at).arg(member(*id));
-            }
-        }
-    }
-    for op in ops {
-        if let Op::Take { reply, .. } = op {
-            replies.push(reply);
-        }
-    }
+    let call = batch_call(&ops);
+    let replies: Vec<_> = (ops.into_iter())
+        .filter_map(|op| match op {
+            Op::Take { reply, .. } => Some(reply),
+            Op::Drop { .. } => None,
+        })
+        .collect();
     let on = link.now();
     let value = by_deadline(deadline, timeout, on.conn.invoke(&call)).await;
     link.settle(&on, &value);
@@ -310,7 +291,40 @@ impl RedisLimiter {
 }
 
 fn stopped() -> Failure {
-    Failure::new(Unavailable::Error, "the Redis lease batching task has stopped")
+    Failure::new(
+        Unavailable::Error,
+        "the Redis lease batching task has stopped",
+    )
+}
+
+/// `lease.lua`'s "batch" call of `ops`, each set's key sent once.
+fn batch_call(ops: &[Op]) -> ::redis::ScriptInvocation<'static> {
+    let mut call = LEASE_SCRIPT.prepare_invoke();
+    call.arg("batch");
+    let mut keys: Vec<&Arc<str>> = Vec::new();
+    for op in ops {
+        // Lua's KEYS count from 1.
+        let at = 1 + keys.iter().position(|k| *k == op.key()).unwrap_or_else(|| {
+            keys.push(op.key());
+            call.key(&**op.key());
+            keys.len() - 1
+        });
+        match op {
+            Op::Take {
+                max, lease_ms, id, ..
+            } => {
+                call.arg("t")
+                    .arg(at)
+                    .arg(*max)
+                    .arg(*lease_ms)
+                    .arg(member(*id));
+            }
+            Op::Drop { id, .. } => {
+                call.arg("d").arg(at).arg(member(*id));
+            }
+        }
+    }
+    call
 }
 
 /// `{admitted, in flight}`.
