@@ -339,6 +339,7 @@ fn main() {
                     &client,
                     &ports,
                     &redis,
+                    offered,
                     Duration::from_secs_f64(seconds),
                 ));
                 drop(procs);
