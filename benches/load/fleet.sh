@@ -15,6 +15,7 @@ fleet              N = 2, 8, 32 replicas (processes) share one tenant's limit (1
                    and the requests admitted against burst + rate x t and the leased bound.
     FLEET_SECONDS [4]     measured seconds per run
     FLEET_SIZES [2 8 32]  the numbers of replicas
+    FLEET_OFFERED [3000]  req/s offered, all replicas together (800: within the limit)
     TOLLGATE_BIN   the tollgate binary [target/release/tollgate, built when missing or stale]
 TXT
 }
@@ -25,5 +26,5 @@ run_fleet() {
     start_run
     tollgate_binary
     (cd "$ROOT" && TOLLGATE_BIN=$TOLLGATE FLEET_SECONDS=${FLEET_SECONDS:-4} \
-        FLEET_SIZES=${FLEET_SIZES:-2 8 32} cargo bench --bench fleet)
+        FLEET_SIZES=${FLEET_SIZES:-2 8 32} FLEET_OFFERED=${FLEET_OFFERED:-3000} cargo bench --bench fleet)
 }
