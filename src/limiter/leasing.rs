@@ -12,8 +12,9 @@
 //! request's (an operator's override changed).
 //!
 //! An identity over its limit would cost a call per request once its lease is empty: every
-//! token the bucket refills is fought for. So once Redis refuses a leased identity, this
-//! replica refuses it here for a while (`Plan::Refused`): until about `REFUSED_REQUESTS` of
+//! token the bucket refills is fought for. So once Redis refuses a leased identity, or hands
+//! it fewer tokens than asked, this replica makes no lease call for it for a while, and
+//! refuses here (`Plan::Refused`) what the lease cannot pay: until about `REFUSED_REQUESTS` of
 //! its requests have come, at most half the time the bucket takes to fill and at most a hold.
 //! The tokens refilled meanwhile stay in the bucket, for the next lease (here or elsewhere):
 //! the fleet admits as many, later, never more.
@@ -74,8 +75,9 @@ struct Entry {
     /// and when it is full again: the headers of a request answered here.
     left: u64,
     full_at: f64,
-    /// Refused here until then (µs), the lease empty: Redis refused the identity last.
-    refused_until: f64,
+    /// No lease call before then (µs): Redis refused the identity, or had fewer tokens than
+    /// asked. A request that finds the lease empty meanwhile is refused here.
+    quiet_until: f64,
 }
 
 impl Entry {
@@ -91,7 +93,7 @@ impl Entry {
             asking: None,
             left: 0,
             full_at: now,
-            refused_until: now,
+            quiet_until: now,
         }
     }
 
@@ -219,18 +221,18 @@ impl Leases {
                 retry_after_us: 0.0,
             };
             let mut top_up = 0;
-            if !asking && e.tokens <= size >> TOP_UP_SHIFT {
+            if !asking && now >= e.quiet_until && e.tokens <= size >> TOP_UP_SHIFT {
                 top_up = size.saturating_sub(e.tokens);
                 e.asking = Some(now);
             }
             return (Plan::Spent { verdict, top_up }, back);
         }
-        if now < e.refused_until {
+        if now < e.quiet_until {
             let verdict = Verdict {
                 admitted: false,
                 remaining: 0,
                 reset_us: (e.full_at - now).max(0.0),
-                retry_after_us: e.refused_until - now,
+                retry_after_us: e.quiet_until - now,
             };
             return (Plan::Refused { verdict }, back);
         }
@@ -263,6 +265,10 @@ impl Leases {
         let got = u32::try_from(remaining.min(u64::from(asked))).unwrap_or(asked);
         e.tokens = e.tokens.saturating_add(got).min(self.spec.tokens);
         e.asking = None;
+        if got < asked {
+            // The bucket is nearly dry: asking again at once would cost a call a request.
+            e.quiet_until = now + self.quiet(e);
+        }
         e.until = now + self.hold_us;
         e.left = remaining;
         e.full_at = now + reset_us;
@@ -275,22 +281,27 @@ impl Leases {
         }
     }
 
-    /// Redis refused a lease call of `client` at `now` with `refused`: refuse it here until
-    /// about `REFUSED_REQUESTS` more of its requests have come (at its rate here), at least
-    /// until Redis's retry time, at most half the bucket's fill time and a hold.
+    /// Redis refused a lease call of `client` at `now` with `refused`: no call (and requests
+    /// the lease cannot pay refused here) for `quiet`, at least until Redis's retry time.
     pub fn refused(&self, client: ClientId, refused: &Verdict, now: f64) {
         let mut map = self.shard(client).lock();
         let Some(e) = map.get_mut(&client) else {
             return;
         };
         e.asking = None;
+        e.quiet_until = now + self.quiet(e).max(refused.retry_after_us);
+        e.full_at = now + refused.reset_us;
+        e.left = refused.remaining;
+    }
+
+    /// How long `e` goes without a lease call once the bucket ran dry: until about
+    /// `REFUSED_REQUESTS` more of its requests have come here, at most half the bucket's fill
+    /// time and a hold.
+    fn quiet(&self, e: &Entry) -> f64 {
         let per_hold = f64::from(e.seen.max(e.seen_before).max(1));
         let wait = REFUSED_REQUESTS * self.hold_us / per_hold;
         let fill_us = f64::from(e.burst) / e.per_sec.max(f64::MIN_POSITIVE) * 1e6;
-        let most = self.hold_us.min(fill_us / 2.0);
-        e.refused_until = now + wait.min(most).max(refused.retry_after_us);
-        e.full_at = now + refused.reset_us;
-        e.left = refused.remaining;
+        wait.min(self.hold_us).min(fill_us / 2.0)
     }
 
     /// End `client`'s lease (Redis refused the identity outright: a ban): its tokens, to give
