@@ -130,7 +130,7 @@ async fn collect(
             }
         }
         if cluster {
-            for batch in by_slot(batch) {
+            for batch in by_slot(batch, |j| j.slot) {
                 tokio::spawn(send(link.clone(), batch, counters.clone(), timeout));
             }
         } else {
@@ -139,12 +139,12 @@ async fn collect(
     }
 }
 
-/// A cluster batch split by the slot its checks live in (each check's buckets share one), in
+/// A cluster batch split by the slot its items live in (each check's buckets share one), in
 /// the order each slot first appears: a script call may only touch keys of one slot.
-fn by_slot(batch: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut slots: Vec<(u16, Vec<Job>)> = Vec::new();
+pub(super) fn by_slot<T>(batch: Vec<T>, slot_of: impl Fn(&T) -> u16) -> Vec<Vec<T>> {
+    let mut slots: Vec<(u16, Vec<T>)> = Vec::new();
     for job in batch {
-        let slot = job.slot;
+        let slot = slot_of(&job);
         match slots.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, jobs)) => jobs.push(job),
             None => slots.push((slot, vec![job])),

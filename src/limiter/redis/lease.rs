@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::batch::{GATHER_TURNS, MAX_BATCH};
+use super::batch::{by_slot, GATHER_TURNS, MAX_BATCH};
 use super::failure::{by_deadline, Failure, Unavailable};
 use super::link::Link;
 use super::{bump, Counters, RedisLimiter};
@@ -131,15 +131,7 @@ async fn collect(
             }
         }
         if cluster {
-            let mut slots: Vec<(u16, Vec<Op>)> = Vec::new();
-            for op in batch {
-                let slot = super::cluster::slot_of(op.key());
-                match slots.iter_mut().find(|(s, _)| *s == slot) {
-                    Some((_, ops)) => ops.push(op),
-                    None => slots.push((slot, vec![op])),
-                }
-            }
-            for (_, ops) in slots {
+            for ops in by_slot(batch, |op| super::cluster::slot_of(op.key())) {
                 tokio::spawn(send(link.clone(), ops, counters.clone(), timeout));
             }
         } else {
