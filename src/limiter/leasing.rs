@@ -140,7 +140,8 @@ pub enum Plan {
     Take { extra: u32 },
     /// Admitted here from the lease; `top_up` more tokens asked of Redis beside (0: none).
     Spent { verdict: Verdict, top_up: u32 },
-    /// Refused here: Redis refused the identity a moment ago, and the lease is empty.
+    /// Refused here: the lease is empty, and Redis refused the identity (or had fewer tokens
+    /// than a lease asked) a moment ago.
     Refused { verdict: Verdict },
 }
 

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::batch::{by_slot, GATHER_TURNS, MAX_BATCH};
+use super::batch::{by_slot, gather};
 use super::failure::{by_deadline, Failure, Unavailable};
 use super::link::Link;
 use super::{bump, Counters, RedisLimiter};
@@ -118,18 +118,7 @@ async fn collect(
     timeout: Duration,
 ) {
     let cluster = link.is_cluster();
-    while let Some(first) = queue.recv().await {
-        for _ in 0..GATHER_TURNS {
-            tokio::task::yield_now().await;
-        }
-        let mut batch = Vec::with_capacity(1 + queue.len().min(MAX_BATCH - 1));
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
+    while let Some(batch) = gather(&mut queue).await {
         if cluster {
             for ops in by_slot(batch, |op| super::cluster::slot_of(op.key())) {
                 tokio::spawn(send(link.clone(), ops, counters.clone(), timeout));
