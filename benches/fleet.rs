@@ -9,7 +9,8 @@
 //! `cargo bench --bench fleet` (benches/load.sh fleet builds the release binary first).
 //! Settings: TOLLGATE_BIN [target/release/tollgate], FLEET_SECONDS [4], FLEET_SIZES [2 8 32],
 //! FLEET_OFFERED [3000]: requests a second offered, all replicas together (3x the limit's rate;
-//! 800 shows a hot tenant within its limit).
+//! 800 shows a hot tenant within its limit), FLEET_HOLD [unset: `leasing: auto`, held 1 s]:
+//! the leases' hold in seconds (`leasing: { hold: ... }`, sized as `auto`).
 //! Everything runs on 127.0.0.1 and stops when the run ends.
 
 // A load run is one scenario read top to bottom: its length is the scenario's.
@@ -179,10 +180,10 @@ fn replicas(
     bin: &str,
     redis: &Redis,
     n: usize,
-    leasing: bool,
+    leasing: Option<&str>,
     dir: &std::path::Path,
 ) -> (Vec<u16>, Vec<Process>) {
-    let lease = if leasing { ", leasing: auto" } else { "" };
+    let lease = leasing.map_or(String::new(), |l| format!(", leasing: {l}"));
     let mut ports = Vec::new();
     let mut procs = Vec::new();
     for i in 0..n {
@@ -304,6 +305,13 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3 * RATE);
+    let hold: Option<f64> = std::env::var("FLEET_HOLD")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let leasing = hold.map_or("auto".to_string(), |h| {
+        format!("{{ hold: {}ms }}", (h * 1000.0).round())
+    });
+    let hold = hold.unwrap_or(1.0);
     let sizes: Vec<usize> = std::env::var("FLEET_SIZES")
         .unwrap_or_else(|_| "2 8 32".into())
         .split_whitespace()
@@ -321,17 +329,17 @@ fn main() {
             .pool_max_idle_per_host(IN_FLIGHT)
             .build(connector)
     });
-    // `auto`'s most tokens per lease: min(1024 x cost, burst / 4, rate x hold of 1 s).
-    let lease_max = (1024).min(BURST / 4).min(RATE);
+    // `auto`'s most tokens per lease: min(1024 x cost, burst / 4, rate x hold).
+    let lease_max = (1024).min(BURST / 4).min((f64::from(RATE) * hold) as u32);
     println!(
         "Limit {RATE}/s, burst {BURST}, one tenant offered {offered} req/s for {seconds} s, \
-         spread evenly over the replicas; `auto` leases at most L = {lease_max} tokens.\n"
+         spread evenly over the replicas; `leasing: {leasing}` leases at most L = {lease_max} tokens.\n"
     );
     println!("| Redis | replicas | leasing | requests | admitted | burst + rate x t | bound + N x L | script calls per request | redis-server CPU per request (µs) | requests/s one Redis core sustains at that CPU |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for cluster in [false, true] {
         for &n in &sizes {
-            for leasing in [false, true] {
+            for leasing in [None, Some(leasing.as_str())] {
                 let redis = Redis::start(cluster);
                 let dir = tempfile::tempdir().expect("a temporary directory");
                 let (ports, procs) = replicas(&bin, &redis, n, leasing, dir.path());
@@ -349,7 +357,7 @@ fn main() {
                 println!(
                     "| {} | {n} | {} | {} | {} | {exact:.0} | {bound:.0} | {:.4} | {per_request:.2} | {:.0} |",
                     if cluster { "3-master Cluster" } else { "one redis-server" },
-                    if leasing { "auto" } else { "off" },
+                    leasing.unwrap_or("off"),
                     run.requests,
                     run.admitted,
                     run.calls as f64 / run.requests.max(1) as f64,

@@ -563,14 +563,14 @@ async fn explain_shows_requests_in_flight_in_redis() {
 }
 
 /// `explain` states a leased limit's lease size, hold and the fleet's bound, from the config
-/// alone (Redis is not asked).
+/// alone (Redis is not asked); a `hold` without `tokens` sizes leases as `auto`.
 #[test]
 fn explain_states_a_leased_limits_bound() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("lease.yaml");
     std::fs::write(
         &path,
-        "listeners: [{ address: 127.0.0.1:0 }]\nlimiter: { backend: redis, redis: { url: \"redis://127.0.0.1:1\" } }\nroutes:\n  - name: r\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 100/s, burst: 400, key: [ip], leasing: { tokens: 30, hold: 2s } }\n",
+        "listeners: [{ address: 127.0.0.1:0 }]\nlimiter: { backend: redis, redis: { url: \"redis://127.0.0.1:1\" } }\nroutes:\n  - name: r\n    respond: { status: 200 }\n    limits:\n      - { name: hot, rate: 100/s, burst: 400, key: [ip], leasing: { tokens: 30, hold: 2s } }\n      - { name: thin, rate: 100/s, burst: 400, key: [ip], leasing: { hold: 3s } }\n",
     )
     .expect("write the config");
     let (ok, text) = run_explain(&["-c", path.to_str().expect("a UTF-8 path")]);
@@ -578,6 +578,13 @@ fn explain_states_a_leased_limits_bound() {
     assert!(
         text.contains(
             "  leasing:  leases of at most 30 tokens, held 2 s: R replicas admit at most 400 + 100/s x t + R x 30 in any interval t"
+        ),
+        "{text}"
+    );
+    // Without `tokens`, leases are sized as `auto`'s: min(1024, 400 / 4, 100/s x 3 s).
+    assert!(
+        text.contains(
+            "  leasing:  auto, leases of at most 100 tokens, held 3 s: R replicas admit at most 400 + 100/s x t + R x 100 in any interval t"
         ),
         "{text}"
     );

@@ -98,6 +98,86 @@ async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis()
     }
 }
 
+/// Four replicas leasing one identity under bursty load (all four flooded at once, then idle)
+/// and then steady load over the limit (one request every 5 ms, round the replicas): at every
+/// step the fleet
+/// has admitted no more than the bucket handed out since the start, `burst + rate x t` (which
+/// the stated `+ R x L` only loosens: the leases were empty at the start), and, the burst being
+/// larger than every lease the replicas can hold together, at least `burst - R x L`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_replicas_under_bursty_then_steady_load_stay_within_the_bound() {
+    const BURST: usize = 400;
+    const RATE: f64 = 20.0;
+    // `auto`: min(1024, burst / 4, rate x hold of 1 s) = 20.
+    const L: usize = 20;
+    let redis = RedisServer::start();
+    let limit =
+        format!("{{ name: hot, rate: {RATE}/s, burst: {BURST}, key: [ip], leasing: auto }}");
+    let yaml = config(&format!(
+        "admin: {{ address: 127.0.0.1:0 }}\n{}{}",
+        redis_block(&redis.url()),
+        routes(&[&limit])
+    ));
+    let fleet: Vec<TestProxy> = (0..4).map(|_| TestProxy::start(&yaml)).collect();
+    let http = Http::new();
+    // Each replica answers from Redis once before the clock starts: 4 tokens spent.
+    for proxy in &fleet {
+        until_redis_decides(&http, &proxy.url("/"), &[]).await;
+    }
+    let started = Instant::now();
+    let mut admitted = fleet.len();
+    let check = |admitted: usize, phase: &str| {
+        let t = started.elapsed().as_secs_f64();
+        let most = BURST + (RATE * t).ceil() as usize + 1;
+        assert!(
+            admitted <= most,
+            "{phase}: {admitted} admitted > {most} in {t:.2}s"
+        );
+    };
+    // Bursty: 40 requests at each replica at once, six times, 250 ms apart.
+    for _ in 0..6 {
+        let mut burst = tokio::task::JoinSet::new();
+        for proxy in &fleet {
+            for _ in 0..40 {
+                let (http, url) = (http.clone(), proxy.url("/"));
+                burst.spawn(async move { http.get(&url).await.code() });
+            }
+        }
+        while let Some(code) = burst.join_next().await {
+            admitted += usize::from(code.expect("a request") == 200);
+        }
+        check(admitted, "bursty");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let after_bursts = admitted;
+    assert!(
+        after_bursts >= BURST - fleet.len() * L,
+        "only {after_bursts} admitted of a burst of {BURST}"
+    );
+    // Steady, over the limit: a request every 5 ms for 2 s, round the replicas. What refills
+    // is leased and admitted, no more.
+    let mut pace = tokio::time::interval(Duration::from_millis(5));
+    for i in 0..400 {
+        pace.tick().await;
+        admitted += count_200(&http, &fleet[i % fleet.len()].url("/"), 1, &[]).await;
+        if i % 50 == 49 {
+            check(admitted, "steady");
+        }
+    }
+    check(admitted, "steady");
+    assert!(admitted > after_bursts, "nothing refilled was admitted");
+    let leased: f64 = futures_util::future::join_all(fleet.iter().map(TestProxy::scrape))
+        .await
+        .iter()
+        .map(|s| leased_checks(s))
+        .sum();
+    eprintln!(
+        "four replicas: {after_bursts} admitted after the bursts, {admitted} in all in {:.2}s, {leased} from leases",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(leased > 100.0, "only {leased} checks admitted from leases");
+}
+
 /// A replica that stops holding a lease takes its unused tokens with it, at most one lease's
 /// worth: the replica left admits the rest of the bucket, no more, and at most L less.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,6 +59,8 @@ pub(super) fn spec(
         return None;
     }
     let most = auto_tokens(rate, cost, hold);
+    // Without `tokens`, leases are sized as `auto`'s, with the hold given.
+    let auto = tokens.is_none();
     let tokens = match tokens {
         None => most,
         Some(n) if n < cost || n > rate.burst => {
@@ -73,11 +75,7 @@ pub(super) fn spec(
         }
         Some(n) => n,
     };
-    Some(LeaseSpec {
-        tokens,
-        auto: matches!(leasing, file::Leasing::Word(_)),
-        hold,
-    })
+    Some(LeaseSpec { tokens, auto, hold })
 }
 
 /// The most one `auto` lease holds: `AUTO_PER_COST` requests' worth, at most a quarter of the

@@ -88,7 +88,7 @@ pub enum Leasing {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseSize {
-    /// Tokens one lease holds at most (default: what `auto` would allow at most).
+    /// Tokens one lease holds at most (default: leases sized as `auto`'s, with this `hold`).
     #[schemars(range(min = 1))]
     pub tokens: Option<u32>,
     /// Unused tokens go back to Redis once no new lease has topped them up for this long
