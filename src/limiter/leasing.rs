@@ -45,7 +45,7 @@ pub const HOT: u32 = 4;
 const TOP_UP_SHIFT: u32 = 1;
 
 /// Requests of a refused identity this replica refuses on its own before it asks again.
-const REFUSED_REQUESTS: f64 = 64.0;
+const REFUSED_REQUESTS: f64 = 256.0;
 
 /// Identities one limit's table follows at most; past it new ones keep the exact path.
 pub const MAX_ENTRIES: usize = 65_536;
@@ -466,32 +466,32 @@ mod tests {
             per_sec: 1_000.0,
             burst: 1_000,
         };
-        // 640 requests in this hold: 64 of them take a tenth of it.
-        for i in 0..640 {
+        // 2,560 requests in this hold: 256 of them take a tenth of it.
+        for i in 0..2_560 {
             l.plan(c, 1, &rate, f64::from(i));
         }
         l.not_granted(c);
-        assert!(matches!(l.plan(c, 1, &rate, 700.0).0, Plan::Take { .. }));
+        assert!(matches!(l.plan(c, 1, &rate, 2_600.0).0, Plan::Take { .. }));
         let refusal = Verdict {
             admitted: false,
             remaining: 0,
             reset_us: 1e6,
             retry_after_us: 1_000.0,
         };
-        l.refused(c, &refusal, 1_000.0);
-        match l.plan(c, 1, &rate, 2_000.0).0 {
+        l.refused(c, &refusal, 3_000.0);
+        match l.plan(c, 1, &rate, 4_000.0).0 {
             Plan::Refused { verdict } => {
                 assert!(!verdict.admitted);
-                // 64 requests at 641 a hold of 1 s: about 0.1 s.
+                // 256 requests at 2,561 a hold of 1 s: about 0.1 s.
                 assert!(
-                    (verdict.retry_after_us - 98_800.0).abs() < 1_000.0,
+                    (verdict.retry_after_us - 98_960.0).abs() < 1_000.0,
                     "{verdict:?}"
                 );
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            l.plan(c, 1, &rate, 101_000.0).0,
+            l.plan(c, 1, &rate, 103_000.0).0,
             Plan::Take { .. }
         ));
     }
