@@ -16,6 +16,8 @@ fleet              N = 2, 8, 32 replicas (processes) share one tenant's limit (1
     FLEET_SECONDS [4]     measured seconds per run
     FLEET_SIZES [2 8 32]  the numbers of replicas
     FLEET_OFFERED [3000]  req/s offered, all replicas together (800: within the limit)
+    FLEET_HOLD [unset]    the leases' hold in seconds (`leasing: { hold: ... }`, sized as
+                          `auto`); unset: `leasing: auto`, held 1 s
     TOLLGATE_BIN   the tollgate binary [target/release/tollgate, built when missing or stale]
 TXT
 }
