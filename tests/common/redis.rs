@@ -816,3 +816,20 @@ pub const MINIMAL_ACL: &[&str] = &[
     "+ping",
     "+client|setname",
 ];
+
+/// Send requests with `headers` to `url` until Redis has decided one: the RateLimit header
+/// says so (a 200 alone proves nothing under an `open` policy, and a `closed` one answers 503
+/// without it while the connection, a cluster's or a TLS handshake, comes up). Panics after
+/// 10 s.
+pub async fn until_redis_decides(http: &super::Http, url: &str, headers: &[(&str, &str)]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http
+        .get_with(url, headers)
+        .await
+        .opt_header("ratelimit")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "Redis never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -11,7 +11,7 @@ use crate::common::redis as redis_helpers;
 use std::time::{Duration, Instant};
 
 use common::{config, upstream_app, BinaryProxy, Http, MockUpstream, TestProxy};
-use redis_helpers::{RedisCluster, RedisServer};
+use redis_helpers::{until_redis_decides, RedisCluster, RedisServer};
 
 fn redis_block(url: &str, extra: &str) -> String {
     redis_block_timed(url, "100ms", extra)
@@ -33,22 +33,6 @@ fn cluster_block(cluster: &RedisCluster, timeout: &str) -> String {
         "limiter:\n  backend: redis\n  redis:\n    cluster: [{}]\n    timeout: {timeout}\n",
         nodes.join(", ")
     )
-}
-
-/// Send `headers` to `url` until Redis decides the check (a cluster client connects in the
-/// background; the default policy is open, so a 200 alone proves nothing: the RateLimit
-/// header shows that Redis answered). Panics after 10 s.
-async fn until_redis_decides(http: &Http, url: &str, headers: &[(&str, &str)]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http
-        .get_with(url, headers)
-        .await
-        .opt_header("ratelimit")
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "Redis never answered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Send `n` requests and count the 200s.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{config, sample, Http, Reply, TestProxy};
 use http_body_util::BodyExt;
-use redis_helpers::{RedisCluster, RedisServer, SentinelSet, MASTER};
+use redis_helpers::{until_redis_decides, RedisCluster, RedisServer, SentinelSet, MASTER};
 
 /// A `limiter:` block on the Redis at `url`, failing `closed`.
 fn redis_block(url: &str) -> String {
@@ -26,21 +26,6 @@ fn redis_block(url: &str) -> String {
 fn routes(limits: &[&str]) -> String {
     let limits = limits.join("\n      - ");
     format!("routes:\n  - name: r\n    respond: {{ status: 200 }}\n    limits:\n      - {limits}\n")
-}
-
-/// Send requests with `headers` until Redis has decided one (the RateLimit header says so: a
-/// failing-closed limit answers 503 without it). Panics after 10 s.
-async fn until_redis_decides(http: &Http, url: &str, headers: &[(&str, &str)]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http
-        .get_with(url, headers)
-        .await
-        .opt_header("ratelimit")
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "Redis never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn count_200(http: &Http, url: &str, n: usize, headers: &[(&str, &str)]) -> usize {
@@ -100,10 +85,10 @@ async fn replicas_leasing_a_hot_identity_stay_within_the_bound_and_spare_redis()
 
 /// Four replicas leasing one identity under bursty load (all four flooded at once, then idle)
 /// and then steady load over the limit (one request every 5 ms, round the replicas): at every
-/// step the fleet
-/// has admitted no more than the bucket handed out since the start, `burst + rate x t` (which
-/// the stated `+ R x L` only loosens: the leases were empty at the start), and, the burst being
-/// larger than every lease the replicas can hold together, at least `burst - R x L`.
+/// step the fleet has admitted no more than the bucket handed out since the start,
+/// `burst + rate x t` (which the stated `+ R x L` only loosens: the leases were empty at the
+/// start), and, the burst being larger than every lease the replicas can hold together, at
+/// least `burst - R x L`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_replicas_under_bursty_then_steady_load_stay_within_the_bound() {
     const BURST: usize = 400;
