@@ -304,7 +304,10 @@ impl Pool {
         }
     }
 
-    fn give_back(&self, target: usize, conn: Link) {
+    /// `since`: when the connection last heard from the upstream, about. Its response head
+    /// will do: earlier than its last byte, a connection idles out sooner, never later than
+    /// the upstream's own keep-alive timeout would close it.
+    fn give_back(&self, target: usize, conn: Link, since: Instant) {
         if conn.sender.is_closed() || self.max_idle == 0 {
             return;
         }
@@ -313,10 +316,7 @@ impl Pool {
             if list.len() >= self.max_idle {
                 list.pop_front();
             }
-            list.push_back(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            list.push_back(Idle { conn, since });
         }
     }
 }
@@ -421,20 +421,24 @@ pub struct Pooled {
     /// `least_request`, and in a capped upstream's slot: boxed, so that a body of an
     /// uncapped upstream, moved on every stage out, stays one pointer wider, not a slot's).
     in_flight: (Option<InFlight>, Option<Box<crate::capacity::Slot>>),
+    answered: Instant,
 }
 
 impl Pooled {
     /// `lease`: the connection to give back when the body ends (at once if it is empty).
-    /// `in_flight`: the counts to leave then.
+    /// `in_flight`: the counts to leave then. `answered`: when the response head came, the
+    /// connection's idle time counted from then (no clock read when the body ends).
     pub fn new(
         inner: Incoming,
         lease: Option<Lease>,
         in_flight: (Option<InFlight>, Option<Box<crate::capacity::Slot>>),
+        answered: Instant,
     ) -> Self {
         let mut body = Self {
             inner,
             lease,
             in_flight,
+            answered,
         };
         if body.inner.is_end_stream() {
             body.release();
@@ -446,7 +450,7 @@ impl Pooled {
         self.in_flight = (None, None);
         if let Some(l) = self.lease.take() {
             if l.sent.is_done() {
-                l.pool.give_back(l.target, l.conn);
+                l.pool.give_back(l.target, l.conn, self.answered);
             }
         }
     }

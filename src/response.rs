@@ -277,15 +277,16 @@ fn policy_value(limit: &Limit) -> HeaderValue {
 }
 
 fn ratelimit_value(limit: &Limit, v: &Verdict) -> HeaderValue {
-    let mut numbers = itoa::Buffer::new();
-    let mut s = String::with_capacity(limit.name.len() + 32);
-    s.push('"');
-    s.push_str(&limit.name);
-    s.push_str("\";r=");
-    s.push_str(numbers.format(v.remaining));
-    s.push_str(";t=");
-    s.push_str(numbers.format(secs_up(v.reset_us)));
-    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    let (mut remaining, mut reset) = (itoa::Buffer::new(), itoa::Buffer::new());
+    crate::header_value::joined(&[
+        b"\"",
+        limit.name.as_bytes(),
+        b"\";r=",
+        remaining.format(v.remaining).as_bytes(),
+        b";t=",
+        reset.format(secs_up(v.reset_us)).as_bytes(),
+    ])
+    .unwrap_or_else(|| HeaderValue::from_static("invalid"))
 }
 
 fn header(s: &str) -> HeaderValue {

@@ -30,7 +30,8 @@ pub async fn read_ahead<B>(mut body: B, store: &Store, wait: bool) -> io::Result
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
 {
-    let mut ready: Vec<Bytes> = Vec::new();
+    // A small body is one frame: kept inline, no allocation for the list.
+    let mut ready: crate::Small<Bytes> = crate::Small::new();
     let mut len = 0u64;
     let mut failed = false;
     let ended = loop {

@@ -41,6 +41,9 @@ pub struct Forwarded {
     pub target: usize,
     /// How long the request waited for a slot of a capped upstream (retries included).
     pub waited: Duration,
+    /// When the response head came: the one clock read the upstream's histogram, the pool
+    /// and the route's duration share.
+    pub answered: Instant,
 }
 
 /// What the rewrite needs to know about the downstream connection.
@@ -80,7 +83,7 @@ pub struct Downstream<'a> {
 pub async fn send_timed(
     upstream: &Upstream,
     req: Box<Request<Guarded>>,
-    down: Downstream<'_>,
+    down: &Downstream<'_>,
     now: Instant,
     metrics: &Metrics,
 ) -> Result<(Forwarded, Duration), ProxyError> {
@@ -92,7 +95,8 @@ pub async fn send_timed(
     let error = match exchange.await {
         Ok(forwarded) => {
             // The upstream's time: a wait for a slot of a capped upstream is the queue's.
-            let took = now.elapsed().saturating_sub(forwarded.waited);
+            let took = (forwarded.answered.saturating_duration_since(now))
+                .saturating_sub(forwarded.waited);
             upstream.seconds.observe(took.as_secs_f64());
             return Ok((forwarded, took));
         }
@@ -130,7 +134,7 @@ pub async fn send_timed(
 pub async fn send(
     upstream: &Upstream,
     mut req: Box<Request<Guarded>>,
-    down: Downstream<'_>,
+    down: &Downstream<'_>,
     now: Instant,
 ) -> Result<Forwarded, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
@@ -207,12 +211,14 @@ pub async fn send(
                         client_side.take(),
                         down.websocket_idle,
                     );
+                    let answered = Instant::now();
+                    let in_flight = (in_flight, slot.map(Box::new));
                     return Ok(Forwarded {
-                        response: res
-                            .map(|body| Pooled::new(body, lease, (in_flight, slot.map(Box::new)))),
+                        response: res.map(|body| Pooled::new(body, lease, in_flight, answered)),
                         tunnel,
                         target,
                         waited,
+                        answered,
                     });
                 }
             }

@@ -23,7 +23,7 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 pub(super) fn rewrite(
     req: &mut Request<Guarded>,
     target: &Authority,
-    down: Downstream<'_>,
+    down: &Downstream<'_>,
 ) -> Result<bool, ProxyError> {
     // Upstream requests are origin-form: the path and query only. A path whose parameters
     // routing left out goes with them (screening kept it as `ForwardPath`).
@@ -84,7 +84,7 @@ pub(super) fn rewrite(
     }
     if down.client_ip == down.peer {
         headers.insert(X_REAL_IP, down.peer_value.clone());
-    } else if let Ok(v) = HeaderValue::try_from(down.client_ip.to_string()) {
+    } else if let Some(v) = crate::header_value::display(down.client_ip) {
         headers.insert(X_REAL_IP, v);
     }
     forwarded_for(headers, down);
@@ -107,7 +107,7 @@ pub(super) fn rewrite(
 /// Append the peer to X-Forwarded-For when the peer is a trusted proxy (the chain it sent is
 /// believed as far as `identity::client_ip` believes it); from anyone else, replace the header
 /// so a client cannot plant addresses the backend might trust.
-fn forwarded_for(headers: &mut HeaderMap, down: Downstream<'_>) {
+fn forwarded_for(headers: &mut HeaderMap, down: &Downstream<'_>) {
     let chain: Vec<&str> = if down.peer_trusted {
         headers
             .get_all(&X_FORWARDED_FOR)
@@ -224,7 +224,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// message has a Content-Length.
 fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) -> bool {
     let (doomed, length) = doomed_names(headers, also);
-    for name in doomed {
+    // By reference: iterating by value would copy the whole list first, empty or not.
+    for name in &doomed {
         headers.remove(name);
     }
     length
@@ -309,9 +310,9 @@ mod tests {
             request_id: (&id_header, &peer_value),
             queue: (0, crate::capacity::Priority::Normal),
         };
-        forwarded_for(&mut h, down(true));
+        forwarded_for(&mut h, &down(true));
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
-        forwarded_for(&mut h, down(false));
+        forwarded_for(&mut h, &down(false));
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
     }
 }

@@ -386,19 +386,18 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
     // no two items share a `Buckets`, so the order is global and cannot deadlock. Within one
     // `Buckets`, a bucket shard is locked before a peer shard, and a peer shard is never held
     // while another peer shard of the same limit is locked.
-    let mut slots: Small<Slot<'_>> = items
-        .iter()
-        .map(|i| match (&i.buckets.logs, &i.window) {
-            (Some(logs), Some(w)) => {
-                let (shard, key) = logs.lock(i.client, w.now, w.len());
-                Slot::Log(shard, key)
-            }
-            _ => {
-                let floor = i.window.map_or(now, |w| w.floor());
-                i.buckets.lock(i.key(), i.peer, floor)
-            }
-        })
-        .collect();
+    // One limit, most routes' case: no lists of slots and states to build.
+    if let [item] = items {
+        let mut slot = slot(item, now);
+        let (v, tat) = judge(item, &mut slot, now);
+        if v.admitted {
+            commit(item, &mut slot, tat);
+        } else if enforced.first().copied().unwrap_or(false) {
+            write_back_clamps(items, std::slice::from_mut(&mut slot), now);
+        }
+        return smallvec::smallvec![v];
+    }
+    let mut slots: Small<Slot<'_>> = items.iter().map(|i| slot(i, now)).collect();
     let mut verdicts: Small<Verdict> = Small::new();
     let mut tats: Small<f64> = Small::new();
     for (item, slot) in items.iter().zip(&mut slots) {
@@ -422,6 +421,20 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
         }
     }
     verdicts
+}
+
+/// The slot `item` is counted in, locked.
+fn slot<'a>(item: &Item<'a>, now: f64) -> Slot<'a> {
+    match (&item.buckets.logs, &item.window) {
+        (Some(logs), Some(w)) => {
+            let (shard, key) = logs.lock(item.client, w.now, w.len());
+            Slot::Log(shard, key)
+        }
+        _ => {
+            let floor = item.window.map_or(now, |w| w.floor());
+            item.buckets.lock(item.key(), item.peer, floor)
+        }
+    }
 }
 
 /// One item's verdict from the slot it is counted in, and the state to store if admitted.

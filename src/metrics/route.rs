@@ -199,7 +199,7 @@ impl super::Metrics {
         &self,
         route: Option<(&RouteCounters, &str, &[Arc<crate::limiter::Limit>])>,
         status: http::StatusCode,
-        started: tokio::time::Instant,
+        took: std::time::Duration,
         decision: Option<&Decision>,
     ) {
         let Some((counters, name, limits)) = route else {
@@ -207,7 +207,7 @@ impl super::Metrics {
             return;
         };
         counters.request(status);
-        counters.duration.observe(started.elapsed().as_secs_f64());
+        counters.duration.observe(took.as_secs_f64());
         let Some(decision) = decision else {
             return;
         };

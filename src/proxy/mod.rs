@@ -79,6 +79,9 @@ struct Trace<'a> {
     tunnel: Option<Tunnel>,
     /// The target that answered, and the time to its response head.
     upstream: Option<(usize, std::time::Duration)>,
+    /// When the upstream's response head came, if the answer was ready then (no body read
+    /// whole first): the end of the request's duration, without a clock read of its own.
+    head_ready: Option<Instant>,
     /// The time it waited for a slot of a capped upstream.
     queued: std::time::Duration,
     /// A capped upstream had no slot for it (`503`).
@@ -227,7 +230,7 @@ async fn pipeline<'a>(
         Action::Forward(upstream) => {
             let queue = queue_key(upstream, &view, trace.decision.as_ref(), client_ip);
             let down = downstream(conn, &rt.settings, route, (client_ip, queue), request_id);
-            forward_to(state, rt, route, upstream, req, down, started, trace).await?
+            forward_to(state, rt, route, upstream, req, &down, started, trace).await?
         }
         Action::Respond(r) => respond(r),
     };
@@ -328,9 +331,10 @@ fn record(
     entry: &mut Option<Box<Entry>>,
 ) {
     let route = trace.route.map(|r| (&r.counters, &*r.name, &r.limits[..]));
+    let took = (trace.head_ready.unwrap_or_else(Instant::now)).saturating_duration_since(started);
     state
         .metrics
-        .count_request(route, status, started, trace.decision.as_ref());
+        .count_request(route, status, took, trace.decision.as_ref());
     let Some(entry) = entry else { return };
     entry.status = status.as_u16();
     entry.client_ip = trace.client_ip;

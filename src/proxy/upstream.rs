@@ -25,7 +25,7 @@ pub(super) async fn forward_to(
     route: &Route,
     upstream: &forward::Upstream,
     req: Request<Incoming>,
-    down: Downstream<'_>,
+    down: &Downstream<'_>,
     started: Instant,
     trace: &mut Trace<'_>,
 ) -> Result<Response<Body>, ProxyError> {
@@ -53,6 +53,9 @@ pub(super) async fn forward_to(
     trace.at_capacity = matches!(sent, Err(ProxyError::AtCapacity { .. }));
     let (forwarded, took) = sent?;
     trace.upstream = Some((forwarded.target, took));
+    // An HTTP/1.0 answer without a length may be read whole before its head is ready.
+    trace.head_ready =
+        (forwarded.response.version() != http::Version::HTTP_10).then_some(forwarded.answered);
     trace.queued = forwarded.waited;
     trace.tunnel = forwarded.tunnel;
     let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();

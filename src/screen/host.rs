@@ -61,25 +61,32 @@ impl HostParts<'_> {
 /// Take a Host value apart; `None` when it is not a valid one (`a b`, `a@b`, `a:x`,
 /// `a:99999`, `a/b`, `[::1`, `a,b`, an empty name, an empty port).
 pub fn parse_host(value: &[u8]) -> Option<HostParts<'_>> {
-    // Not UTF-8 is not ASCII either: no host has such bytes.
-    let text = std::str::from_utf8(value).ok()?;
-    let (name, ip, rest, mut canonical) = if let Some(inner) = text.strip_prefix('[') {
-        let (addr, rest) = inner.split_once(']')?;
+    let (name, ip, rest, mut canonical) = if let Some(inner) = value.strip_prefix(b"[") {
+        // Not UTF-8 is not ASCII either: no host has such bytes.
+        let (addr, rest) = std::str::from_utf8(inner).ok()?.split_once(']')?;
         // std's parser takes RFC 4291 text only: no zone (`%25eth0`), no IPvFuture.
         let ip: Ipv6Addr = addr.parse().ok()?;
-        (addr, Some(ip), rest, written_as_rfc5952(ip, addr))
+        (
+            addr,
+            Some(ip),
+            rest.as_bytes(),
+            written_as_rfc5952(ip, addr),
+        )
     } else {
-        let (name, rest) = text.find(':').map_or((text, ""), |i| text.split_at(i));
+        // On bytes, in one pass each: a name is checked byte by byte anyway.
+        let colon = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let (name, rest) = value.split_at(colon);
         let (name, canonical) = reg_name(name)?;
         (name, None, rest, canonical)
     };
     let port = match rest {
-        "" => None,
-        _ => {
-            let (port, plain) = port(rest.strip_prefix(':')?)?;
+        [] => None,
+        [b':', digits @ ..] => {
+            let (port, plain) = port(digits)?;
             canonical &= plain;
             Some(port)
         }
+        _ => return None,
     };
     Some(HostParts {
         name,
@@ -91,8 +98,8 @@ pub fn parse_host(value: &[u8]) -> Option<HostParts<'_>> {
 
 /// A name (without the port): returns it without its one trailing dot, and whether it was
 /// canonical already (no upper case, no trailing dot).
-fn reg_name(name: &str) -> Option<(&str, bool)> {
-    let (bare, dot) = match name.strip_suffix('.') {
+fn reg_name(name: &[u8]) -> Option<(&str, bool)> {
+    let (bare, dot) = match name.strip_suffix(b".") {
         Some(bare) => (bare, true),
         None => (name, false),
     };
@@ -102,7 +109,7 @@ fn reg_name(name: &str) -> Option<(&str, bool)> {
     // A leading dot, `..` and a second trailing dot are empty labels.
     let mut label_start = true;
     let mut upper = false;
-    for b in bare.bytes() {
+    for &b in bare {
         match b {
             b'.' if label_start => return None,
             b'.' => {
@@ -118,17 +125,26 @@ fn reg_name(name: &str) -> Option<(&str, bool)> {
     if label_start {
         return None;
     }
+    // Every byte is ASCII by now: this never fails.
+    let bare = std::str::from_utf8(bare).ok()?;
     Some((bare, !(dot || upper)))
 }
 
 /// A port of 1-5 digits, 1-65535 (port 0 names no service); and whether it had no leading
 /// zero.
-fn port(digits: &str) -> Option<(u16, bool)> {
-    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+fn port(digits: &[u8]) -> Option<(u16, bool)> {
+    if digits.is_empty() || digits.len() > 5 {
         return None;
     }
-    let port: u16 = digits.parse().ok().filter(|&p| p != 0)?;
-    Some((port, !digits.starts_with('0')))
+    let mut port = 0u32;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        port = port * 10 + u32::from(b - b'0');
+    }
+    let port = u16::try_from(port).ok().filter(|&p| p != 0)?;
+    Some((port, digits[0] != b'0'))
 }
 
 /// Whether `text` is the RFC 5952 spelling of `ip` (what `Ipv6Addr`'s `Display` writes).

@@ -188,13 +188,17 @@ impl Activity {
     /// A request is done: answered, or cancelled by the client before its response head.
     /// A connection whose client cancels most of its recent requests is retired (HTTP/2
     /// GOAWAY): that is the rapid-reset attack on streams already being proxied, which the
-    /// HTTP/2 layer's own reset cap (streams reset before they are accepted) cannot see.
-    pub(super) fn end(&self, answered: bool) {
+    /// HTTP/2 layer's own reset cap (streams reset before they are accepted) cannot see. An
+    /// HTTP/1.1 client cancels by closing its connection: nothing to count.
+    pub(super) fn end(&self, answered: bool, http2: bool) {
         *self.marks.lock() = Marks {
             idle_since: Instant::now(),
             head_started: None,
         };
         self.inflight.fetch_sub(1, Ordering::AcqRel);
+        if !http2 {
+            return;
+        }
         let mut window = self.window.lock();
         window.0 += 1;
         window.1 += u32::from(!answered);
