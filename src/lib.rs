@@ -15,7 +15,7 @@
 //! Modules in layers, from the bottom up: a module uses only modules of its own layer and of
 //! the layers above it in this list, and no two modules use each other (`tests/structure`
 //! checks both, inline `crate::` paths included).
-//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `header_value`, `request_id`, `access_log`, `capacity`:
+//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `header_value`, `intern`, `request_id`, `access_log`, `capacity`:
 //!   leaves. Request-path errors; bodies held in memory and temporary files (request
 //!   buffering, response read-ahead); request bodies with their limits; the client address and
 //!   the identity digest a limit counts under (`identity::Arrival`: one request's parts, made
@@ -24,7 +24,8 @@
 //!   set; request screening (`host`: Host and `:authority` validated and canonicalised,
 //!   `path`: the path normalised and the spellings backends read differently refused); the
 //!   container health probe; one log line a second for a failure that repeats; header
-//!   values made in one allocation of their size; the `X-Request-Id` kept or made; the access log (lines formatted per worker thread, written by
+//!   values made in one allocation of their size; text kept for the process's life, once per
+//!   value, for header values every request clones; the `X-Request-Id` kept or made; the access log (lines formatted per worker thread, written by
 //!   a thread of its own); an upstream's capacity (`capacity`: per-target caps, fixed or
 //!   learned from latency, and the queue fair across identities and priorities).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
@@ -80,6 +81,7 @@ pub(crate) mod error;
 pub mod explain;
 pub(crate) mod forward;
 pub(crate) mod header_value;
+pub(crate) mod intern;
 pub mod identity;
 pub(crate) mod io;
 pub mod limiter;

@@ -37,22 +37,38 @@ pub fn resolve(
 
 /// A new ID: 32 lower-case hex digits.
 pub fn generate() -> HeaderValue {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let n = fastrand::u128(..);
     let mut hex = [0u8; 32];
-    // A byte (two digits) at a time: half the steps of a digit at a time.
-    for (pair, byte) in hex
-        .chunks_exact_mut(2)
-        .zip(fastrand::u128(..).to_be_bytes())
-    {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 15)];
+    for (digits, i) in hex.chunks_exact_mut(8).zip((0..4).rev()) {
+        // The four 32-bit parts of `n`, most significant first.
+        digits.copy_from_slice(&hex8((n >> (32 * i)) as u32));
     }
     // Hex digits are a valid header value: this never falls back.
     crate::header_value::joined(&[&hex]).unwrap_or(HeaderValue::from_static("-"))
 }
 
+/// `x` as 8 lower-case hex digits, all at once in a `u64` (one digit a byte) rather than a
+/// table look-up a digit.
+fn hex8(x: u32) -> [u8; 8] {
+    let mut v = u64::from(x);
+    // Each nibble to a byte of its own, the most significant in the highest byte.
+    v = ((v & 0xffff_0000) << 16) | (v & 0xffff);
+    v = ((v & 0x0000_ff00_0000_ff00) << 8) | (v & 0x0000_00ff_0000_00ff);
+    v = ((v & 0x00f0_00f0_00f0_00f0) << 4) | (v & 0x000f_000f_000f_000f);
+    // 1 in each byte whose nibble is 10 or more: those become `a`-`f`, 0x27 past `0` + n.
+    let letters = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (v + 0x3030_3030_3030_3030 + letters * 0x27).to_be_bytes()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex_digits_are_formats() {
+        for x in [0, 1, 9, 10, 15, 16, 0xdead_beef, 0x0123_4567, 0x89ab_cdef, u32::MAX] {
+            assert_eq!(super::hex8(x), format!("{x:08x}").as_bytes(), "{x:#x}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -255,7 +255,8 @@ fn number(n: u64) -> HeaderValue {
         .map_or_else(|| HeaderValue::from(n), Clone::clone)
 }
 
-/// The parts of a limit's headers that never change, rendered when the config is compiled.
+/// The parts of a limit's headers that never change, rendered when the config is compiled,
+/// as `'static` values (`intern`): every response clones them.
 #[derive(Debug, Clone)]
 pub struct Rendered {
     policy: HeaderValue,
@@ -264,9 +265,14 @@ pub struct Rendered {
 
 impl Rendered {
     pub fn of(limit: &Limit) -> Self {
+        let kept = |value: HeaderValue| {
+            (value.to_str().ok())
+                .and_then(crate::intern::header_value)
+                .unwrap_or(value)
+        };
         Self {
-            policy: policy_value(limit),
-            burst: HeaderValue::from(limit.rate.burst),
+            policy: kept(policy_value(limit)),
+            burst: kept(HeaderValue::from(limit.rate.burst)),
         }
     }
 }

@@ -335,7 +335,10 @@ fn request_id_header(raw: Option<&str>, p: &mut Problems) -> http::HeaderName {
     let default = http::HeaderName::from_static("x-request-id");
     let Some(raw) = raw else { return default };
     match http::HeaderName::from_bytes(raw.as_bytes()) {
-        Ok(name) if !NOT_STRIPPABLE.contains(&name.as_str()) => name,
+        // `'static` (`intern`): every request clones it twice.
+        Ok(name) if !NOT_STRIPPABLE.contains(&name.as_str()) => {
+            http::HeaderName::from_static(crate::intern::text(name.as_str()))
+        }
         Ok(_) => {
             p.add(
                 "request_id_header".to_owned(),
