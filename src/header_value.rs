@@ -15,6 +15,15 @@ pub fn joined(parts: &[&[u8]]) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
+/// `value`, which differs from response to response (a request ID, what is left of a bucket),
+/// kept out of HTTP/2's header compression table (HPACK's never-indexed literal): such a value
+/// never matches, and each one inserted costs the encoder a search of the values under its
+/// name, an insert and evictions, and evicts the values that do repeat. HTTP/1.1 ignores it.
+pub fn unindexed(mut value: HeaderValue) -> HeaderValue {
+    value.set_sensitive(true);
+    value
+}
+
 /// `v` as written by `Display`, as a header value (an address, say); `None` when that is not
 /// a valid value.
 pub fn display(v: impl std::fmt::Display) -> Option<HeaderValue> {

@@ -16,7 +16,8 @@ const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 const MAX_KEPT: usize = 200;
 
 /// The request's ID: the one in `headers` under `name` when the peer is a trusted proxy
-/// (`trusted`, asked first) and it is 1 to 200 visible ASCII characters, else a new one.
+/// (`trusted`, asked first) and it is 1 to 200 visible ASCII characters, else a new one. One
+/// ID per request: never indexed by HTTP/2's header compression (`header_value::unindexed`).
 pub fn resolve(
     headers: &HeaderMap,
     name: &HeaderName,
@@ -28,7 +29,7 @@ pub fn resolve(
         if let Some(sent) = headers.get(name) {
             let b = sent.as_bytes();
             if !b.is_empty() && b.len() <= MAX_KEPT && b.iter().all(u8::is_ascii_graphic) {
-                return sent.clone();
+                return crate::header_value::unindexed(sent.clone());
             }
         }
     }
@@ -44,7 +45,8 @@ pub fn generate() -> HeaderValue {
         digits.copy_from_slice(&hex8((n >> (32 * i)) as u32));
     }
     // Hex digits are a valid header value: this never falls back.
-    crate::header_value::joined(&[&hex]).unwrap_or(HeaderValue::from_static("-"))
+    let id = crate::header_value::joined(&[&hex]).unwrap_or(HeaderValue::from_static("-"));
+    crate::header_value::unindexed(id)
 }
 
 /// `x` as 8 lower-case hex digits, all at once in a `u64` (one digit a byte) rather than a
@@ -64,7 +66,18 @@ fn hex8(x: u32) -> [u8; 8] {
 mod tests {
     #[test]
     fn hex_digits_are_formats() {
-        for x in [0, 1, 9, 10, 15, 16, 0xdead_beef, 0x0123_4567, 0x89ab_cdef, u32::MAX] {
+        for x in [
+            0,
+            1,
+            9,
+            10,
+            15,
+            16,
+            0xdead_beef,
+            0x0123_4567,
+            0x89ab_cdef,
+            u32::MAX,
+        ] {
             assert_eq!(super::hex8(x), format!("{x:08x}").as_bytes(), "{x:#x}");
         }
     }

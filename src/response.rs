@@ -10,6 +10,7 @@ use http_body_util::{Either, Full};
 
 pub use crate::config::settings::HeaderPolicy;
 use crate::error::ProxyError;
+use crate::header_value::unindexed;
 use crate::limiter::{Decision, Limit, Verdict};
 
 /// Every response body: an upstream's, streamed or read ahead, or bytes in memory (the proxy's
@@ -227,13 +228,13 @@ pub fn add_headers(
     if policy.ietf {
         let policy_header = rendered.map_or_else(|| policy_value(limit), |r| r.policy.clone());
         headers.insert(RATELIMIT_POLICY, policy_header);
-        headers.insert(RATELIMIT, ratelimit_value(limit, &v));
+        headers.insert(RATELIMIT, unindexed(ratelimit_value(limit, &v)));
     }
     if policy.x_ratelimit {
         let burst =
             rendered.map_or_else(|| HeaderValue::from(limit.rate.burst), |r| r.burst.clone());
         headers.insert(X_LIMIT, burst);
-        headers.insert(X_REMAINING, number(v.remaining));
+        headers.insert(X_REMAINING, unindexed(number(v.remaining)));
         headers.insert(X_RESET, number(secs_up(v.reset_us)));
     }
 }
