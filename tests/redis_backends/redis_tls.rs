@@ -1,7 +1,7 @@
 //! `rediss://user:password@host:port`: the Redis limiter over TLS (rustls), authenticated as
 //! an ACL user that may only touch the limiter's own keys. The certificates are made by the
 //! `openssl` command for each run; the client trusts the test CA through `SSL_CERT_FILE`
-//! (read by rustls-native-certs), which is why this test has a binary of its own.
+//! (read by rustls-native-certs), set for this test's life only.
 
 use crate::common::redis as redis_helpers;
 
@@ -25,12 +25,24 @@ fn limiter(url: String) -> RedisLimiter {
     RedisLimiter::new(&cfg).expect("a valid config")
 }
 
+/// Removes an environment variable when dropped.
+struct Unset(&'static str);
+
+impl Drop for Unset {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
+}
+
 #[tokio::test]
 async fn rediss_with_an_acl_user() {
     let certs = tempfile::tempdir().unwrap();
     make_certs(certs.path());
     let file = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
     std::env::set_var("SSL_CERT_FILE", file("ca.crt"));
+    // Gone before the certificates are: other tests of this binary run in the same process,
+    // and a dangling SSL_CERT_FILE makes every TLS client they build fail to load its roots.
+    let _unset = Unset("SSL_CERT_FILE");
     let tls_port = free_port().to_string();
     let (cert, key, ca) = (file("srv.crt"), file("srv.key"), file("ca.crt"));
     let server = RedisServer::start_with(&[
