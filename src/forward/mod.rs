@@ -36,7 +36,8 @@ pub use upstream::Upstream;
 #[derive(Debug)]
 pub struct Forwarded {
     pub response: Response<Pooled>,
-    pub tunnel: Option<Tunnel>,
+    /// Boxed, as WebSockets are rare: every forward moves `Forwarded` on its way out.
+    pub tunnel: Option<Box<Tunnel>>,
     /// The target that answered (its index in the upstream's `targets`).
     pub target: usize,
     /// How long the request waited for a slot of a capped upstream (retries included).
@@ -304,7 +305,7 @@ fn prepare(
     lease: &mut Option<Lease>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
     websocket_idle: Duration,
-) -> Option<Tunnel> {
+) -> Option<Box<Tunnel>> {
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
@@ -318,12 +319,12 @@ fn prepare(
             UPGRADE,
             upgrade.unwrap_or(HeaderValue::from_static("websocket")),
         );
-        tunnel = Some(Tunnel {
+        tunnel = Some(Box::new(Tunnel {
             client: client_side,
             upstream: hyper::upgrade::on(&mut *res),
             idle: websocket_idle,
             slots: crate::limiter::concurrency::Guard::default(),
-        });
+        }));
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         // The connection now belongs to the tunnel (or is useless): never back in the pool.

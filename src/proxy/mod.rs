@@ -59,7 +59,8 @@ impl ClientConn {
 #[derive(Debug)]
 pub struct Handled {
     pub response: Response<Body>,
-    pub tunnel: Option<Tunnel>,
+    /// Boxed, as WebSockets are rare: `Handled` moves whole between the stages.
+    pub tunnel: Option<Box<Tunnel>>,
     /// Boxed: the entry is large, and moves with the response into its body (hyper's
     /// connection state) whether the access log is on or not.
     pub access: Option<Box<Entry>>,
@@ -76,7 +77,7 @@ struct Trace<'a> {
     /// The request body went upstream (so it was, or is being, read).
     body_taken: bool,
     /// The WebSocket tunnel the upstream accepted.
-    tunnel: Option<Tunnel>,
+    tunnel: Option<Box<Tunnel>>,
     /// The target that answered, and the time to its response head.
     upstream: Option<(usize, std::time::Duration)>,
     /// When the upstream's response head came, if the answer was ready then (no body read

@@ -217,7 +217,7 @@ impl Connection {
         // connection's slot, stays in the open-connections gauge and in the shutdown drain.
         let tunnel = shared.tunnel.lock().take();
         if let Some(tunnel) = tunnel {
-            crate::forward::tunnel::run(tunnel).await;
+            crate::forward::tunnel::run(*tunnel).await;
         }
         open.dec();
     }
@@ -360,7 +360,7 @@ pub(super) struct Shared {
     /// The WebSocket tunnel a request opened, for the connection to run once hyper hands the
     /// socket over: it then keeps the connection's slot under `max_connections`, counts as an
     /// open connection, and is part of the shutdown drain.
-    tunnel: parking_lot::Mutex<Option<Tunnel>>,
+    tunnel: parking_lot::Mutex<Option<Box<Tunnel>>>,
 }
 
 impl AsRef<Activity> for Shared {
