@@ -64,6 +64,8 @@ fn hex8(x: u32) -> [u8; 8] {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn hex_digits_are_formats() {
         for x in [
@@ -78,11 +80,9 @@ mod tests {
             0x89ab_cdef,
             u32::MAX,
         ] {
-            assert_eq!(super::hex8(x), format!("{x:08x}").as_bytes(), "{x:#x}");
+            assert_eq!(hex8(x), format!("{x:08x}").as_bytes(), "{x:#x}");
         }
     }
-
-    use super::*;
 
     #[test]
     fn generated_ids_are_32_lower_case_hex_digits_and_differ() {

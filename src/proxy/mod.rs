@@ -42,7 +42,7 @@ pub struct ClientConn {
 
 impl ClientConn {
     pub fn new(peer: SocketAddr, tls: bool, max_uri_bytes: usize, worker: usize) -> Self {
-        let peer_value = http::HeaderValue::try_from(peer.ip().to_canonical().to_string())
+        let peer_value = crate::header_value::display(peer.ip().to_canonical())
             .unwrap_or(http::HeaderValue::from_static("unknown"));
         Self {
             peer,

@@ -53,7 +53,7 @@ pub(super) async fn forward_to(
     trace.at_capacity = matches!(sent, Err(ProxyError::AtCapacity { .. }));
     let (forwarded, took) = sent?;
     trace.upstream = Some((forwarded.target, took));
-    // An HTTP/1.0 answer without a length may be read whole before its head is ready.
+    // An HTTP/1.0 answer may be read whole (if it has no length) before its head is ready.
     trace.head_ready =
         (forwarded.response.version() != http::Version::HTTP_10).then_some(forwarded.answered);
     trace.queued = forwarded.waited;
