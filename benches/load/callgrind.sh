@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]: instructions per request of the
+# benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis|h2]: instructions per request of the
 # proxy, counted by callgrind, a figure that does not move with the load on a shared machine,
 # for comparing two commits or tollgate with the bare hyper floor. Sourced by benches/load.sh,
 # with benches/load/lib.sh.
@@ -14,10 +14,11 @@
 
 help_callgrind() {
     cat <<'TXT'
-callgrind [tollgate|bare] [fwd|rej|redis]   (defaults: tollgate fwd)
+callgrind [tollgate|bare] [fwd|rej|redis|h2]   (defaults: tollgate fwd)
                    instructions per request under callgrind, with the 40 functions that
                    execute most of them; the profile stays in target/callgrind/. Builds the
-                   target with frame pointers into target/callgrind/build.
+                   target with frame pointers into target/callgrind/build. h2: scenario 1 over
+                   h2c, `h2load -cCONNECTIONS -m10` (tollgate only).
     DURATION [10]     seconds counted            CONNECTIONS [8]  (more: larger Redis batches)
     VALGRIND_EXTRA    further callgrind options (`--dump-instr=yes` for costs by address)
     BIN               a binary to count instead of building one (an older commit's, say):
@@ -32,7 +33,7 @@ TXT
 }
 
 run_callgrind() {
-    [ $# -le 2 ] || usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]"
+    [ $# -le 2 ] || usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis|h2]"
     local what=${1:-tollgate} mode=${2:-fwd} out=$ROOT/target/callgrind bin limiter name port
     local pid requests build extra=() limit=("${FWD_TOLLGATE[@]}") args access
     DURATION=${DURATION:-10}
@@ -41,14 +42,16 @@ run_callgrind() {
     case $what in
         tollgate) build+=(--bin tollgate); bin=$out/build/release/tollgate ;;
         bare) build+=(--example bare_hyper_proxy); bin=$out/build/release/examples/bare_hyper_proxy ;;
-        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]" ;;
+        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis|h2]" ;;
     esac
     case $mode in
         fwd | redis) ;;
+        h2) [ "$what" = tollgate ] || usage_error "callgrind h2: tollgate only (the bare proxy speaks HTTP/1.1)" ;;
         rej) limit=("${REJ_TOLLGATE[@]}") ;;
-        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis]" ;;
+        *) usage_error "benches/load.sh callgrind [tollgate|bare] [fwd|rej|redis|h2]" ;;
     esac
     need valgrind callgrind_annotate callgrind_control nginx wrk curl python3 ss
+    [ "$mode" != h2 ] || need h2load
     [ "$mode" != redis ] || need redis-server redis-cli
     read -r -a extra <<<"${VALGRIND_EXTRA:-}"
     mkdir -p "$out"
@@ -88,10 +91,16 @@ run_callgrind() {
         --callgrind-out-file="$out/$name.out" "$bin" "${args[@]}"
     pid=$SPAWNED
     wait_port "$port" "$pid" "$what under valgrind" 60
-    bounded 40 /dev/null wrk -t1 -c"$CONNECTIONS" -d3s "http://127.0.0.1:$port/"
+    # The warm-up and the counted load: wrk, or h2load over h2c.
+    local warm=(wrk -t1 -c"$CONNECTIONS" -d3s) load=(wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s")
+    if [ "$mode" = h2 ]; then
+        warm=(h2load -t1 -c"$CONNECTIONS" -m10 -D 3)
+        load=(h2load -t1 -c"$CONNECTIONS" -m10 -D "$DURATION")
+    fi
+    bounded 40 /dev/null "${warm[@]}" "http://127.0.0.1:$port/"
     callgrind_control -i on "$pid" >/dev/null 2>&1
-    bounded $((DURATION + 30)) "$TMP/wrk.txt" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" \
-        "http://127.0.0.1:$port/" || die "wrk failed: $(cat "$TMP/wrk.txt")"
+    bounded $((DURATION + 30)) "$TMP/wrk.txt" "${load[@]}" "http://127.0.0.1:$port/" ||
+        die "the client failed: $(cat "$TMP/wrk.txt")"
     callgrind_control -i off "$pid" >/dev/null 2>&1
     callgrind_control -d "$pid" >/dev/null 2>&1
     # The dump asked for above (callgrind numbers its dumps: NAME.out.1).
@@ -100,7 +109,8 @@ run_callgrind() {
     [ -s "$out/$name.out.1" ] || die "callgrind wrote no dump (see $TMP/callgrind)"
     stop "$pid"
     mv "$out/$name.out.1" "$out/$name.profile"
-    requests=$(awk '/requests in/ {print $1}' "$TMP/wrk.txt")
+    # wrk: "N requests in"; h2load: "requests: T total, S started, D done, N succeeded".
+    requests=$(awk '/requests in/ {print $1} /^requests:/ {print $8}' "$TMP/wrk.txt")
     callgrind_annotate --auto=no --inclusive=no --threshold=100 "$out/$name.profile" 2>/dev/null |
         sed -n '/file:function/,$p' | tail -n +3 | grep -v '^ *$' |
         awk -v n="$requests" -v name="$what" -v mode="$mode" '{
