@@ -7,9 +7,10 @@
 # Builds the target with frame pointers and line tables (target dir target/callgrind/build),
 # starts on 127.0.0.1 the backend of `compare`, Redis for `redis`, and the proxy under
 # `valgrind --tool=callgrind` with instrumentation off; warms up for 3 s, counts DURATION
-# seconds of `wrk -t1 -cCONNECTIONS`, and prints the instructions per request with the 40
-# functions that execute most of them (self cost, inlined code counted in its caller). The full
-# profile stays in target/callgrind/NAME.profile for `callgrind_annotate --inclusive=yes`.
+# seconds of `wrk -t1 -cCONNECTIONS` (`h2`: `h2load -m10` over h2c), and prints the
+# instructions per request with the 40 functions that execute most of them (self cost, inlined
+# code counted in its caller). The full profile stays in target/callgrind/NAME.profile for
+# `callgrind_annotate --inclusive=yes`.
 # About 2 minutes with the build.
 
 help_callgrind() {
