@@ -250,7 +250,7 @@ impl Drop for ActiveRequest {
         if self.http2 {
             self.shared.activity.unsent(self.served, false);
         }
-        self.shared.activity.end(self.answered, self.http2);
+        self.shared.activity.end(self.answered);
     }
 }
 

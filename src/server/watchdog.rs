@@ -190,13 +190,13 @@ impl Activity {
     /// GOAWAY): that is the rapid-reset attack on streams already being proxied, which the
     /// HTTP/2 layer's own reset cap (streams reset before they are accepted) cannot see. An
     /// HTTP/1.1 client cancels by closing its connection: nothing to count.
-    pub(super) fn end(&self, answered: bool, http2: bool) {
+    pub(super) fn end(&self, answered: bool) {
         *self.marks.lock() = Marks {
             idle_since: Instant::now(),
             head_started: None,
         };
         self.inflight.fetch_sub(1, Ordering::AcqRel);
-        if !http2 {
+        if !self.http2.load(Ordering::Acquire) {
             return;
         }
         let mut window = self.window.lock();
