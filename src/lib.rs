@@ -25,9 +25,10 @@
 //!   `path`: the path normalised and the spellings backends read differently refused); the
 //!   container health probe; one log line a second for a failure that repeats; header
 //!   values made in one allocation of their size; text kept for the process's life, once per
-//!   value, for header values every request clones; the `X-Request-Id` kept or made; the access log (lines formatted per worker thread, written by
-//!   a thread of its own); an upstream's capacity (`capacity`: per-target caps, fixed or
-//!   learned from latency, and the queue fair across identities and priorities).
+//!   value, for header values every request clones; the `X-Request-Id` kept or made; the
+//!   access log (lines formatted per worker thread, written by a thread of its own); an
+//!   upstream's capacity (`capacity`: per-target caps, fixed or learned from latency, and the
+//!   queue fair across identities and priorities).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
