@@ -70,6 +70,13 @@ pub fn decide_in_process(
     now: Moment,
     tuned: &[Option<&Tuning>],
 ) -> Decision {
+    if let ([limit], []) = (limits, tuned) {
+        if let Some(result) = lone(limit, view, now) {
+            return Decision {
+                results: smallvec::smallvec![result],
+            };
+        }
+    }
     let mut p = Prepared::of(limits, view, tuned);
     if !p.checks.is_empty() {
         let (results, asked) = p.split(view, now);
@@ -77,6 +84,33 @@ pub fn decide_in_process(
         record(results, asked.checks, answer);
     }
     Decision { results: p.results }
+}
+
+/// A route's one limit, most routes' case, when it is a plain token bucket (no quota, ban or
+/// concurrency): its bucket judged directly, without the lists of checks, flags and verdicts
+/// a store is asked and answers with. `None`: the general path decides it.
+fn lone(limit: &Limit, view: &RequestView<'_>, now: Moment) -> Option<LimitResult> {
+    if limit.concurrency.is_some() || limit.quota.is_some() || limit.bans.is_some() {
+        return None;
+    }
+    if view.is_exempt(&limit.exempt) {
+        return Some(unchecked(0, limit, None));
+    }
+    let client = view.resolve(&limit.key);
+    let item = local::Item {
+        buckets: &limit.local,
+        client,
+        peer: local::Peer::of(view.client_ip),
+        rate: &limit.rate,
+        cost: limit.cost,
+        window: None,
+    };
+    let v = local::check_one(&item, !limit.shadow, now.us());
+    Some(LimitResult {
+        verdict: Some(v),
+        outcome: outcome(&v, limit),
+        ..unchecked(0, limit, Some(client))
+    })
 }
 
 /// A request's limits before a store is asked: every limit's result so far, and the checks

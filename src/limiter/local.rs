@@ -388,14 +388,11 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
     // while another peer shard of the same limit is locked.
     // One limit, most routes' case: no lists of slots and states to build.
     if let [item] = items {
-        let mut slot = slot(item, now);
-        let (v, tat) = judge(item, &mut slot, now);
-        if v.admitted {
-            commit(item, &mut slot, tat);
-        } else if enforced.first().copied().unwrap_or(false) {
-            write_back_clamps(items, std::slice::from_mut(&mut slot), now);
-        }
-        return smallvec::smallvec![v];
+        return smallvec::smallvec![check_one(
+            item,
+            enforced.first().copied().unwrap_or(false),
+            now
+        )];
     }
     let mut slots: Small<Slot<'_>> = items.iter().map(|i| slot(i, now)).collect();
     let mut verdicts: Small<Verdict> = Small::new();
@@ -421,6 +418,22 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
         }
     }
     verdicts
+}
+
+/// `check` of a single item: no lists of slots and states to build.
+pub fn check_one(item: &Item<'_>, enforced: bool, now: f64) -> Verdict {
+    let mut slot = slot(item, now);
+    let (v, tat) = judge(item, &mut slot, now);
+    if v.admitted {
+        commit(item, &mut slot, tat);
+    } else if enforced {
+        write_back_clamps(
+            std::slice::from_ref(item),
+            std::slice::from_mut(&mut slot),
+            now,
+        );
+    }
+    v
 }
 
 /// The slot `item` is counted in, locked.
