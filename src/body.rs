@@ -130,8 +130,9 @@ enum Kind {
     Streaming(Box<Streaming>),
     /// No bytes (every GET): complete on arrival.
     Empty,
-    /// Received whole before the upstream was contacted (request buffering).
-    Held(HeldReader),
+    /// Received whole before the upstream was contacted (request buffering). Boxed: every
+    /// upstream connection's request queue (hyper's channel) holds 32 requests' room at once.
+    Held(Box<HeldReader>),
 }
 
 /// `Incoming` with the route's limits applied.
@@ -185,7 +186,7 @@ impl Guarded {
         match &self.kind {
             Kind::Empty => Some(Self::empty()),
             Kind::Held(r) => Some(Self {
-                kind: Kind::Held(r.restart()),
+                kind: Kind::Held(Box::new(r.restart())),
                 sent: Sent(None),
             }),
             Kind::Streaming(_) => None,
@@ -209,7 +210,7 @@ impl Guarded {
         let held = Arc::new(filling.finish());
         let len = held.size();
         let body = Self {
-            kind: Kind::Held(held.reader()),
+            kind: Kind::Held(Box::new(held.reader())),
             sent: Sent(None),
         };
         Ok((body, len))
@@ -235,7 +236,7 @@ impl Body for Guarded {
         let polled = match &mut this.kind {
             Kind::Empty => return Poll::Ready(None),
             Kind::Held(r) => {
-                return Pin::new(r)
+                return Pin::new(&mut **r)
                     .poll_frame(cx)
                     .map_err(|_| BodyError(BodyFailure::Malformed));
             }
@@ -322,5 +323,16 @@ impl Streaming {
                 Poll::Ready(Some(Err(BodyFailure::Idle)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// hyper queues requests to an upstream connection in a tokio channel that allocates room
+    /// for 32 at once, for every connection: each byte here is 32 per upstream connection.
+    #[test]
+    fn a_request_to_an_upstream_stays_small() {
+        let size = std::mem::size_of::<http::Request<super::Guarded>>();
+        assert!(size <= 248, "Request<Guarded> is {size} bytes");
     }
 }
