@@ -5,16 +5,17 @@
 #   benches/load.sh help [SUBCOMMAND]      what each subcommand does and its environment
 #
 # Subcommands: compare, ab OLD NEW, floor, memory, idle [CONNECTIONS], callgrind [tollgate|bare]
-# [fwd|rej|redis], shield, fleet. The body of each is benches/load/SUBCOMMAND.sh (sourced here, not run on its
-# own); all share benches/load/lib.sh, and the configs, the wrk script and the report's parser
-# in benches/compare/. Everything runs on 127.0.0.1 only, and a subcommand stops every process
-# it started when it ends, fails or is interrupted. A tool that is missing (nginx, wrk, h2load,
-# redis-server, valgrind, haproxy, caddy, perf) is installed with apt-get. See docs/performance.md for the figures.
+# [fwd|rej|redis|h2], heap [fwd|h2], shield, fleet. The body of each is
+# benches/load/SUBCOMMAND.sh (sourced here, not run on its own); all share benches/load/lib.sh,
+# and the configs, the wrk script and the report's parser in benches/compare/. Everything runs
+# on 127.0.0.1 only, and a subcommand stops every process it started when it ends, fails or is
+# interrupted. A tool that is missing (nginx, wrk, h2load, redis-server, valgrind, haproxy,
+# caddy, perf) is installed with apt-get. See docs/performance.md for the figures.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CONF=$ROOT/benches/compare
-SUBCOMMANDS=(compare ab floor memory idle callgrind shield fleet)
+SUBCOMMANDS=(compare ab floor memory idle callgrind heap shield fleet)
 SUBCOMMAND=
 
 # shellcheck source=benches/load/lib.sh
@@ -33,6 +34,8 @@ SUBCOMMAND=
 . "$ROOT/benches/load/idle.sh"
 # shellcheck source=benches/load/callgrind.sh
 . "$ROOT/benches/load/callgrind.sh"
+# shellcheck source=benches/load/heap.sh
+. "$ROOT/benches/load/heap.sh"
 # shellcheck source=benches/load/shield.sh
 . "$ROOT/benches/load/shield.sh"
 # shellcheck source=benches/load/fleet.sh

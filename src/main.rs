@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 
 /// mimalloc: the request path allocates many small, short-lived buffers (headers, futures),
 /// which it serves faster than glibc's malloc.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: tollgate_alloc::Allocator = tollgate_alloc::Allocator;
 use std::process::ExitCode;
