@@ -101,6 +101,8 @@ struct Last429 {
     /// is a ban's.
     numbers: (u64, u64, u64, bool),
     policy: HeaderPolicy,
+    /// The request-ID header its map has a slot for.
+    id_header: HeaderName,
     headers: HeaderMap,
     body: Bytes,
 }
@@ -110,12 +112,14 @@ thread_local! {
 }
 
 /// `429 Too Many Requests` for a request that `decision` rejected (`limits` are its route's,
-/// `rendered` their fixed header parts).
+/// `rendered` their fixed header parts). Its headers hold a slot for the request ID, under
+/// `id_header`, that `proxy::handle` fills.
 pub fn too_many_requests(
     limits: &[Arc<Limit>],
     rendered: &[Rendered],
     decision: &Decision,
     policy: HeaderPolicy,
+    id_header: &HeaderName,
 ) -> Response<Body> {
     let route = (limits, rendered);
     let (headers, body) = match decision.reported() {
@@ -134,6 +138,7 @@ pub fn too_many_requests(
                 std::ptr::eq(last.limit.as_ptr(), Arc::as_ptr(limit))
                     && last.numbers == numbers
                     && last.policy == policy
+                    && last.id_header == *id_header
             };
             let again = LAST_429.with_borrow(|last| {
                 last.as_ref()
@@ -141,19 +146,25 @@ pub fn too_many_requests(
                     .map(|last| (last.headers.clone(), last.body.clone()))
             });
             again.unwrap_or_else(|| {
-                let (headers, body) =
-                    head_429(&limit.name, (numbers.0, numbers.3), route, decision, policy);
+                let (headers, body) = head_429(
+                    &limit.name,
+                    (numbers.0, numbers.3),
+                    route,
+                    decision,
+                    (policy, id_header),
+                );
                 LAST_429.set(Some(Last429 {
                     limit: Arc::downgrade(limit),
                     numbers,
                     policy,
+                    id_header: id_header.clone(),
                     headers: headers.clone(),
                     body: body.clone(),
                 }));
                 (headers, body)
             })
         }
-        None => head_429("", (1, false), route, decision, policy),
+        None => head_429("", (1, false), route, decision, (policy, id_header)),
     };
     let mut res = Response::new(Either::Right(Full::new(body)));
     *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -167,7 +178,7 @@ fn head_429(
     (retry, ban): (u64, bool),
     route: (&[Arc<Limit>], &[Rendered]),
     decision: &Decision,
-    policy: HeaderPolicy,
+    (policy, id_header): (HeaderPolicy, &HeaderName),
 ) -> (HeaderMap, Bytes) {
     let mut numbers = itoa::Buffer::new();
     let retry_text = numbers.format(retry);
@@ -204,6 +215,9 @@ fn head_429(
     );
     headers.insert(RETRY_AFTER, number(retry));
     add_headers(&mut headers, route.0, route.1, decision, policy);
+    // The request ID's slot, filled by `proxy::handle`: a clone of this map has no room to
+    // spare, and an entry added to it would move all the others to a larger allocation.
+    headers.insert(id_header.clone(), HeaderValue::from_static(""));
     (headers, Bytes::from(body))
 }
 

@@ -423,10 +423,11 @@ pub fn check(items: &[Item<'_>], enforced: &[bool], now: f64) -> Small<Verdict> 
 /// `check` of a single item: no lists of slots and states to build.
 pub fn check_one(item: &Item<'_>, enforced: bool, now: f64) -> Verdict {
     let mut slot = slot(item, now);
-    let (v, tat) = judge(item, &mut slot, now);
+    let stored = stored(item, &slot);
+    let (v, tat) = judge_stored(item, &mut slot, stored, now);
     if v.admitted {
         commit(item, &mut slot, tat);
-    } else if enforced {
+    } else if enforced && stored.is_some_and(|t| clamps(item, t, now)) {
         write_back_clamps(
             std::slice::from_ref(item),
             std::slice::from_mut(&mut slot),
@@ -452,17 +453,32 @@ fn slot<'a>(item: &Item<'a>, now: f64) -> Slot<'a> {
 
 /// One item's verdict from the slot it is counted in, and the state to store if admitted.
 fn judge(item: &Item<'_>, slot: &mut Slot<'_>, now: f64) -> (Verdict, f64) {
+    let stored = stored(item, slot);
+    judge_stored(item, slot, stored, now)
+}
+
+/// The state `slot` holds for `item` (a bucket's theoretical arrival time, a window's count).
+fn stored(item: &Item<'_>, slot: &Slot<'_>) -> Option<f64> {
+    match slot {
+        Slot::Map(m, _, key) => m.get(key).map(|e| e.tat),
+        Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
+        Slot::Overflow(o) => **o,
+        Slot::Log(..) => None,
+    }
+}
+
+/// `judge`, with the slot's state read already.
+fn judge_stored(
+    item: &Item<'_>,
+    slot: &mut Slot<'_>,
+    tat: Option<f64>,
+    now: f64,
+) -> (Verdict, f64) {
     if let (Slot::Log(shard, id), Some(w)) = (&mut *slot, &item.window) {
         let mut empty = std::collections::VecDeque::new();
         let log = shard.get_mut(id).unwrap_or(&mut empty);
         return (quota::exact(log, w, item.cost), w.now);
     }
-    let tat = match &*slot {
-        Slot::Map(m, _, key) => m.get(key).map(|e| e.tat),
-        Slot::Peer(p) => p.get(&item.peer).and_then(|m| m.overflow),
-        Slot::Overflow(o) => **o,
-        Slot::Log(..) => None,
-    };
     match &item.window {
         Some(w) if w.counting == Counting::Sliding => {
             // The last window's counter, under the other key; none in an overflow bucket,
@@ -502,6 +518,12 @@ fn commit(item: &Item<'_>, slot: &mut Slot<'_>, tat: f64) {
     }
 }
 
+/// Whether a bucket's stored `tat` lies further ahead than `item`'s rate allows (its rate was
+/// lowered since): `write_back_clamps` writes it back.
+fn clamps(item: &Item<'_>, tat: f64, now: f64) -> bool {
+    item.window.is_none() && tat - now > item.rate.window_us() + super::CLAMP_SLACK_US
+}
+
 /// A rejected check writes nothing, except a `tat` that `step` clamped to an empty bucket
 /// (`now + tau`): written back, as `bucket.lua` does, so the bucket refills from now on. The
 /// clock here is monotonic, so only a rate lowered's `tau` clamps: an operator's override
@@ -518,8 +540,7 @@ fn write_back_clamps(items: &[Item<'_>], slots: &mut [Slot<'_>], now: f64) {
             Slot::Overflow(o) => o.as_mut(),
             Slot::Log(..) => None,
         };
-        if let Some(tat) = tat.filter(|t| **t - now > item.rate.window_us() + super::CLAMP_SLACK_US)
-        {
+        if let Some(tat) = tat.filter(|t| clamps(item, **t, now)) {
             *tat = clamped;
         }
     }

@@ -71,7 +71,7 @@ fn noted(
 pub(super) fn refusal(
     route: &Route,
     decision: &limiter::Decision,
-    headers: crate::config::settings::HeaderPolicy,
+    (headers, id_header): (crate::config::settings::HeaderPolicy, &http::HeaderName),
 ) -> Option<Result<Response<Body>, ProxyError>> {
     let rejected = decision.rejected_by()?;
     if rejected.outcome == Outcome::FailedClosed {
@@ -84,6 +84,7 @@ pub(super) fn refusal(
         &route.rendered,
         decision,
         headers,
+        id_header,
     )))
 }
 

@@ -221,7 +221,8 @@ async fn pipeline<'a>(
         crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
     };
     beside(rt, &arrival, now, &mut trace.slots);
-    let refused = (trace.decision.as_ref()).and_then(|d| refusal(route, d, rt.settings.headers));
+    let answer = (rt.settings.headers, &rt.settings.request_id_header);
+    let refused = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer));
     if let Some(refused) = refused {
         // Refused by a rate limit: its concurrency slots are given back at once.
         trace.slots = limiter::concurrency::Guard::default();
