@@ -853,7 +853,9 @@ impl Pipeline {
             let (mut client, server) = tokio::io::duplex(data.len() + (1 << 16));
             let service = service_fn(move |req| {
                 let (state, conn) = (state.clone(), conn.clone());
-                async move { Ok::<_, Infallible>(proxy::handle(&state, &conn, req).await.response) }
+                async move {
+                    Ok::<_, Infallible>(proxy::handle(&state, &conn, Box::new(req)).await.response)
+                }
             });
             let connection = self
                 .connections

@@ -100,7 +100,7 @@ struct Trace<'a> {
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
 /// here and nowhere else.
-pub async fn handle(state: &State, conn: &ClientConn, req: Request<Incoming>) -> Handled {
+pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>>) -> Handled {
     let started = Instant::now();
     let runtime = state.current();
     let id_header = &runtime.settings.request_id_header;
@@ -196,7 +196,7 @@ async fn pipeline<'a>(
     state: &State,
     rt: &'a Runtime,
     conn: &ClientConn,
-    mut req: Request<Incoming>,
+    mut req: Box<Request<Incoming>>,
     started: Instant,
     request_id: &http::HeaderValue,
     trace: &mut Trace<'a>,

@@ -24,12 +24,12 @@ pub(super) async fn forward_to(
     rt: &Runtime,
     route: &Route,
     upstream: &forward::Upstream,
-    req: Request<Incoming>,
+    req: Box<Request<Incoming>>,
     down: &Downstream<'_>,
     started: Instant,
     trace: &mut Trace<'_>,
 ) -> Result<Response<Body>, ProxyError> {
-    let (mut parts, body) = req.into_parts();
+    let (mut parts, body) = (*req).into_parts();
     let mut body = Guarded::new(body, route.body, started);
     trace.body_taken = true;
     let buffered = route.buffer_request && !body.is_end_stream();

@@ -116,6 +116,10 @@ impl Connection {
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 // One reference count per request, on this connection's own allocation.
                 let mut request = ActiveRequest::begin(shared.clone());
+                // Boxed once here: each stage takes the request by value, and an async
+                // function keeps its argument twice (captured, then as a local), so a request
+                // moved whole would be copied into every stage's future twice.
+                let req = Box::new(req);
                 // Boxed: hyper keeps a slot for the service's future in every connection's
                 // state, in use or not, so an idle keep-alive connection would hold a whole
                 // request's future inline. One allocation per request instead.
