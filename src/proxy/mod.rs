@@ -204,33 +204,41 @@ async fn pipeline<'a>(
     screen::screen(&mut req, conn.max_uri_bytes)?;
     let route = route(state, rt, conn, &req, started, trace)?;
     let client_ip = client(&rt.settings, conn, &req, trace);
-    let arrival = Arrival::of(&req, client_ip);
-    // Verified on first use by a `jwt:` source, once for all the route's limits.
-    let jwt = rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
-    let view = arrival.view(route.fold_path, jwt.as_ref());
-    let control = state.control.active();
-    let tuned = match operators(state, control.as_deref(), &view, route, trace) {
-        Ok(tuned) => tuned,
-        Err(refused) => return Ok(*refused),
+    // The request's view and its limits in a block of their own: what is alive when the
+    // upstream is awaited is kept in this future, and they are not needed then.
+    let queue = {
+        let arrival = Arrival::of(&req, client_ip);
+        // Verified on first use by a `jwt:` source, once for all the route's limits.
+        let jwt = rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+        let view = arrival.view(route.fold_path, jwt.as_ref());
+        let control = state.control.active();
+        let tuned = match operators(state, control.as_deref(), &view, route, trace) {
+            Ok(tuned) => tuned,
+            Err(refused) => return Ok(*refused),
+        };
+        let asked = (&view, &tuned[..]);
+        let now = if rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
+            limits::in_process(state, route, asked, started, trace)
+        } else {
+            // Boxed: inline, its state would make every request's pipeline future larger.
+            crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
+        };
+        beside(rt, &arrival, now, &mut trace.slots);
+        let answer = (rt.settings.headers, &rt.settings.request_id_header);
+        if let Some(refused) = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer)) {
+            // Refused by a rate limit: its concurrency slots are given back at once.
+            trace.slots = limiter::concurrency::Guard::default();
+            return refused;
+        }
+        match &route.action {
+            Action::Forward(upstream) => {
+                queue_key(upstream, &view, trace.decision.as_ref(), client_ip)
+            }
+            Action::Respond(_) => 0,
+        }
     };
-    let asked = (&view, &tuned[..]);
-    let now = if rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
-        limits::in_process(state, route, asked, started, trace)
-    } else {
-        // Boxed: inline, its state would make every request's pipeline future larger.
-        crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
-    };
-    beside(rt, &arrival, now, &mut trace.slots);
-    let answer = (rt.settings.headers, &rt.settings.request_id_header);
-    let refused = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer));
-    if let Some(refused) = refused {
-        // Refused by a rate limit: its concurrency slots are given back at once.
-        trace.slots = limiter::concurrency::Guard::default();
-        return refused;
-    }
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let queue = queue_key(upstream, &view, trace.decision.as_ref(), client_ip);
             let down = downstream(conn, &rt.settings, route, (client_ip, queue), request_id);
             forward_to(state, rt, route, upstream, req, &down, started, trace).await?
         }

@@ -29,19 +29,23 @@ pub(super) async fn forward_to(
     started: Instant,
     trace: &mut Trace<'_>,
 ) -> Result<Response<Body>, ProxyError> {
-    let (mut parts, body) = (*req).into_parts();
-    let mut body = Guarded::new(body, route.body, started);
-    trace.body_taken = true;
-    let buffered = route.buffer_request && !body.is_end_stream();
-    if buffered {
-        (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
-    }
-    trace.sent = body.sent();
-    let head = parts.method == http::Method::HEAD;
-    // Boxed: each stage down to hyper's client takes the request by value, and moved whole it
-    // would be copied twice per async stage (into the stage's future, then into its body's
-    // locals); boxed, those moves are of a pointer.
-    let req = Box::new(Request::from_parts(parts, body));
+    // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
+    // future while the upstream is awaited.
+    let (req, head, buffered) = {
+        let (mut parts, body) = (*req).into_parts();
+        let mut body = Guarded::new(body, route.body, started);
+        trace.body_taken = true;
+        let buffered = route.buffer_request && !body.is_end_stream();
+        if buffered {
+            (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
+        }
+        trace.sent = body.sent();
+        let head = parts.method == http::Method::HEAD;
+        // Boxed: each stage down to hyper's client takes the request by value, and moved
+        // whole it would be copied twice per async stage (into the stage's future, then into
+        // its body's locals); boxed, those moves are of a pointer.
+        (Box::new(Request::from_parts(parts, body)), head, buffered)
+    };
     // Goes upstream now: with the in-process limiter that is microseconds after its arrival
     // (no clock read); a Redis check may have taken milliseconds.
     let now = if rt.redis.is_some() || buffered {
