@@ -96,6 +96,19 @@ impl Line {
     /// Follow `bytes` of the current head; `true` when its request line is now too long
     /// (still open, or ended in these bytes).
     fn too_long(&mut self, bytes: &[u8], max_uri_bytes: usize, max_line: usize) -> bool {
+        // The usual read: a head's whole first line, shorter than any limit. Request line or
+        // not, it cannot be too long, so it is not walked byte by byte.
+        if self.len == 0
+            && self.method_end.is_none()
+            && !matches!(bytes.first(), Some(b'\r' | b'\n'))
+        {
+            if let Some(n) = memchr::memchr(b'\n', bytes) {
+                if n <= max_uri_bytes + VERSION_TAIL && n < max_line.saturating_sub(2) {
+                    self.watching = false;
+                    return false;
+                }
+            }
+        }
         let mut i = 0;
         let mut ended = false;
         while self.watching && i < bytes.len() {
@@ -316,6 +329,33 @@ mod tests {
             ..Line::default()
         };
         assert!(line.too_long(long.as_bytes(), 1 << 20, 100));
+    }
+
+    #[test]
+    fn a_whole_line_in_one_read_is_judged_as_byte_by_byte() {
+        for target in 90..=110 {
+            let line = format!(
+                "GET /{} HTTP/1.1\r\nHost: a\r\n\r\n",
+                "a".repeat(target - 1)
+            );
+            let bytes = line.as_bytes();
+            let pieces: Vec<&[u8]> = bytes.chunks(1).collect();
+            for (max_uri, max_line) in [(100, 65536), (1 << 20, 110), (1 << 20, 130)] {
+                let whole = Line {
+                    head: Some(0),
+                    watching: true,
+                    ..Line::default()
+                }
+                .too_long(bytes, max_uri, max_line);
+                let mut slow = Line {
+                    head: Some(0),
+                    watching: true,
+                    ..Line::default()
+                };
+                let by_byte = pieces.iter().any(|p| slow.too_long(p, max_uri, max_line));
+                assert_eq!(whole, by_byte, "target {target}, {max_uri}, {max_line}");
+            }
+        }
     }
 
     #[test]
