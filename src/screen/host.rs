@@ -74,7 +74,7 @@ pub fn parse_host(value: &[u8]) -> Option<HostParts<'_>> {
         )
     } else {
         // On bytes, in one pass each: a name is checked byte by byte anyway.
-        let colon = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let colon = memchr::memchr(b':', value).unwrap_or(value.len());
         let (name, rest) = value.split_at(colon);
         let (name, canonical) = reg_name(name)?;
         (name, None, rest, canonical)
@@ -96,6 +96,30 @@ pub fn parse_host(value: &[u8]) -> Option<HostParts<'_>> {
     })
 }
 
+/// What a byte of a name is: one of these flags ([`CLASS`]).
+const NAME: u8 = 1;
+const UPPER: u8 = 2;
+const DOT: u8 = 4;
+const BAD: u8 = 8;
+
+/// Each byte's class in a name: letters, digits, `-` and `_` make labels, dots separate them,
+/// anything else is refused.
+static CLASS: [u8; 256] = {
+    let mut table = [BAD; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = match c {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => NAME,
+            b'A'..=b'Z' => UPPER,
+            b'.' => DOT,
+            _ => BAD,
+        };
+        b += 1;
+    }
+    table
+};
+
 /// A name (without the port): returns it without its one trailing dot, and whether it was
 /// canonical already (no upper case, no trailing dot).
 fn reg_name(name: &[u8]) -> Option<(&str, bool)> {
@@ -106,25 +130,21 @@ fn reg_name(name: &[u8]) -> Option<(&str, bool)> {
     if bare.is_empty() || bare.len() > MAX_NAME {
         return None;
     }
-    // A leading dot, `..` and a second trailing dot are empty labels.
-    let mut label_start = true;
-    let mut upper = false;
+    // One table lookup a byte, no branch: what the name holds is gathered, then judged.
+    let (mut seen, mut prev, mut empty) = (0u8, DOT, 0u8);
     for &b in bare {
-        match b {
-            b'.' if label_start => return None,
-            b'.' => {
-                label_start = true;
-                continue;
-            }
-            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => {}
-            b'A'..=b'Z' => upper = true,
-            _ => return None,
-        }
-        label_start = false;
+        let class = CLASS[usize::from(b)];
+        seen |= class;
+        // A leading dot and `..` are empty labels.
+        empty |= class & prev;
+        prev = class;
     }
-    if label_start {
+    // So is a second trailing dot.
+    empty |= prev;
+    if seen & BAD != 0 || empty & DOT != 0 {
         return None;
     }
+    let upper = seen & UPPER != 0;
     // Every byte is ASCII by now: this never fails.
     let bare = std::str::from_utf8(bare).ok()?;
     Some((bare, !(dot || upper)))
