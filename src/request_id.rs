@@ -3,7 +3,7 @@
 //!
 //! A new ID comes from a per-thread generator (wyrand, through `fastrand`, seeded per thread at
 //! random): not a cryptographic one, as the ID identifies a request, it authorises nothing.
-//! Its value is one allocation of its exact size (`header_value`).
+//! Its value is one allocation, shared by the upstream request and the response.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -44,8 +44,11 @@ pub fn generate() -> HeaderValue {
         // The four 32-bit parts of `n`, most significant first.
         digits.copy_from_slice(&hex8((n >> (32 * i)) as u32));
     }
-    // Hex digits are a valid header value: this never falls back.
-    let id = crate::header_value::joined(&[&hex]).unwrap_or(HeaderValue::from_static("-"));
+    // Owned by its `Bytes` with a reference count in the same allocation: the ID goes
+    // upstream and back to the client, and a clone of a `Vec`'s bytes allocates a second
+    // block for the count. Hex digits are a valid header value: this never falls back.
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(hex))
+        .unwrap_or(HeaderValue::from_static("-"));
     crate::header_value::unindexed(id)
 }
 

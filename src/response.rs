@@ -172,6 +172,18 @@ pub fn too_many_requests(
     res
 }
 
+/// Put the request ID into the slot a 429 keeps for it (`too_many_requests`), its last header,
+/// without hashing the name; where the last header is another, insert it.
+pub fn fill_id_slot(headers: &mut HeaderMap, name: &HeaderName, id: HeaderValue) {
+    if let Some((last, slot)) = headers.iter_mut().last() {
+        if last == name {
+            *slot = id;
+            return;
+        }
+    }
+    headers.insert(name.clone(), id);
+}
+
 /// The headers and body of a 429 naming limit `name`, retry after `retry` seconds.
 fn head_429(
     name: &str,
@@ -324,6 +336,29 @@ mod tests {
         for n in [0, 7, 999, 1023, 1024, 65_536, u64::MAX] {
             assert_eq!(super::number(n).to_str().unwrap(), n.to_string());
         }
+    }
+
+    #[test]
+    fn the_request_id_fills_its_slot_or_is_inserted() {
+        use http::header::{CONNECTION, CONTENT_TYPE};
+        use http::{HeaderMap, HeaderName, HeaderValue};
+        let name = HeaderName::from_static("x-request-id");
+        let mut slotted = HeaderMap::new();
+        slotted.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        slotted.insert(name.clone(), HeaderValue::from_static(""));
+        super::fill_id_slot(&mut slotted, &name, HeaderValue::from_static("id-1"));
+        assert_eq!(slotted.get_all(&name).iter().collect::<Vec<_>>(), ["id-1"]);
+        assert_eq!(slotted.len(), 2);
+        // A header added after the slot: the slot is found by its name instead.
+        slotted.insert(CONNECTION, HeaderValue::from_static("close"));
+        super::fill_id_slot(&mut slotted, &name, HeaderValue::from_static("id-2"));
+        assert_eq!(slotted.get_all(&name).iter().collect::<Vec<_>>(), ["id-2"]);
+        assert_eq!(slotted.len(), 3);
+        let mut plain = HeaderMap::new();
+        plain.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
+        super::fill_id_slot(&mut plain, &name, HeaderValue::from_static("id-3"));
+        assert_eq!(plain.get(&name).unwrap(), "id-3");
+        assert_eq!(plain.get(CONTENT_TYPE).unwrap(), "a/b");
     }
 
     #[test]

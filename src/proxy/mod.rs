@@ -94,6 +94,8 @@ struct Trace<'a> {
     slots: limiter::concurrency::Guard,
     /// Refused by an operator's ban (`control`), before any limit.
     operator_ban: bool,
+    /// The answer is a 429, whose last header is a slot for the request ID.
+    id_slot: bool,
     /// `tollgate.keys` of a JSON access log (named when the line is written).
     keys: access_log::Digests,
 }
@@ -146,7 +148,11 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
         );
     }
     // Every answer carries the ID, tollgate's own included.
-    res.headers_mut().insert(id_header.clone(), request_id);
+    if trace.id_slot {
+        response::fill_id_slot(res.headers_mut(), id_header, request_id);
+    } else {
+        res.headers_mut().insert(id_header.clone(), request_id);
+    }
     record(state, &trace, res.status(), started, &mut entry);
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -228,6 +234,7 @@ async fn pipeline<'a>(
         if let Some(refused) = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer)) {
             // Refused by a rate limit: its concurrency slots are given back at once.
             trace.slots = limiter::concurrency::Guard::default();
+            trace.id_slot = refused.is_ok();
             return refused;
         }
         match &route.action {

@@ -25,7 +25,7 @@ const MAX_NAME: usize = 253;
 pub struct HostParts<'a> {
     /// The name as sent without its one trailing dot (case kept), or the IPv6 literal
     /// without its brackets.
-    pub name: &'a str,
+    pub name: &'a [u8],
     /// The parsed IPv6 address of a literal (`[::1]`).
     pub ip: Option<Ipv6Addr>,
     pub port: Option<u16>,
@@ -39,7 +39,12 @@ impl HostParts<'_> {
     pub fn canonical(&self) -> String {
         let mut s = match self.ip {
             Some(ip) => format!("[{ip}]"),
-            None => self.name.to_ascii_lowercase(),
+            // ASCII by now (`reg_name`): each byte is its own character.
+            None => self
+                .name
+                .iter()
+                .map(|&b| char::from(b.to_ascii_lowercase()))
+                .collect(),
         };
         if let Some(port) = self.port {
             let _ = write!(s, ":{port}");
@@ -67,7 +72,7 @@ pub fn parse_host(value: &[u8]) -> Option<HostParts<'_>> {
         // std's parser takes RFC 4291 text only: no zone (`%25eth0`), no IPvFuture.
         let ip: Ipv6Addr = addr.parse().ok()?;
         (
-            addr,
+            addr.as_bytes(),
             Some(ip),
             rest.as_bytes(),
             written_as_rfc5952(ip, addr),
@@ -122,7 +127,7 @@ static CLASS: [u8; 256] = {
 
 /// A name (without the port): returns it without its one trailing dot, and whether it was
 /// canonical already (no upper case, no trailing dot).
-fn reg_name(name: &[u8]) -> Option<(&str, bool)> {
+fn reg_name(name: &[u8]) -> Option<(&[u8], bool)> {
     let (bare, dot) = match name.strip_suffix(b".") {
         Some(bare) => (bare, true),
         None => (name, false),
@@ -145,8 +150,6 @@ fn reg_name(name: &[u8]) -> Option<(&str, bool)> {
         return None;
     }
     let upper = seen & UPPER != 0;
-    // Every byte is ASCII by now: this never fails.
-    let bare = std::str::from_utf8(bare).ok()?;
     Some((bare, !(dot || upper)))
 }
 

@@ -66,6 +66,15 @@ async fn request_ids_are_made_for_untrusted_peers_sent_upstream_and_returned_on_
         ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
         "{ids:?}"
     );
+    // A second 429 with the same numbers (its head remembered from the first): an ID of
+    // its own, once.
+    let again = http.get_with(&proxy.url("/api/a"), &sent).await;
+    assert_eq!(again.code(), 429);
+    for reply in [&limited, &again] {
+        assert_eq!(reply.headers.get_all("x-request-id").iter().count(), 1);
+    }
+    let second = again.header("x-request-id");
+    assert!(is_request_id(second) && second != ids[1], "{second}");
     assert_eq!(upstream.count(), 1);
 }
 
