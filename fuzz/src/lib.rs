@@ -497,7 +497,7 @@ fn canonical_host(raw: &[u8]) -> Option<String> {
             .header(http::header::HOST, value)
             .body(())
             .expect("a request");
-        let screened = screen::screen(&mut req, 8192);
+        let screened = screen::screen(&mut req, 8192, true);
         assert_eq!(
             screened.is_ok(),
             parsed.is_some(),
@@ -538,7 +538,7 @@ fn canonical_host(raw: &[u8]) -> Option<String> {
                 .uri(uri)
                 .body(())
                 .expect("a request");
-            screen::screen(&mut req, 8192).expect("a valid :authority");
+            screen::screen(&mut req, 8192, true).expect("a valid :authority");
             assert_eq!(
                 req.uri().authority().map(http::uri::Authority::as_str),
                 Some(&*canonical)
@@ -601,7 +601,7 @@ fn canonical_path(target: &[u8]) -> Option<(String, String)> {
             .header(http::header::HOST, "a")
             .body(())
             .expect("a request");
-        screen::screen(&mut req, usize::MAX).map(|()| req)
+        screen::screen(&mut req, usize::MAX, true).map(|()| req)
     };
     let screened = screened_req(uri.clone());
     assert_eq!(

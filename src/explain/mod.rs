@@ -227,7 +227,7 @@ pub(crate) async fn explain(
         capacity: None,
     };
     let max_uri = (rt.settings.listeners.first()).map_or(8 << 10, |l| l.settings.max_uri_bytes);
-    if let Err(e) = crate::screen::screen(&mut req, max_uri) {
+    if let Err(e) = crate::screen::screen(&mut req, max_uri, true) {
         out.decision = Decision::refused(&e);
         return Ok(out);
     }

@@ -207,7 +207,8 @@ async fn pipeline<'a>(
     request_id: &http::HeaderValue,
     trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
-    screen::screen(&mut req, conn.max_uri_bytes)?;
+    let body = !req.body().is_end_stream();
+    screen::screen(&mut req, conn.max_uri_bytes, body)?;
     let route = route(state, rt, conn, &req, started, trace)?;
     let client_ip = client(&rt.settings, conn, &req, trace);
     // The request's view and its limits in a block of their own: what is alive when the

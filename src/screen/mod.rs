@@ -21,7 +21,9 @@ pub use path::{normalize_path, route_form, ForwardPath};
 use crate::error::ProxyError;
 
 /// Refuse what must not be proxied; canonicalise the host and normalise the path in place.
-pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), ProxyError> {
+/// `body`: whether the request may have a body. One hyper parsed without (every GET) has no
+/// `Transfer-Encoding` either, so its framing is not looked up.
+pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize, body: bool) -> Result<(), ProxyError> {
     let target_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if target_len > max_uri_bytes {
         return Err(ProxyError::UriTooLong);
@@ -40,7 +42,9 @@ pub fn screen<B>(req: &mut Request<B>, max_uri_bytes: usize) -> Result<(), Proxy
     }
     method(req.method())?;
     if req.version() <= Version::HTTP_11 {
-        framing(req)?;
+        if body {
+            framing(req)?;
+        }
     } else {
         field_values(req)?;
     }
@@ -130,7 +134,7 @@ mod tests {
     fn hosts_must_be_one_valid_and_agree() {
         let screened = |lines: &[(&str, &str)], uri: &str| {
             let mut r = req(lines, uri);
-            screen(&mut r, 8192).map(|()| r)
+            screen(&mut r, 8192, true).map(|()| r)
         };
         assert!(screened(&[], "/").is_err(), "HTTP/1.1 without Host");
         assert!(screened(&[("host", "a"), ("host", "b")], "/").is_err());
@@ -148,16 +152,19 @@ mod tests {
         let mut h2 = req(&[], "/");
         *h2.version_mut() = Version::HTTP_2;
         assert!(
-            screen(&mut h2, 8192).is_err(),
+            screen(&mut h2, 8192, true).is_err(),
             "HTTP/2 without :authority or Host"
         );
         let mut h2 = req(&[], "http://u@known.example/");
         *h2.version_mut() = Version::HTTP_2;
-        assert!(screen(&mut h2, 8192).is_err(), "userinfo in :authority");
+        assert!(
+            screen(&mut h2, 8192, true).is_err(),
+            "userinfo in :authority"
+        );
         let mut h10 = req(&[], "/");
         *h10.version_mut() = Version::HTTP_10;
         assert!(
-            screen(&mut h10, 8192).is_ok(),
+            screen(&mut h10, 8192, true).is_ok(),
             "HTTP/1.0 may leave Host out"
         );
     }
@@ -176,12 +183,12 @@ mod tests {
     #[test]
     fn the_route_path_drops_parameters_and_the_upstream_keeps_them() {
         let mut r = req(&[("host", "a")], "/api;x=y/login;jsessionid=1?q=1");
-        screen(&mut r, 8192).unwrap();
+        screen(&mut r, 8192, true).unwrap();
         assert_eq!(r.uri(), "/api/login?q=1");
         let forward = r.extensions().get::<ForwardPath>().unwrap();
         assert_eq!(forward.0.as_str(), "/api;x=y/login;jsessionid=1?q=1");
         let mut r = req(&[("host", "a")], "//a/./b?q");
-        screen(&mut r, 8192).unwrap();
+        screen(&mut r, 8192, true).unwrap();
         assert_eq!(r.uri(), "/a/b?q");
         assert!(r.extensions().get::<ForwardPath>().is_none());
     }

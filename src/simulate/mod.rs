@@ -269,7 +269,7 @@ fn request(rec: &Record, live: Option<&crate::route::Matcher>) -> Option<Request
         req = req.header(name, value);
     }
     let mut req = req.body(()).ok()?;
-    crate::screen::screen(&mut req, usize::MAX).ok()?;
+    crate::screen::screen(&mut req, usize::MAX, true).ok()?;
     Some(req)
 }
 
