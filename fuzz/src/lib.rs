@@ -507,8 +507,10 @@ fn canonical_host(raw: &[u8]) -> Option<String> {
         if let Some(p) = &parsed {
             assert_eq!(req.headers()[http::header::HOST], p.canonical());
             let host = identity::host(req.uri(), req.headers());
-            let name =
-                p.ip.map_or_else(|| p.name.to_ascii_lowercase(), |ip| ip.to_string());
+            let name = p.ip.map_or_else(
+                || String::from_utf8_lossy(&p.name.to_ascii_lowercase()).into_owned(),
+                |ip| ip.to_string(),
+            );
             assert_eq!(host, Some(name.as_str()), "the host routes read");
         }
     }
