@@ -172,13 +172,16 @@ pub fn too_many_requests(
     res
 }
 
-/// Put the request ID into the slot a 429 keeps for it (`too_many_requests`), its last header,
-/// without hashing the name; where the last header is another, insert it.
-pub fn fill_id_slot(headers: &mut HeaderMap, name: &HeaderName, id: HeaderValue) {
-    if let Some((last, slot)) = headers.iter_mut().last() {
-        if last == name {
-            *slot = id;
-            return;
+/// Put the request ID on an answer: when `slotted`, into the slot a 429 keeps for it
+/// (`too_many_requests`), its last header, without hashing the name; else, or where the last
+/// header is another, inserted.
+pub fn add_request_id(headers: &mut HeaderMap, name: &HeaderName, id: HeaderValue, slotted: bool) {
+    if slotted {
+        if let Some((last, slot)) = headers.iter_mut().last() {
+            if last == name {
+                *slot = id;
+                return;
+            }
         }
     }
     headers.insert(name.clone(), id);
@@ -346,17 +349,23 @@ mod tests {
         let mut slotted = HeaderMap::new();
         slotted.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
         slotted.insert(name.clone(), HeaderValue::from_static(""));
-        super::fill_id_slot(&mut slotted, &name, HeaderValue::from_static("id-1"));
+        super::add_request_id(&mut slotted, &name, HeaderValue::from_static("id-1"), true);
         assert_eq!(slotted.get_all(&name).iter().collect::<Vec<_>>(), ["id-1"]);
         assert_eq!(slotted.len(), 2);
         // A header added after the slot: the slot is found by its name instead.
         slotted.insert(CONNECTION, HeaderValue::from_static("close"));
-        super::fill_id_slot(&mut slotted, &name, HeaderValue::from_static("id-2"));
+        super::add_request_id(&mut slotted, &name, HeaderValue::from_static("id-2"), true);
         assert_eq!(slotted.get_all(&name).iter().collect::<Vec<_>>(), ["id-2"]);
         assert_eq!(slotted.len(), 3);
         let mut plain = HeaderMap::new();
         plain.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
-        super::fill_id_slot(&mut plain, &name, HeaderValue::from_static("id-3"));
+        super::add_request_id(&mut plain, &name, HeaderValue::from_static("id-3"), true);
+        // Not a 429: inserted whatever the last header is.
+        let mut other = HeaderMap::new();
+        other.append(name.clone(), HeaderValue::from_static("upstream-1"));
+        other.append(name.clone(), HeaderValue::from_static("upstream-2"));
+        super::add_request_id(&mut other, &name, HeaderValue::from_static("id-4"), false);
+        assert_eq!(other.get_all(&name).iter().collect::<Vec<_>>(), ["id-4"]);
         assert_eq!(plain.get(&name).unwrap(), "id-3");
         assert_eq!(plain.get(CONTENT_TYPE).unwrap(), "a/b");
     }

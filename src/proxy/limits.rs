@@ -151,7 +151,7 @@ pub(super) fn operators<'t>(
         };
         let banned = &state.metrics.admin_banned_requests;
         banned.get_or_create(&labels).inc();
-        trace.operator_ban = true;
+        trace.refused = super::Refused::OperatorBan;
         return Err(Box::new(refused));
     }
     Ok(table.tunings(view, &route.limits))

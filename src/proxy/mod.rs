@@ -68,6 +68,20 @@ pub struct Handled {
     pub slots: limiter::concurrency::Guard,
 }
 
+/// Why tollgate answered a request itself instead of its upstream, as far as the access log
+/// and the answer's headers tell them apart.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    #[default]
+    No,
+    /// A capped upstream had no slot for it (`503`).
+    AtCapacity,
+    /// An operator's ban (`control`), before any limit.
+    OperatorBan,
+    /// A rate limit: a 429, whose last header is a slot for the request ID.
+    RateLimited,
+}
+
 /// What the stages learned about a request, for the access log and metrics.
 #[derive(Debug, Default)]
 struct Trace<'a> {
@@ -85,17 +99,13 @@ struct Trace<'a> {
     head_ready: Option<Instant>,
     /// The time it waited for a slot of a capped upstream.
     queued: std::time::Duration,
-    /// A capped upstream had no slot for it (`503`).
-    at_capacity: bool,
+    /// Why tollgate answered it itself, where the log or the answer's headers need to know.
+    refused: Refused,
     /// Request body bytes received whole (buffered); a streamed body's are counted by `sent`.
     bytes_in: u64,
     sent: Sent,
     /// The concurrency slots taken for the request (the candidate config's too).
     slots: limiter::concurrency::Guard,
-    /// Refused by an operator's ban (`control`), before any limit.
-    operator_ban: bool,
-    /// The answer is a 429, whose last header is a slot for the request ID.
-    id_slot: bool,
     /// `tollgate.keys` of a JSON access log (named when the line is written).
     keys: access_log::Digests,
 }
@@ -148,11 +158,8 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
         );
     }
     // Every answer carries the ID, tollgate's own included.
-    if trace.id_slot {
-        response::fill_id_slot(res.headers_mut(), id_header, request_id);
-    } else {
-        res.headers_mut().insert(id_header.clone(), request_id);
-    }
+    let slotted = trace.refused == Refused::RateLimited;
+    response::add_request_id(res.headers_mut(), id_header, request_id, slotted);
     record(state, &trace, res.status(), started, &mut entry);
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -235,7 +242,9 @@ async fn pipeline<'a>(
         if let Some(refused) = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer)) {
             // Refused by a rate limit: its concurrency slots are given back at once.
             trace.slots = limiter::concurrency::Guard::default();
-            trace.id_slot = refused.is_ok();
+            if refused.is_ok() {
+                trace.refused = Refused::RateLimited;
+            }
             return refused;
         }
         match &route.action {
@@ -374,11 +383,10 @@ fn record(
             entry.queue_time = Some(trace.queued);
         }
     }
-    if trace.at_capacity {
-        entry.outcome = "at-capacity";
-    }
-    if trace.operator_ban {
-        entry.outcome = "operator-ban";
+    match trace.refused {
+        Refused::AtCapacity => entry.outcome = "at-capacity",
+        Refused::OperatorBan => entry.outcome = "operator-ban",
+        Refused::No | Refused::RateLimited => {}
     }
     if let Some(decision) = &trace.decision {
         let limit;

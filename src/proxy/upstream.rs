@@ -54,7 +54,9 @@ pub(super) async fn forward_to(
         started
     };
     let sent = forward::send_timed(upstream, req, down, now, &state.metrics).await;
-    trace.at_capacity = matches!(sent, Err(ProxyError::AtCapacity { .. }));
+    if matches!(sent, Err(ProxyError::AtCapacity { .. })) {
+        trace.refused = super::Refused::AtCapacity;
+    }
     let (forwarded, took) = sent?;
     trace.upstream = Some((forwarded.target, took));
     // An HTTP/1.0 answer may be read whole (if it has no length) before its head is ready.
