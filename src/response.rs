@@ -360,14 +360,14 @@ mod tests {
         let mut plain = HeaderMap::new();
         plain.insert(CONTENT_TYPE, HeaderValue::from_static("a/b"));
         super::add_request_id(&mut plain, &name, HeaderValue::from_static("id-3"), true);
-        // Not a 429: inserted whatever the last header is.
+        assert_eq!(plain.get(&name).unwrap(), "id-3");
+        assert_eq!(plain.get(CONTENT_TYPE).unwrap(), "a/b");
+        // Not a 429: inserted whatever the last header is, replacing an upstream's IDs.
         let mut other = HeaderMap::new();
         other.append(name.clone(), HeaderValue::from_static("upstream-1"));
         other.append(name.clone(), HeaderValue::from_static("upstream-2"));
         super::add_request_id(&mut other, &name, HeaderValue::from_static("id-4"), false);
         assert_eq!(other.get_all(&name).iter().collect::<Vec<_>>(), ["id-4"]);
-        assert_eq!(plain.get(&name).unwrap(), "id-3");
-        assert_eq!(plain.get(CONTENT_TYPE).unwrap(), "a/b");
     }
 
     #[test]
