@@ -10,6 +10,13 @@
 //! the caller unwritten, for another target. hyper-util's general-purpose client does the
 //! same with a shared, hashed pool and a boxed future per request; here a checkout is a
 //! `Vec::pop`. `Loads` counts the requests in flight per target, for `least_request`.
+//!
+//! A capped upstream (`max_in_flight`) has one pool shared by every worker, tied to its gate,
+//! so that its connections, idle ones included, never outnumber the cap, as HAProxy's
+//! `maxconn` bounds them (`Open`): a connection counts from its connect until its task has
+//! closed it, a request opens one only while fewer are open (else it waits for one to come
+//! back or close), and a connection comes back before its slot is freed, so the request the
+//! slot lets in finds it idle.
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
@@ -108,6 +115,52 @@ pub struct Pool {
     /// Idle connections kept per target: past it the oldest is closed when one comes back.
     max_idle: usize,
     idle_timeout: Duration,
+    /// A capped upstream's slots and its connections counted against them.
+    capped: Option<(Arc<crate::capacity::Gate>, Arc<Open>)>,
+}
+
+/// The connections open to each target of a capped upstream, idle ones included, and a wake
+/// for the requests waiting for one to come back or close.
+#[derive(Debug)]
+struct Open {
+    per_target: Vec<std::sync::atomic::AtomicUsize>,
+    changed: tokio::sync::Notify,
+}
+
+/// One connection counted in `Open`, until dropped: by the connection's task when it ends,
+/// or at once when the connect failed.
+#[derive(Debug)]
+struct Counted {
+    open: Arc<Open>,
+    target: usize,
+}
+
+impl Open {
+    /// Count one more connection to `target`, if fewer than `cap` are open.
+    fn take(self: &Arc<Self>, target: usize, cap: usize) -> Option<Counted> {
+        let n = self.per_target.get(target)?;
+        n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+            (open < cap).then_some(open + 1)
+        })
+        .ok()?;
+        Some(Counted {
+            open: Arc::clone(self),
+            target,
+        })
+    }
+
+    fn count(&self, target: usize) -> usize {
+        self.per_target
+            .get(target)
+            .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.open.per_target[self.target].fetch_sub(1, Ordering::AcqRel);
+        self.open.changed.notify_waiters();
+    }
 }
 
 #[derive(Debug)]
@@ -183,18 +236,28 @@ pub struct Lease {
 
 impl Pool {
     /// `max_idle`: idle connections kept per target (0: every connection closes after its
-    /// response).
+    /// response). `gate`: a capped upstream's slots, which bound the connections too (its one
+    /// pool is then shared by every worker).
     pub fn new(
         connector: Connector,
         targets: usize,
         max_idle: usize,
         idle_timeout: Duration,
+        gate: Option<Arc<crate::capacity::Gate>>,
     ) -> Self {
+        let capped = gate.map(|gate| {
+            let open = Open {
+                per_target: (0..targets).map(|_| 0.into()).collect(),
+                changed: tokio::sync::Notify::new(),
+            };
+            (gate, Arc::new(open))
+        });
         Self {
             connector,
             idle: Mutex::new((0..targets).map(|_| VecDeque::new()).collect()),
             max_idle,
             idle_timeout,
+            capped,
         }
     }
 
@@ -217,17 +280,12 @@ impl Pool {
         loop {
             let (mut conn, reused) = match self.checkout(target, now) {
                 Some(conn) => (conn, true),
-                // Boxed: a connect's state (TCP, TLS) is large, and a request future that
-                // carried it inline would be copied in full at every move, connect or not.
-                None => {
-                    // The box in a statement of its own: a temporary of the `.await`
-                    // statement would be kept in this future's state, unboxed.
-                    let connect = crate::boxed(|| self.connect(uri));
-                    match connect.await {
-                        Ok(conn) => (conn, false),
-                        Err(error) => return Err(Failed::unsent(error, req)),
-                    }
-                }
+                None => match self.open(target, uri).await {
+                    Ok(Some(conn)) => (conn, false),
+                    // A capped target's connections all taken: one came back or closed.
+                    Ok(None) => continue,
+                    Err(error) => return Err(Failed::unsent(error, req)),
+                },
             };
             if let Err(e) = conn.sender.ready().await {
                 // Closed while it sat idle: try the next one, or a new one.
@@ -285,12 +343,32 @@ impl Pool {
         None
     }
 
-    /// A new connection to `uri`, its task spawned on this worker.
-    async fn connect(&self, uri: &Uri) -> Result<Link, SendError> {
-        match &self.connector {
-            Connector::Plain(c) => handshake(c.clone(), uri).await,
-            Connector::Tls(c) => handshake(c.clone(), uri).await,
+    /// A new connection to target `target` at `uri`, its task spawned on this worker; `None`
+    /// once one of a capped target's connections came back or closed, when as many as its cap
+    /// were open (the caller looks in the pool again).
+    async fn open(&self, target: usize, uri: &Uri) -> Result<Option<Link>, SendError> {
+        let mut counted = None;
+        if let Some((gate, open)) = &self.capped {
+            let changed = open.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            counted = open.take(target, gate.cap(target));
+            if counted.is_none() {
+                changed.await;
+                return Ok(None);
+            }
         }
+        // Boxed: a connect's state (TCP, TLS) is large, and a request future that carried it
+        // inline would be copied in full at every move, connect or not. The box in a
+        // statement of its own: a temporary of the `.await` statement would be kept in this
+        // future's state, unboxed.
+        let connect = crate::boxed(|| async {
+            match &self.connector {
+                Connector::Plain(c) => handshake(c.clone(), uri, counted).await,
+                Connector::Tls(c) => handshake(c.clone(), uri, counted).await,
+            }
+        });
+        connect.await.map(Some)
     }
 
     /// Close the connections idle for longer than the idle timeout (and forget closed ones).
@@ -306,10 +384,18 @@ impl Pool {
 
     /// `since`: when the connection last heard from the upstream, about. Its response head
     /// will do: earlier than its last byte, a connection idles out sooner, never later than
-    /// the upstream's own keep-alive timeout would close it.
+    /// the upstream's own keep-alive timeout would close it. On a capped upstream the request's
+    /// slot is still held: the oldest idle connections past what the cap leaves room for are
+    /// closed (a cap lowered by a reload or learned smaller sheds them here).
     fn give_back(&self, target: usize, conn: Link, since: Instant) {
         if conn.sender.is_closed() || self.max_idle == 0 {
             return;
+        }
+        if let Some((gate, open)) = &self.capped {
+            // A cap lowered by a reload, or learned smaller, sheds connections as they return.
+            if open.count(target) > gate.cap(target) {
+                return;
+            }
         }
         let mut idle = self.idle.lock();
         if let Some(list) = idle.get_mut(target) {
@@ -317,6 +403,10 @@ impl Pool {
                 list.pop_front();
             }
             list.push_back(Idle { conn, since });
+        }
+        drop(idle);
+        if let Some((_, open)) = &self.capped {
+            open.changed.notify_waiters();
         }
     }
 }
@@ -330,8 +420,8 @@ impl Connector {
         req: Request<Guarded>,
     ) -> Result<Response<Incoming>, SendError> {
         let mut conn = match self {
-            Connector::Plain(c) => handshake(c.clone(), uri).await?,
-            Connector::Tls(c) => handshake(c.clone(), uri).await?,
+            Connector::Plain(c) => handshake(c.clone(), uri, None).await?,
+            Connector::Tls(c) => handshake(c.clone(), uri, None).await?,
         };
         conn.sender.ready().await.map_err(SendError::Exchange)?;
         conn.sender
@@ -344,8 +434,13 @@ impl Connector {
 /// The most an upstream connection's read buffer grows to.
 const UPSTREAM_READ_BUFFER: usize = 64 << 10;
 
-/// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker.
-async fn handshake<C>(mut connector: C, uri: &Uri) -> Result<Link, SendError>
+/// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker
+/// (which keeps `counted` until the connection is closed).
+async fn handshake<C>(
+    mut connector: C,
+    uri: &Uri,
+    counted: Option<Counted>,
+) -> Result<Link, SendError>
 where
     C: Service<Uri>,
     C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -366,14 +461,20 @@ where
         .await
         .map_err(SendError::Exchange)?;
     let watch = Arc::new(HeadWatch::new());
-    tokio::spawn(drive(connection.with_upgrades(), watch.clone()));
+    tokio::spawn(drive(connection.with_upgrades(), watch.clone(), counted));
     Ok(Link { sender, watch })
 }
 
 /// Run one upstream connection until it ends, or until the request in flight on it has not had
 /// its response head by its deadline: then the connection is dropped (hyper fails the request)
 /// and `timed_out` tells the request why.
-async fn drive(connection: impl Future<Output = hyper::Result<()>>, watch: Arc<HeadWatch>) {
+async fn drive(
+    connection: impl Future<Output = hyper::Result<()>>,
+    watch: Arc<HeadWatch>,
+    // Dropped after the body's locals, the pinned connection among them: a connection counts
+    // until its socket is closed.
+    _counted: Option<Counted>,
+) {
     tokio::pin!(connection);
     let timer = tokio::time::sleep_until(watch.origin);
     tokio::pin!(timer);
@@ -446,13 +547,15 @@ impl Pooled {
         body
     }
 
+    /// The connection goes back before the slot is freed: a request the freed slot lets in
+    /// then finds it idle rather than open one more.
     fn release(&mut self) {
-        self.in_flight = (None, None);
         if let Some(l) = self.lease.take() {
             if l.sent.is_done() {
                 l.pool.give_back(l.target, l.conn, self.answered);
             }
         }
+        self.in_flight = (None, None);
     }
 }
 

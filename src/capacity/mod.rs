@@ -279,6 +279,11 @@ impl Gate {
         }
     }
 
+    /// `target`'s cap now (0 for a target it does not have).
+    pub fn cap(&self, target: usize) -> usize {
+        self.inner.lock().targets.get(target).map_or(0, Target::cap)
+    }
+
     fn slot(self: &Arc<Self>, target: usize, waited: Duration) -> Slot {
         let generation = {
             let inner = self.inner.lock();

@@ -36,7 +36,8 @@ pub struct Upstream {
     /// `scheme://target/` of each target, for the connector.
     pub(super) target_uris: Vec<Uri>,
     /// One pool per worker thread: a worker reuses connections whose tasks run on its own
-    /// thread, so a request never wakes another core.
+    /// thread, so a request never wakes another core. A capped upstream has one, shared, so
+    /// that its cap bounds its connections.
     pools: Vec<Arc<Pool>>,
     pub(super) health: Arc<Health>,
     pub(super) balancer: Balancer,
@@ -85,17 +86,31 @@ impl Upstream {
             Connector::Plain(tcp)
         };
         let workers = workers.max(1);
-        // Each worker keeps its share of the idle connections, rounded up.
-        let max_idle = spec
-            .max_idle
-            .map_or(DEFAULT_MAX_IDLE_PER_WORKER, |n| n.div_ceil(workers));
-        let pools = (0..workers)
+        let health = Arc::new(Health::new(&spec.health, metrics.ejections, Instant::now()));
+        let gate = spec.capacity.as_ref().map(|c| {
+            let health = Arc::clone(&health);
+            let healthy = Box::new(move |t| health.is_healthy(t, health.ms(Instant::now())));
+            Gate::new(c, spec.targets.len(), healthy, metrics.capacity)
+        });
+        // A capped upstream's connections are counted against its cap: one pool, shared by
+        // every worker. Otherwise each worker keeps its share of the idle connections,
+        // rounded up, in a pool of its own.
+        let (pools, max_idle) = if gate.is_some() {
+            (1, spec.max_idle.unwrap_or(DEFAULT_MAX_IDLE_PER_WORKER))
+        } else {
+            let share = spec
+                .max_idle
+                .map_or(DEFAULT_MAX_IDLE_PER_WORKER, |n| n.div_ceil(workers));
+            (workers, share)
+        };
+        let pools = (0..pools)
             .map(|_| {
                 Arc::new(Pool::new(
                     connector.clone(),
                     spec.targets.len(),
                     max_idle,
                     spec.idle_timeout,
+                    gate.clone(),
                 ))
             })
             .collect();
@@ -111,7 +126,6 @@ impl Upstream {
                     .unwrap_or_default()
             })
             .collect::<Vec<Uri>>();
-        let health = Arc::new(Health::new(&spec.health, metrics.ejections, Instant::now()));
         let checker = spec.health.check.clone().and_then(|check| {
             let probe = Probe {
                 upstream: spec.name.clone(),
@@ -127,11 +141,6 @@ impl Upstream {
             check::start(probe, &health)
         });
         let several = spec.targets.len() > 1;
-        let gate = spec.capacity.as_ref().map(|c| {
-            let health = Arc::clone(&health);
-            let healthy = Box::new(move |t| health.is_healthy(t, health.ms(Instant::now())));
-            Gate::new(c, spec.targets.len(), healthy, metrics.capacity)
-        });
         Self {
             name: spec.name.clone(),
             scheme: spec.scheme.clone(),

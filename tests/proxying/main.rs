@@ -1,4 +1,4 @@
-//! Forwarding: routing, upstream rewrite, WebSocket, legacy backends, upstream health and capacity, TLS.
+//! Forwarding: routing, upstream rewrite, WebSocket, legacy backends (thread-per-connection ones under a cap too), upstream health and capacity, TLS.
 //!
 //! One test binary per area: each file below was a binary of its own, and linking them
 //! apart was most of the suite's build time.
@@ -12,6 +12,7 @@ mod common;
 mod capacity;
 mod forwarding;
 mod legacy_backends;
+mod pinned_workers;
 mod routing;
 mod spill;
 mod tls;
