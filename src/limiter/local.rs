@@ -185,8 +185,8 @@ enum Slot<'a> {
         Option<MutexGuard<'a, PeerShard>>,
         ClientId,
     ),
-    /// An `exact` window's log, under this identity (the client's, or its shard's overflow).
-    Log(MutexGuard<'a, log::LogShard>, ClientId),
+    /// An `exact` window's log: the client's, its peer's shared one, or its shard's overflow.
+    Log(log::Counted<'a>),
     /// The peer's overflow bucket.
     Peer(MutexGuard<'a, PeerShard>),
     /// The limit's overflow bucket, the last resort.
@@ -227,7 +227,8 @@ impl Buckets {
     #[must_use]
     pub fn with_quota(mut self, q: Option<QuotaSpec>) -> Self {
         if q.as_ref().is_some_and(|q| q.counting == Counting::Exact) {
-            self.logs = Some(Logs::new(self.per_shard_cap));
+            let per_peer = self.peers.is_some().then_some(self.per_peer_cap);
+            self.logs = Some(Logs::new(self.per_shard_cap, per_peer));
         }
         self.quota = q;
         self
@@ -441,8 +442,7 @@ pub fn check_one(item: &Item<'_>, enforced: bool, now: f64) -> Verdict {
 fn slot<'a>(item: &Item<'a>, now: f64) -> Slot<'a> {
     match (&item.buckets.logs, &item.window) {
         (Some(logs), Some(w)) => {
-            let (shard, key) = logs.lock(item.client, w.now, w.len());
-            Slot::Log(shard, key)
+            Slot::Log(logs.lock(item.client, item.peer, w.now, w.len()))
         }
         _ => {
             let floor = item.window.map_or(now, |w| w.floor());
@@ -474,9 +474,9 @@ fn judge_stored(
     tat: Option<f64>,
     now: f64,
 ) -> (Verdict, f64) {
-    if let (Slot::Log(shard, id), Some(w)) = (&mut *slot, &item.window) {
+    if let (Slot::Log(counted), Some(w)) = (&mut *slot, &item.window) {
         let mut empty = std::collections::VecDeque::new();
-        let log = shard.get_mut(id).unwrap_or(&mut empty);
+        let log = Logs::times_mut(counted, &mut empty);
         return (quota::exact(log, w, item.cost), w.now);
     }
     match &item.window {
@@ -509,10 +509,7 @@ fn commit(item: &Item<'_>, slot: &mut Slot<'_>, tat: f64) {
                 minted.entry(item.peer).or_default().live += 1;
             }
         }
-        Slot::Log(shard, id) => {
-            let log = shard.entry(*id).or_default();
-            log.extend(std::iter::repeat_n(tat, item.cost as usize));
-        }
+        Slot::Log(counted) => Logs::commit(counted, item.peer, tat, item.cost),
         Slot::Peer(p) => p.entry(item.peer).or_default().overflow = Some(tat),
         Slot::Overflow(o) => **o = Some(tat),
     }

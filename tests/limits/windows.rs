@@ -286,3 +286,27 @@ async fn a_window_with_a_ban_bans_on_its_refusals() {
         );
     }
 }
+
+/// One address minting fresh keys on an `exact` login window gets a log per key only up to
+/// `max_buckets_per_peer`; its further keys share one log, and a client from another address
+/// still gets its own window.
+#[tokio::test(start_paused = true)]
+async fn minted_keys_on_an_exact_window_are_capped_per_address() {
+    let proxy = TestProxy::inline(&answering(
+        "limiter: { local: { max_buckets_per_peer: 10 } }\n",
+        "      - { name: logins, window: 5/15m, algorithm: exact, key: [header:X-Key] }\n",
+    ))
+    .await;
+    let url = proxy.url("/");
+    let minter = Http::new();
+    let mut admitted = 0;
+    for i in 0..300 {
+        let key = format!("minted-{i}");
+        admitted += usize::from(minter.get_with(&url, &[("x-key", &key)]).await.code() == 200);
+    }
+    // A request per key: ten keys with a window each, then one shared window of 5.
+    assert_eq!(admitted, 10 + 5, "one address minting keys");
+    let other = Http::from_ip("127.0.0.2");
+    let codes = other.statuses(6, &url, &[("x-key", "alice")]).await;
+    assert_eq!(codes, [200, 200, 200, 200, 200, 429], "another address");
+}
