@@ -111,6 +111,8 @@ struct Grant {
 pub struct Ticket<'a> {
     /// The identity the queue is fair across.
     pub key: u128,
+    /// The client's address (`identity::peer_key`): a full queue is fair across those too.
+    pub peer: u64,
     pub priority: Priority,
     /// Targets this request already tried: it waits for another while one is usable.
     pub tried: &'a [usize],
@@ -166,8 +168,10 @@ impl Gate {
                 }
             }
             if inner.queue.len() >= inner.spec.queue_size {
-                let have = inner.queue.waiting(ticket.priority, ticket.key);
-                match inner.queue.push_out(have) {
+                match inner
+                    .queue
+                    .push_out(ticket.priority, ticket.key, ticket.peer)
+                {
                     // Told it was pushed out: its wait ends with `queue_full`.
                     Some(out) => {
                         let _ = out.item.to.send(PUSHED_OUT);
@@ -184,7 +188,11 @@ impl Gate {
                 priority: ticket.priority,
                 key: ticket.key,
             };
-            let waiter = Waiter { id, item: grant };
+            let waiter = Waiter {
+                id,
+                peer: ticket.peer,
+                item: grant,
+            };
             inner.queue.push(ticket.priority, ticket.key, waiter);
             // A slot can be free while requests wait: retries that only targets they tried
             // have room for. The newcomer takes it in its turn.

@@ -37,11 +37,12 @@ impl Priority {
 /// Requests each class gets per turn when all three have some waiting.
 pub const SHARES: [u32; 3] = [8, 4, 1];
 
-/// One waiting request: its number (to leave the queue by), and whatever the owner of the
-/// queue hands it when its turn comes.
+/// One waiting request: its number (to leave the queue by), the client address it came from
+/// (`peer_key`), and whatever the owner of the queue hands it when its turn comes.
 #[derive(Debug)]
 pub(super) struct Waiter<T> {
     pub id: u64,
+    pub peer: u64,
     pub item: T,
 }
 
@@ -112,16 +113,13 @@ impl<T> FairQueue<T> {
     /// Take request `id` of `key` out of the queue (its client left, or it timed out); `None`
     /// when it is no longer there (its turn came).
     pub fn remove(&mut self, class: Priority, key: u128, id: u64) -> Option<Waiter<T>> {
-        let c = &mut self.classes[class as usize];
-        let queue = c.waiting.get_mut(&key)?;
-        let at = queue.iter().position(|w| w.id == id)?;
-        let waiter = queue.remove(at);
-        if queue.is_empty() {
-            c.waiting.remove(&key);
-            c.turns.retain(|k| *k != key);
-        }
-        self.len -= 1;
-        waiter
+        let ci = class as usize;
+        let at = self.classes[ci]
+            .waiting
+            .get(&key)?
+            .iter()
+            .position(|w| w.id == id)?;
+        self.take(ci, key, at)
     }
 
     /// Requests `key` has waiting in `class`.
@@ -132,25 +130,67 @@ impl<T> FairQueue<T> {
             .map_or(0, VecDeque::len)
     }
 
-    /// Make room in a full queue for a request of an identity with `have` waiting: the newest
-    /// request of the identity with the most waiting, if that is more than `have + 1` (so
-    /// a heavy identity cannot fill the queue for the others). The lowest class gives first.
-    pub fn push_out(&mut self, have: usize) -> Option<Waiter<T>> {
-        let mut longest: Option<(usize, usize, u128)> = None;
-        for (ci, c) in self.classes.iter().enumerate().rev() {
-            for (key, q) in &c.waiting {
-                if longest.is_none_or(|(n, _, _)| q.len() > n) {
-                    longest = Some((q.len(), ci, *key));
+    /// Make room in a full queue for a request of `class`, identity `key`, from client address
+    /// `peer`: the newest request of the address with the most waiting, if that is more than
+    /// the newcomer's address has plus one (so one address cannot fill the queue, however many
+    /// identities it mints); else the newest of the identity with the most waiting, on the
+    /// same terms. Only requests of the newcomer's class or a lower one give way, the lowest
+    /// first: a higher priority is never pushed out by a lower one.
+    pub fn push_out(&mut self, class: Priority, key: u128, peer: u64) -> Option<Waiter<T>> {
+        let eligible = class as usize..self.classes.len();
+        let mut by_peer: HashMap<u64, usize> = HashMap::new();
+        for c in &self.classes {
+            for w in c.waiting.values().flatten() {
+                *by_peer.entry(w.peer).or_default() += 1;
+            }
+        }
+        let have_peer = by_peer.get(&peer).copied().unwrap_or(0);
+        let have_key = self.waiting(class, key);
+        // Per (class, identity): its requests waiting, and those of the heaviest address.
+        let mut heaviest_peer: Option<(usize, u64)> = None;
+        let mut heaviest_key: Option<(usize, usize, u128)> = None;
+        for ci in eligible.clone().rev() {
+            for (k, q) in &self.classes[ci].waiting {
+                if heaviest_key.is_none_or(|(n, _, _)| q.len() > n) {
+                    heaviest_key = Some((q.len(), ci, *k));
+                }
+                for w in q {
+                    let n = by_peer[&w.peer];
+                    if heaviest_peer.is_none_or(|(m, _)| n > m) {
+                        heaviest_peer = Some((n, w.peer));
+                    }
                 }
             }
         }
-        let (n, ci, key) = longest?;
-        if n <= have + 1 {
+        if let Some((_, heavy)) = heaviest_peer.filter(|(n, _)| *n > have_peer + 1) {
+            // That address's newest request, in the lowest class it has one in.
+            for ci in eligible.rev() {
+                let newest = self.classes[ci]
+                    .waiting
+                    .iter()
+                    .filter_map(|(k, q)| {
+                        let at = q.iter().rposition(|w| w.peer == heavy)?;
+                        Some((q[at].id, *k, at))
+                    })
+                    .max_by_key(|(id, _, _)| *id);
+                if let Some((_, k, at)) = newest {
+                    return self.take(ci, k, at);
+                }
+            }
+        }
+        let (n, ci, k) = heaviest_key?;
+        if n <= have_key + 1 {
             return None;
         }
+        let at = self.classes[ci].waiting.get(&k)?.len().checked_sub(1)?;
+        self.take(ci, k, at)
+    }
+
+    /// Take the request at `at` in identity `key`'s line of class `ci`.
+    fn take(&mut self, ci: usize, key: u128, at: usize) -> Option<Waiter<T>> {
         let c = &mut self.classes[ci];
         let queue = c.waiting.get_mut(&key)?;
-        let waiter = queue.pop_back();
+        let waiter = queue.remove(at);
         if queue.is_empty() {
             c.waiting.remove(&key);
             c.turns.retain(|k| *k != key);
@@ -196,13 +236,22 @@ mod tests {
     fn identities_take_turns_whatever_one_has_queued() {
         let mut q = FairQueue::default();
         for id in 0..1000 {
-            q.push(Priority::Normal, 1, Waiter { id, item: "heavy" });
+            q.push(
+                Priority::Normal,
+                1,
+                Waiter {
+                    id,
+                    peer: 1,
+                    item: "heavy",
+                },
+            );
         }
         q.push(
             Priority::Normal,
             2,
             Waiter {
                 id: 1000,
+                peer: 2,
                 item: "light",
             },
         );
@@ -211,6 +260,7 @@ mod tests {
             3,
             Waiter {
                 id: 1001,
+                peer: 3,
                 item: "other",
             },
         );
@@ -225,27 +275,117 @@ mod tests {
     fn a_full_queue_pushes_out_the_heaviest_identity_newest_request() {
         let mut q = FairQueue::default();
         for id in 0..4 {
-            q.push(Priority::Normal, 1, Waiter { id, item: "heavy" });
+            q.push(
+                Priority::Normal,
+                1,
+                Waiter {
+                    id,
+                    peer: 1,
+                    item: "heavy",
+                },
+            );
         }
         q.push(
             Priority::Normal,
             2,
             Waiter {
                 id: 4,
+                peer: 2,
                 item: "light",
             },
         );
-        assert_eq!(q.push_out(0).map(|w| w.id), Some(3));
+        assert_eq!(q.push_out(Priority::Normal, 3, 3).map(|w| w.id), Some(3));
         assert_eq!(q.waiting(Priority::Normal, 1), 3);
-        // An identity as heavy as the heaviest pushes nothing out.
-        assert!(q.push_out(2).is_none());
+        // An address as heavy as the heaviest pushes nothing out.
+        for id in 5..7 {
+            q.push(
+                Priority::Normal,
+                9,
+                Waiter {
+                    id,
+                    peer: 2,
+                    item: "light",
+                },
+            );
+        }
+        assert!(q.push_out(Priority::Normal, 9, 2).is_none());
+    }
+
+    #[test]
+    fn one_address_minting_identities_is_pushed_out_as_one() {
+        let mut q = FairQueue::default();
+        // Eight identities from one address, one request each.
+        for id in 0..8 {
+            let key = u128::from(id);
+            q.push(
+                Priority::Normal,
+                key,
+                Waiter {
+                    id,
+                    peer: 1,
+                    item: "minted",
+                },
+            );
+        }
+        let out = q.push_out(Priority::Normal, 100, 2).expect("room made");
+        assert_eq!((out.id, out.peer), (7, 1), "the address's newest request");
+    }
+
+    #[test]
+    fn a_lower_class_never_pushes_out_a_higher_one() {
+        let mut q = FairQueue::default();
+        for id in 0..6 {
+            q.push(
+                Priority::High,
+                1,
+                Waiter {
+                    id,
+                    peer: 1,
+                    item: "high",
+                },
+            );
+        }
+        assert!(q.push_out(Priority::Low, 2, 2).is_none());
+        assert!(q.push_out(Priority::Normal, 2, 2).is_none());
+        q.push(
+            Priority::Low,
+            3,
+            Waiter {
+                id: 6,
+                peer: 1,
+                item: "low",
+            },
+        );
+        // The heavy address gives its low request first, to a high newcomer.
+        let out = q.push_out(Priority::High, 2, 2).expect("room made");
+        assert_eq!(out.item, "low");
+        assert_eq!(
+            q.push_out(Priority::High, 2, 2).map(|w| w.item),
+            Some("high")
+        );
     }
 
     #[test]
     fn a_request_leaves_the_queue_by_its_number() {
         let mut q = FairQueue::default();
-        q.push(Priority::Low, 7, Waiter { id: 1, item: "a" });
-        q.push(Priority::Low, 7, Waiter { id: 2, item: "b" });
+        q.push(
+            Priority::Low,
+            7,
+            Waiter {
+                id: 1,
+                peer: 1,
+                item: "a",
+            },
+        );
+        q.push(
+            Priority::Low,
+            7,
+            Waiter {
+                id: 2,
+                peer: 1,
+                item: "b",
+            },
+        );
         assert_eq!(q.remove(Priority::Low, 7, 1).map(|w| w.item), Some("a"));
         assert!(q.remove(Priority::Low, 7, 1).is_none());
         assert_eq!(q.remove(Priority::Low, 7, 2).map(|w| w.item), Some("b"));
@@ -264,7 +404,7 @@ mod tests {
         ] {
             for _ in 0..100 {
                 id += 1;
-                q.push(class, u128::from(id), Waiter { id, item });
+                q.push(class, u128::from(id), Waiter { id, peer: id, item });
             }
         }
         let served = order(&mut q);

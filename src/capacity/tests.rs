@@ -26,8 +26,10 @@ fn gate(cap: usize, size: usize, targets: usize) -> Arc<Gate> {
 }
 
 fn ticket(key: u128) -> Ticket<'static> {
+    // Each identity from an address of its own.
     Ticket {
         key,
+        peer: key as u64,
         priority: Priority::Normal,
         tried: &[],
     }
@@ -164,6 +166,7 @@ async fn an_unhealthy_target_gets_no_slot_while_another_is_healthy() {
     let tried = [1];
     let t = Ticket {
         key: 1,
+        peer: 1,
         priority: Priority::Normal,
         tried: &tried,
     };
@@ -243,6 +246,7 @@ async fn a_retry_waits_for_a_target_it_has_not_tried() {
             let tried = [0];
             let t = Ticket {
                 key: 3,
+                peer: 3,
                 priority: Priority::Normal,
                 tried: &tried,
             };

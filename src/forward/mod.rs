@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::body::Guarded;
 use crate::capacity::{Priority, Slot, Ticket};
 use crate::error::ProxyError;
+use crate::identity::peer_key;
 use crate::metrics::{AttemptResult, Metrics, RetryReason, UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
@@ -145,7 +146,7 @@ pub async fn send(
     let mut at = now;
     // Most upstreams have no cap: no slot to wait for, and no future built to learn that.
     let mut slot = if upstream.gate.is_some() {
-        admit(upstream, down.queue, &[], &mut at).await?
+        admit(upstream, down.queue, peer_key(down.client_ip), &[], &mut at).await?
     } else {
         None
     };
@@ -274,7 +275,14 @@ pub async fn send(
         at = Instant::now();
         // The cap counts attempts: the failed one's slot goes, the next one takes its own.
         drop(slot.take());
-        slot = admit(upstream, down.queue, &tried, &mut at).await?;
+        slot = admit(
+            upstream,
+            down.queue,
+            peer_key(down.client_ip),
+            &tried,
+            &mut at,
+        )
+        .await?;
         waited += slot.as_ref().map_or(Duration::ZERO, |s| s.waited);
         target = slot
             .as_ref()
@@ -373,6 +381,7 @@ async fn drain(mut body: Pooled, limit: usize) {
 async fn admit(
     upstream: &Upstream,
     (key, priority): (u128, Priority),
+    peer: u64,
     tried: &[usize],
     at: &mut Instant,
 ) -> Result<Option<Slot>, ProxyError> {
@@ -381,6 +390,7 @@ async fn admit(
     };
     let ticket = Ticket {
         key,
+        peer,
         priority,
         tried,
     };

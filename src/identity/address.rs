@@ -125,3 +125,14 @@ fn parse_forwarded_ip(s: &str) -> Option<IpAddr> {
         .ok()
         .map(|a| a.ip().to_canonical())
 }
+
+/// One client's address as the exhaustion policy and the capacity queue group them: an IPv4
+/// address, or an IPv6 /64 (one host can rotate through its subnet's addresses, not out of
+/// its peer).
+pub fn peer_key(ip: IpAddr) -> u64 {
+    match ip.to_canonical() {
+        // Tagged with a prefix no unicast IPv6 /64 has (ffff::/16 is multicast space).
+        IpAddr::V4(v4) => 0xFFFF_FFFF_0000_0000 | u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => (u128::from(v6) >> 64) as u64,
+    }
+}

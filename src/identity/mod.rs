@@ -15,7 +15,7 @@ mod digest;
 pub mod jwt;
 pub mod logged;
 mod view;
-pub use address::{client_ip, client_ip_from, host, is_trusted, ForwardedHeader};
+pub use address::{client_ip, client_ip_from, host, is_trusted, peer_key, ForwardedHeader};
 pub(crate) use view::form_decoded;
 pub use view::{bearer, fold_path, Arrival, RequestView};
 

@@ -441,9 +441,7 @@ pub fn check_one(item: &Item<'_>, enforced: bool, now: f64) -> Verdict {
 /// The slot `item` is counted in, locked.
 fn slot<'a>(item: &Item<'a>, now: f64) -> Slot<'a> {
     match (&item.buckets.logs, &item.window) {
-        (Some(logs), Some(w)) => {
-            Slot::Log(logs.lock(item.client, item.peer, w.now, w.len()))
-        }
+        (Some(logs), Some(w)) => Slot::Log(logs.lock(item.client, item.peer, w.now, w.len())),
         _ => {
             let floor = item.window.map_or(now, |w| w.floor());
             item.buckets.lock(item.key(), item.peer, floor)

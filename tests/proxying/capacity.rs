@@ -349,6 +349,48 @@ async fn a_heavy_identity_does_not_hold_up_a_light_one() {
     assert!(light <= 2, "light served at {light}: {arrived:?}");
 }
 
+/// One address with eight minted identities fills a queue of six: a client from another
+/// address still gets in line (the address's newest request is pushed out), not a `503`.
+#[tokio::test]
+async fn one_address_minting_identities_cannot_fill_the_queue() {
+    let backend = Held::start();
+    let proxy = TestProxy::start(&capped(
+        &backend,
+        "    max_in_flight: 1\n    queue: { size: 6, timeout: 20s }",
+        ONE_ROUTE,
+    ));
+    let first = get(&proxy, "/", "minted-0");
+    assert!(backend.wait_arrived(1).await);
+    let mut minted = Vec::new();
+    for i in 1..=8 {
+        minted.push(get(&proxy, "/", &format!("minted-{i}")));
+    }
+    let depth_six = || async {
+        find_sample::<u64>(
+            &proxy.scrape().await,
+            "tollgate_upstream_queue_depth{upstream=\"app\"}",
+        ) == Some(6)
+    };
+    assert!(common::eventually(WAIT, depth_six).await);
+    let (url, other) = (proxy.url("/"), Http::from_ip("127.0.0.2"));
+    let light =
+        tokio::spawn(async move { other.get_with(&url, &[("x-client", "elsewhere")]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !light.is_finished(),
+        "the other address was refused at once"
+    );
+    backend.release(100);
+    assert_eq!(light.await.unwrap().code(), 200);
+    assert_eq!(first.await.unwrap().code(), 200);
+    let mut codes = Vec::new();
+    for m in minted {
+        codes.push(m.await.unwrap().code());
+    }
+    // Six fit the queue, two were refused; the newcomer pushed out one more.
+    assert_eq!(codes.iter().filter(|c| **c == 503).count(), 3, "{codes:?}");
+}
+
 #[tokio::test]
 async fn a_high_priority_route_goes_first_and_a_low_one_still_moves() {
     let backend = Held::start();

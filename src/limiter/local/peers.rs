@@ -23,11 +23,7 @@ pub struct Peer(u64);
 impl Peer {
     /// The peer of a request from `ip`.
     pub fn of(ip: IpAddr) -> Self {
-        match ip.to_canonical() {
-            // Tagged with a prefix no unicast IPv6 /64 has (ffff::/16 is multicast space).
-            IpAddr::V4(v4) => Peer(0xFFFF_FFFF_0000_0000 | u64::from(u32::from(v4))),
-            IpAddr::V6(v6) => Peer((u128::from(v6) >> 64) as u64),
-        }
+        Peer(crate::identity::peer_key(ip))
     }
 
     fn shard(self) -> usize {
