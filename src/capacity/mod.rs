@@ -167,18 +167,7 @@ impl Gate {
                     return Ok(self.slot(target, Duration::ZERO));
                 }
             }
-            if inner.queue.len() >= inner.spec.queue_size {
-                match inner
-                    .queue
-                    .push_out(ticket.priority, ticket.key, ticket.peer)
-                {
-                    // Told it was pushed out: its wait ends with `queue_full`.
-                    Some(out) => {
-                        let _ = out.item.to.send(PUSHED_OUT);
-                    }
-                    None => return Err(self.refusal(&inner, Refused::QueueFull)),
-                }
-            }
+            self.make_room(&mut inner, &ticket)?;
             let (to, rx) = oneshot::channel();
             let id = inner.next_id;
             inner.next_id += 1;
@@ -219,6 +208,25 @@ impl Gate {
         let waited = since.elapsed();
         self.handles.wait.observe(waited.as_secs_f64());
         Ok(self.slot(target, waited))
+    }
+
+    /// Room in the queue for `ticket`: a full queue pushes out a heavier address's or
+    /// identity's newest request, or refuses the newcomer.
+    fn make_room(&self, inner: &mut Inner, ticket: &Ticket<'_>) -> Result<(), Refusal> {
+        if inner.queue.len() < inner.spec.queue_size {
+            return Ok(());
+        }
+        match inner
+            .queue
+            .push_out(ticket.priority, ticket.key, ticket.peer)
+        {
+            // Told it was pushed out: its wait ends with `queue_full`.
+            Some(out) => {
+                let _ = out.item.to.send(PUSHED_OUT);
+                Ok(())
+            }
+            None => Err(self.refusal(inner, Refused::QueueFull)),
+        }
     }
 
     /// The slot `rx` brings by `deadline`, or by the drain's end if that comes first.
