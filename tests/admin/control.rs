@@ -594,6 +594,16 @@ async fn an_override_raises_a_window_for_one_key() {
     }
     let wrong = json!({"limit": "hourly", "identity": "header:X-API-Key=big", "quota": "5/day", "ttl": "5m"});
     assert_eq!(api(&proxy, "POST", "/overrides", &wrong).await.code(), 400);
+    // What `check` refuses in the config, the API refuses too: an exact log past 1000.
+    let past =
+        json!({"limit": "hourly", "identity": "0.0.0.0/0", "quota": "4294967295/1h", "ttl": "5m"});
+    let r = api(&proxy, "POST", "/overrides", &past).await;
+    assert_eq!(r.code(), 400);
+    assert!(
+        r.text().contains("at most 1000 per identity"),
+        "{}",
+        r.text()
+    );
     let raise = json!({"limit": "hourly", "identity": "header:X-API-Key=big", "quota": "5/1h", "ttl": "5m"});
     let r = api(&proxy, "POST", "/overrides", &raise).await;
     assert_eq!(r.code(), 201, "{}", r.text());

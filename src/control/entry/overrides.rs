@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{new_id, reason, MatchRecord, Matcher, Span, Times};
-use crate::config::settings::Period;
+use crate::config::settings::{Counting, Period, EXACT_MAX};
 use crate::limiter::{Limit, Rate, Tuning};
 
 /// `POST /api/v1/overrides`'s body: `rate` (and `burst`) for a token bucket, `quota` for a
@@ -228,6 +228,16 @@ fn check_kind(limit: &Limit, tuning: &Tuning, period: Option<Period>) -> Result<
     }
     match (&limit.quota, period) {
         (None, None) => Ok(()),
+        (Some(q), Some(_))
+            if q.counting == Counting::Exact && tuning.quota.is_some_and(|n| n > EXACT_MAX) =>
+        {
+            let n = tuning.quota.unwrap_or_default();
+            Err(format!(
+                "limit `{name}` is an `exact` window, which keeps the time of every request in \
+                 the window, at most {EXACT_MAX} per identity; {n} is more (as `tollgate check` \
+                 refuses in the config)"
+            ))
+        }
         (Some(q), Some(p)) if q.period == p => Ok(()),
         (Some(q), Some(_)) => Err(format!(
             "limit `{name}` counts per {}: give the quota per {0} too",
