@@ -52,7 +52,13 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         if !KEYS.contains(&name.as_str()) {
             problems.push(problem(
                 name.to_owned(),
-                format!("unknown key `{name}`, expected one of: {}", KEYS.join(", ")),
+                match super::yaml::did_you_mean(name, KEYS) {
+                    Some(near) => format!(
+                        "unknown key `{name}` (did you mean `{near}`?), expected one of: {}",
+                        KEYS.join(", ")
+                    ),
+                    None => format!("unknown key `{name}`, expected one of: {}", KEYS.join(", ")),
+                },
             ));
         }
     }

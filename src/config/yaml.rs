@@ -119,12 +119,42 @@ fn serde_wording(message: String) -> String {
     if !head.starts_with("unknown ") {
         return message;
     }
-    let fields: Vec<String> = list.split(", ").map(|f| format!("`{f}`")).collect();
+    let names: Vec<&str> = list.split(", ").collect();
+    let fields: Vec<String> = names.iter().map(|f| format!("`{f}`")).collect();
+    let hint = backticked(head)
+        .and_then(|unknown| did_you_mean(unknown, &names))
+        .map(|near| format!(" (did you mean `{near}`?)"))
+        .unwrap_or_default();
     match fields.as_slice() {
-        [one] => format!("{head}, expected {one}"),
-        [a, b] => format!("{head}, expected {a} or {b}"),
-        _ => format!("{head}, expected one of {}", fields.join(", ")),
+        [one] => format!("{head}{hint}, expected {one}"),
+        [a, b] => format!("{head}{hint}, expected {a} or {b}"),
+        _ => format!("{head}{hint}, expected one of {}", fields.join(", ")),
     }
+}
+
+/// The first backticked word of `s`.
+fn backticked(s: &str) -> Option<&str> {
+    s.split_once('`')?.1.split_once('`').map(|(w, _)| w)
+}
+
+/// The known name `unknown` is most likely a misspelling of: the same but for case, `_` and
+/// `-`, or at most two edits away.
+pub(crate) fn did_you_mean<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
+    let bare = |s: &str| s.replace(['_', '-'], "").to_ascii_lowercase();
+    let unknown_bare = bare(unknown);
+    known
+        .iter()
+        .map(|k| {
+            let d = if bare(k) == unknown_bare {
+                0
+            } else {
+                strsim::damerau_levenshtein(unknown, k)
+            };
+            (d, *k)
+        })
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
 }
 
 /// The node at a `serde_path_to_error` path (`limits[0].burst`) inside `value`.

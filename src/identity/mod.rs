@@ -117,8 +117,8 @@ impl Source {
                 "method" => Ok(Source::Method),
                 "path" => Ok(Source::Path),
                 _ => Err(format!(
-                    "unknown key source `{s}` (expected ip, header:NAME, query:NAME, \
-                     cookie:NAME, bearer, global, host, method or path)"
+                    "unknown key source `{s}` (expected ip, ip/N, header:NAME, query:NAME, \
+                     cookie:NAME, jwt:CLAIM, bearer, global, host, method or path)"
                 )),
             },
         }

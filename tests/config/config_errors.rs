@@ -88,7 +88,7 @@ fixtures! {
   {f}:10:30: routes[0].limits[0].exempt[1]: `internal-batch` is neither a CIDR, an IP address nor SOURCE=VALUE (as in `header:X-API-Key=internal-batch`)
   {f}:10:46: routes[0].limits[0].exempt[2]: `ip=192.0.2.7`: exempt addresses are written as an IP or CIDR, as in `192.0.2.7` or `10.0.0.0/8`
   {f}:10:62: routes[0].limits[0].exempt[3]: `header:X-Tenant+ip=acme`: an exemption names one source, not a `+` join
-  {f}:10:89: routes[0].limits[0].exempt[4]: unknown key source `adress` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+  {f}:10:89: routes[0].limits[0].exempt[4]: unknown key source `adress` (expected ip, ip/N, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, bearer, global, host, method or path)
 ",
     bad_failure_policy: r"
 {f}: 2 problems
@@ -98,7 +98,7 @@ fixtures! {
     bad_key: r"
 {f}: 4 problems
   {f}:7:36: routes[0].limits[0].key: needs at least one source, as in `[ip]`
-  {f}:8:50: routes[0].limits[1].key[1]: unknown key source `adress` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+  {f}:8:50: routes[0].limits[1].key[1]: unknown key source `adress` (expected ip, ip/N, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, bearer, global, host, method or path)
   {f}:8:74: routes[0].limits[1].key[2]: `bad header` is not a valid header name
   {f}:8:95: routes[0].limits[1].key[3]: `query:` needs a name, as in `query:X-API-Key`
 ",
@@ -213,7 +213,7 @@ fixtures! {
   {f}:7:22: upstreams.app.connect_timeout: duration `2 seconds` has unknown unit ` seconds` (ms, s, m, h or d)
   {f}:11:15: routes[0].upstream: unknown upstream `legacy`
   {f}:23:16: routes[1].limits[0].burst: must be at least 1
-  {f}:24:33: routes[1].limits[0].key[1]: unknown key source `client-ip` (expected ip, header:NAME, query:NAME, cookie:NAME, bearer, global, host, method or path)
+  {f}:24:33: routes[1].limits[0].key[1]: unknown key source `client-ip` (expected ip, ip/N, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, bearer, global, host, method or path)
 ",
     tls_unreadable_cert: r"
 {f}: 1 problem
@@ -221,7 +221,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:16: routes[0].limits[0].brust: unknown field `brust`, expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `leasing`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust` (did you mean `burst`?), expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `leasing`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
 ",
     unknown_upstream: r"
 {f}: 1 problem

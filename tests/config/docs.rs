@@ -1,6 +1,7 @@
 //! The docs against the binary: every whole config the docs show as working passes `tollgate
 //! check` (except for the certificate, key and token files it names, which only exist on the
-//! reader's machine), and every log target the docs name is one tollgate logs under.
+//! reader's machine), and so does every fragment (a `limits:` list, a route, top-level keys)
+//! once completed into a config; every log target the docs name is one tollgate logs under.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,6 +42,92 @@ fn whole_configs(text: &str) -> Vec<String> {
     blocks
 }
 
+/// Each YAML block of `text` that is not a whole config (no top-level `listeners:`) and is one
+/// of tollgate's, completed into a config: a `limits:` list goes into a route, route items
+/// under `routes:`, top-level keys get a listener and a route if they lack them. Blocks of
+/// other programs (Prometheus, Kubernetes), a route's or a listener's keys alone, and broken
+/// examples are skipped.
+fn completed_fragments(text: &str) -> Vec<(String, String)> {
+    const LISTENER: &str = "listeners:\n  - address: 127.0.0.1:0\n";
+    const ROUTE: &str = "  - name: fragment-route\n    respond: { status: 200 }\n";
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("```yaml\n") {
+        let body = &rest[start + 8..];
+        let end = body.find("```").expect("a closed code block");
+        let (block, after) = (&body[..end], &body[end + 3..]);
+        rest = after;
+        let broken = after
+            .trim_start()
+            .starts_with("```console\n$ tollgate check --config bad.yaml");
+        let first = block
+            .lines()
+            .find(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .unwrap_or("");
+        let top = |k: &str| block.lines().any(|l| l.starts_with(k));
+        // `[...]` stands for what the reader fills in.
+        if broken || top("listeners:") || block.starts_with('#') || block.contains("[...]") {
+            continue;
+        }
+        // Leasing and fleet-wide features need the Redis backend; check connects to nothing.
+        let mut redis = if top("limiter:") {
+            String::new()
+        } else {
+            "limiter:\n  backend: redis\n  redis: { url: redis://127.0.0.1:6379 }\n".to_owned()
+        };
+        // The upstreams the docs' routes name.
+        if !top("upstreams:") {
+            redis.push_str("upstreams:\n  app: { targets: [127.0.0.1:8080] }\n  legacy: { targets: [127.0.0.1:8081] }\n");
+        }
+        let redis = redis.as_str();
+        let config = if first.starts_with("limits:") {
+            let limits: String = block.lines().map(|l| format!("    {l}\n")).collect();
+            format!("{LISTENER}{redis}routes:\n{ROUTE}{limits}")
+        } else if first.starts_with("- name:") {
+            let routes: String = block.lines().map(|l| format!("  {l}\n")).collect();
+            format!("{LISTENER}{redis}routes:\n{routes}")
+        } else if ["scrape_configs:", "tls:", "respond:"]
+            .iter()
+            .any(|k| first.starts_with(k))
+        {
+            continue;
+        } else if top("routes:") {
+            format!("{LISTENER}{redis}{block}")
+        } else if top("upstreams:") || top("limiter:") {
+            format!("{LISTENER}{block}routes:\n{ROUTE}")
+        } else {
+            format!("{LISTENER}{redis}{block}routes:\n{ROUTE}")
+        };
+        out.push((block.to_owned(), config));
+    }
+    out
+}
+
+/// `tollgate check` on `yaml`: the problems other than files this machine lacks.
+fn check_problems(yaml: &str, dir: &Path, n: usize) -> Vec<String> {
+    let file = dir.join(format!("{n}.yaml"));
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&file)
+        .env("REDIS_PASSWORD", "from-the-environment")
+        .env("SENTINEL_PASSWORD", "from-the-environment")
+        .env_remove("TOLLGATE_CONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The first line names the file and counts the problems; each problem must be a file or
+    // directory the example names that this machine lacks.
+    let lacks =
+        |l: &str| l.contains("No such file or directory") || l.contains("is not a directory");
+    stderr
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with("warning:") && !lacks(l))
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
 fn every_whole_config_in_the_docs_passes_check() {
     let dir = tempfile::tempdir().unwrap();
@@ -52,32 +139,38 @@ fn every_whole_config_in_the_docs_passes_check() {
                 "{} block {i}",
                 doc.strip_prefix(repo_root()).unwrap().display()
             );
-            let file = dir.path().join(format!("{checked}.yaml"));
-            std::fs::write(&file, &block).unwrap();
-            let out = Command::new(BIN)
-                .args(["check", "--config"])
-                .arg(&file)
-                .env("REDIS_PASSWORD", "from-the-environment")
-                .env_remove("TOLLGATE_CONFIG")
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            // The first line names the file and counts the problems; each problem must be a
-            // file the example names that this machine lacks.
-            for problem in stderr
-                .lines()
-                .skip(1)
-                .filter(|l| !l.starts_with("warning:"))
-            {
-                assert!(
-                    problem.contains("No such file or directory"),
-                    "{name} fails check:\n{stderr}\n{block}"
-                );
-            }
+            let problems = check_problems(&block, dir.path(), checked);
+            assert!(
+                problems.is_empty(),
+                "{name} fails check:\n{problems:#?}\n{block}"
+            );
             checked += 1;
         }
     }
     assert!(checked >= 5, "{checked} whole configs in the docs");
+}
+
+#[test]
+fn every_config_fragment_in_the_docs_passes_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut checked, mut failed) = (0, Vec::new());
+    for doc in docs() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for (block, config) in completed_fragments(&text) {
+            let problems = check_problems(&config, dir.path(), checked);
+            if !problems.is_empty() {
+                let doc = doc.strip_prefix(repo_root()).unwrap().display().to_string();
+                failed.push(format!("{doc}:\n{block}\n{problems:#?}"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "fragments that fail check:\n{}",
+        failed.join("\n")
+    );
+    assert!(checked >= 20, "{checked} fragments in the docs");
 }
 
 /// `tollgate::a::b` names in `text`.
