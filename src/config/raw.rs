@@ -50,16 +50,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
     };
     for name in map.keys() {
         if !KEYS.contains(&name.as_str()) {
-            problems.push(problem(
-                name.to_owned(),
-                match super::yaml::did_you_mean(name, KEYS) {
-                    Some(near) => format!(
-                        "unknown key `{name}` (did you mean `{near}`?), expected one of: {}",
-                        KEYS.join(", ")
-                    ),
-                    None => format!("unknown key `{name}`, expected one of: {}", KEYS.join(", ")),
-                },
-            ));
+            problems.push(problem(name.to_owned(), unknown_key(name)));
         }
     }
     let mut r = Reader {
@@ -171,6 +162,17 @@ impl Reader<'_> {
             }
         }
         out
+    }
+}
+
+/// An unknown top-level key, with the known key it most likely misspells.
+fn unknown_key(name: &str) -> String {
+    let keys = KEYS.join(", ");
+    match super::yaml::did_you_mean(name, KEYS) {
+        Some(near) => {
+            format!("unknown key `{name}` (did you mean `{near}`?), expected one of: {keys}")
+        }
+        None => format!("unknown key `{name}`, expected one of: {keys}"),
     }
 }
 
