@@ -81,10 +81,10 @@ fn completed_fragments(text: &str) -> Vec<(String, String)> {
         }
         let redis = redis.as_str();
         let config = if first.starts_with("limits:") {
-            let limits: String = block.lines().map(|l| format!("    {l}\n")).collect();
+            let limits = indented(block, "    ");
             format!("{LISTENER}{redis}routes:\n{ROUTE}{limits}")
         } else if first.starts_with("- name:") {
-            let routes: String = block.lines().map(|l| format!("  {l}\n")).collect();
+            let routes = indented(block, "  ");
             format!("{LISTENER}{redis}routes:\n{routes}")
         } else if ["scrape_configs:", "tls:", "respond:"]
             .iter()
@@ -101,6 +101,11 @@ fn completed_fragments(text: &str) -> Vec<(String, String)> {
         out.push((block.to_owned(), config));
     }
     out
+}
+
+/// Each line of `block` after `by`.
+fn indented(block: &str, by: &str) -> String {
+    block.lines().flat_map(|l| [by, l, "\n"]).collect()
 }
 
 /// `tollgate check` on `yaml`: the problems other than files this machine lacks.
