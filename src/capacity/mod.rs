@@ -201,7 +201,11 @@ impl Gate {
             Err(why) => {
                 drop(queued);
                 let inner = self.inner.lock();
-                return Err(self.refusal(&inner, why));
+                let waited = since.elapsed();
+                return Err(Refusal {
+                    waited,
+                    ..self.refusal(&inner, why)
+                });
             }
         };
         queued.done = true;
@@ -324,7 +328,11 @@ impl Gate {
         // The queue ahead, served `cap` at a time at the average response time.
         let ahead = inner.queue.len() as u32 / cap as u32 + 1;
         let retry_after = (inner.latency * ahead).as_secs().max(1);
-        Refusal { why, retry_after }
+        Refusal {
+            why,
+            retry_after,
+            waited: Duration::ZERO,
+        }
     }
 
     /// A target with room for a request that tried `tried`: a healthy one (any, when none

@@ -67,6 +67,8 @@ pub struct Refusal {
     pub why: Refused,
     /// Seconds until a slot is likely free.
     pub retry_after: u64,
+    /// How long the request waited in the queue before it was refused.
+    pub waited: std::time::Duration,
 }
 
 /// A gate's state, for metrics, the dashboard and `explain`.

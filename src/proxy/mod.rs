@@ -383,11 +383,6 @@ fn record(
             entry.queue_time = Some(trace.queued);
         }
     }
-    match trace.refused {
-        Refused::AtCapacity => entry.outcome = "at-capacity",
-        Refused::OperatorBan => entry.outcome = "operator-ban",
-        Refused::No | Refused::RateLimited => {}
-    }
     if let Some(decision) = &trace.decision {
         let limit;
         (entry.outcome, entry.client, limit) = decision.logged();
@@ -396,5 +391,14 @@ fn record(
                 .limit
                 .extend_from_slice(route.limits[i].name.as_bytes());
         }
+    }
+    // Admitted by the limits, then refused by tollgate: the refusal is the outcome.
+    match trace.refused {
+        Refused::AtCapacity => {
+            entry.outcome = "at-capacity";
+            entry.queue_time = Some(trace.queued);
+        }
+        Refused::OperatorBan => entry.outcome = "operator-ban",
+        Refused::No | Refused::RateLimited => {}
     }
 }

@@ -54,8 +54,9 @@ pub(super) async fn forward_to(
         started
     };
     let sent = forward::send_timed(upstream, req, down, now, &state.metrics).await;
-    if matches!(sent, Err(ProxyError::AtCapacity { .. })) {
+    if let Err(ProxyError::AtCapacity { refusal, .. }) = &sent {
         trace.refused = super::Refused::AtCapacity;
+        trace.queued = refusal.waited;
     }
     let (forwarded, took) = sent?;
     trace.upstream = Some((forwarded.target, took));

@@ -195,6 +195,36 @@ async fn the_text_line_has_the_request_the_answer_and_the_upstream() {
     );
 }
 
+/// A request the limits admitted and the capped upstream's queue refused is logged as
+/// `at-capacity`, with the time it waited.
+#[tokio::test]
+async fn a_queue_timeout_is_logged_at_capacity_with_its_wait() {
+    let upstream = MockUpstream::start();
+    let yaml = forwarding(&upstream, 5, "").replace(
+        "    timeout: 5s\n",
+        "    timeout: 5s\n    max_in_flight: 1\n    queue: { size: 4, timeout: 300ms }\n",
+    );
+    let proxy = BinaryProxy::start(&yaml);
+    let slow = tokio::spawn({
+        let url = proxy.url("/api/slow/2000");
+        async move { Http::new().get(&url).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = Http::new().get(&proxy.url("/api/x")).await;
+    assert_eq!(refused.code(), 503);
+    let line = log_line(&proxy, refused.header("x-request-id"));
+    assert!(line.contains(" status=503 "), "{line}");
+    assert!(line.contains(" outcome=at-capacity "), "{line}");
+    let waited: u64 = line
+        .split(" queue_ms=")
+        .nth(1)
+        .and_then(|v| v.split([' ', '.']).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no queue_ms in {line}"));
+    assert!((290..2000).contains(&waited), "{line}");
+    assert_eq!(slow.await.unwrap().code(), 200);
+}
+
 #[tokio::test]
 async fn with_json_every_line_is_a_flat_object_the_access_line_with_otel_names() {
     let upstream = MockUpstream::start();
