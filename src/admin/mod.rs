@@ -189,9 +189,7 @@ async fn not_ready(state: &State, runtime: &Runtime) -> Option<String> {
     let any_closed = runtime
         .limits()
         .any(|l| l.on_failure == FailurePolicy::Closed && !l.shadow);
-    any_closed.then(|| {
-        format!("Redis does not run the bucket script ({why}) and some limits fail closed")
-    })
+    any_closed.then(|| format!("Redis cannot decide limits ({why}) and some limits fail closed"))
 }
 
 /// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`),

@@ -283,7 +283,11 @@ async fn readiness_runs_the_bucket_script_not_only_ping() {
         let readyz = format!("http://{}/readyz", proxy.admin_addr());
         let r = http.get(&readyz).await;
         assert_eq!(r.code(), 503, "{}", r.text());
-        assert!(r.text().contains("bucket script"), "{}", r.text());
+        assert!(
+            r.text().contains("Redis cannot decide limits"),
+            "{}",
+            r.text()
+        );
         println!("readyz with EVALSHA refused: {}", r.text().trim());
         // The checks it stands for fail too (closed: 503), so red was the truth.
         assert_eq!(http.get(&proxy.url("/api")).await.code(), 503);
@@ -302,6 +306,22 @@ async fn readiness_runs_the_bucket_script_not_only_ping() {
         }
         // Readiness touches no key.
         assert!(healthy.keys().is_empty(), "{:?}", healthy.keys());
+        // Redis gone: not ready, and the reason says so.
+        drop(healthy);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let down = loop {
+            let r = http.get(&readyz).await;
+            if r.code() == 503 {
+                break r.text().to_owned();
+            }
+            assert!(Instant::now() < deadline, "still ready with Redis gone");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(down.contains("Redis cannot decide limits ("), "{down}");
+        assert!(
+            down.contains("refused") || down.contains("closed"),
+            "{down}"
+        );
         println!(
             "readiness: 503 with a server that answers PING but not EVALSHA; 200 once it runs"
         );
