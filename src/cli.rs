@@ -300,6 +300,14 @@ fn routes_summary(s: &Settings, out: &mut String) {
                     b.after, b.within, b.first, b.max
                 );
             }
+            if let Some(lease) = &l.leasing {
+                let auto = if lease.auto { "auto, " } else { "" };
+                let _ = write!(
+                    flags,
+                    ", leasing {auto}at most {} tokens held {:?}",
+                    lease.tokens, lease.hold
+                );
+            }
             let shape = match &l.quota {
                 Some(q) if q.is_window() => {
                     format!(

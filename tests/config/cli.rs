@@ -43,6 +43,31 @@ tests/fixtures/valid/full.yaml: ok
 }
 
 #[test]
+fn check_shows_leasing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("leased.yaml");
+    std::fs::write(
+        &file,
+        config(
+            "limiter: { backend: redis, redis: { url: \"redis://127.0.0.1:6379\" } }
+routes:
+  - name: r
+    respond: { status: 200 }
+    limits:
+      - { name: tenant, rate: 20000/s, burst: 20000, key: [\"header:X-Tenant\"], leasing: auto }
+      - { name: partner, rate: 500/s, burst: 1000, key: [ip], leasing: { tokens: 50, hold: 2s } }
+",
+        ),
+    )
+    .unwrap();
+    let out = check(file.to_str().unwrap());
+    assert!(out.status.success(), "stderr:\n{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("  limit tenant: 20000/s, burst 20000, key [header:x-tenant], leasing auto, at most 1024 tokens held 1s, on_failure open\n"), "{text}");
+    assert!(text.contains("  limit partner: 500/s, burst 1000, key [ip], leasing at most 50 tokens held 2s, on_failure open\n"), "{text}");
+}
+
+#[test]
 fn the_shipped_config_passes_check() {
     let out = check("config/tollgate.yaml");
     assert!(out.status.success(), "stderr:\n{}", stderr(&out));
