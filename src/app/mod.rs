@@ -155,7 +155,9 @@ pub async fn start(
     let (bound, per_worker) = per_worker(sockets, &state);
     let (threads, inline) = spawn_workers(options.inline, per_worker, &state, &stop_rx)?;
     let admin_address = admin.and_then(|admin| serve_admin(admin, &state, admin_stop_rx));
-    tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), "tollgate started");
+    let limiter = state.runtime.load().settings.limiter.backend.describe();
+    tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), %limiter, "tollgate started");
+    tokio::spawn(redis_answers(state.clone()));
     for warning in state.runtime.load().settings.warnings() {
         tracing::warn!("{warning}");
     }
@@ -382,5 +384,17 @@ async fn next_signal(
     tokio::select! {
         _ = term.recv() => ("SIGTERM", 15),
         _ = int.recv() => ("SIGINT", 2),
+    }
+}
+
+/// Say at startup that Redis decides limits (the limiter's own warning says when it does not).
+async fn redis_answers(state: Arc<State>) {
+    let runtime = state.runtime.load_full();
+    let Some(redis) = runtime.redis.as_ref() else {
+        return;
+    };
+    match redis.script_runs().await {
+        Ok(()) => tracing::info!("Redis answers: limits are decided by Redis"),
+        Err(why) => tracing::debug!(error = %why, "Redis does not decide limits yet"),
     }
 }

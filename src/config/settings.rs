@@ -421,6 +421,29 @@ pub enum Backend {
     Redis(Box<RedisConfig>),
 }
 
+impl Backend {
+    /// Where limits are counted, for the startup line: `local`, or the Redis servers (a URL's
+    /// host and port only, never its password).
+    pub fn describe(&self) -> String {
+        let Backend::Redis(r) = self else {
+            return "local".into();
+        };
+        let host = |url: &str| {
+            let rest = url.split_once("://").map_or(url, |(_, r)| r);
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            rest.split('/').next().unwrap_or(rest).to_owned()
+        };
+        if let Some(s) = &r.sentinel {
+            format!("redis sentinel {} via {}", s.master, s.nodes.join(","))
+        } else if !r.cluster.is_empty() {
+            let seeds: Vec<String> = r.cluster.iter().map(|u| host(u)).collect();
+            format!("redis cluster {}", seeds.join(","))
+        } else {
+            format!("redis {}", r.url.as_deref().map(host).unwrap_or_default())
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimiterSettings {
     pub backend: Backend,

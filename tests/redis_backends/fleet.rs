@@ -308,6 +308,20 @@ async fn failure_policies_with_redis_killed_then_restarted() {
     ));
     // The binary: the test reads its log.
     let proxy = BinaryProxy::start(&yaml);
+    // The startup lines name where limits are counted, and say Redis answers.
+    let port = redis.url().rsplit(':').next().unwrap().to_owned();
+    assert!(
+        proxy.wait_for_log(
+            &format!("limiter=redis 127.0.0.1:{port}"),
+            Duration::from_secs(5)
+        ),
+        "{:#?}",
+        proxy.logs()
+    );
+    assert!(proxy.wait_for_log(
+        "Redis answers: limits are decided by Redis",
+        Duration::from_secs(5)
+    ));
     let http = Http::new();
     assert_eq!(admitted(&http, &proxy.url("/closed"), 1, &[]).await, 1);
     redis.kill();
