@@ -63,11 +63,29 @@ fn main() -> ExitCode {
             tollgate::explain::cli::run(&cli.config, &args.into_args()),
             "tollgate explain",
         ),
-        Command::Simulate { log, format } => written(
-            tollgate::simulate::run(&cli.config, &log, format),
-            "tollgate",
-        ),
+        Command::Simulate { log, format } => simulate(&cli.config, &log, format),
         Command::Run(_) => run(&cli.config, &opts),
+    }
+}
+
+/// `tollgate simulate`: the report, and a failure when nothing was replayed (said why).
+fn simulate(
+    config: &std::path::Path,
+    log: &std::path::Path,
+    format: tollgate::simulate::Format,
+) -> ExitCode {
+    match tollgate::simulate::run(config, log, format) {
+        Ok(replayed) => {
+            let code = written(Ok::<_, String>(replayed.report), "tollgate");
+            match replayed.nothing {
+                Some(why) => {
+                    eprintln!("tollgate: {why}");
+                    ExitCode::FAILURE
+                }
+                None => code,
+            }
+        }
+        Err(e) => written(Err::<String, _>(e), "tollgate"),
     }
 }
 

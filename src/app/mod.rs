@@ -157,7 +157,6 @@ pub async fn start(
     let admin_address = admin.and_then(|admin| serve_admin(admin, &state, admin_stop_rx));
     let limiter = state.runtime.load().settings.limiter.backend.describe();
     tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), %limiter, "tollgate started");
-    tokio::spawn(redis_answers(state.clone()));
     for warning in state.runtime.load().settings.warnings() {
         tracing::warn!("{warning}");
     }
@@ -384,17 +383,5 @@ async fn next_signal(
     tokio::select! {
         _ = term.recv() => ("SIGTERM", 15),
         _ = int.recv() => ("SIGINT", 2),
-    }
-}
-
-/// Say at startup that Redis decides limits (the limiter's own warning says when it does not).
-async fn redis_answers(state: Arc<State>) {
-    let runtime = state.runtime.load_full();
-    let Some(redis) = runtime.redis.as_ref() else {
-        return;
-    };
-    match redis.script_runs().await {
-        Ok(()) => tracing::info!("Redis answers: limits are decided by Redis"),
-        Err(why) => tracing::debug!(error = %why, "Redis does not decide limits yet"),
     }
 }

@@ -125,6 +125,8 @@ pub struct RedisLimiter {
     negative: Arc<NegativeCache>,
     log_gate: Arc<LogGate>,
     counters: Arc<Counters>,
+    /// A worker's connection has run the script: said once, at INFO.
+    answered: std::sync::atomic::AtomicBool,
     /// Observes each check that went to Redis, sent until answered or failed.
     latency: Option<crate::sharded::Histogram>,
 }
@@ -173,6 +175,7 @@ impl RedisLimiter {
             negative: Arc::new(NegativeCache::new(Self::NEGATIVE_CACHE_CAPACITY)),
             log_gate: Arc::new(LogGate::new(Duration::from_secs(1))),
             counters: Arc::default(),
+            answered: std::sync::atomic::AtomicBool::new(false),
             latency: None,
         })
     }
@@ -400,7 +403,15 @@ impl RedisLimiter {
             on.conn.load_script(&BUCKET_SCRIPT).await
         };
         match tokio::time::timeout(WARM_UP_TIMEOUT, warm).await {
-            Ok(Ok(())) => tracing::debug!("worker's Redis connection ready"),
+            Ok(Ok(())) => {
+                tracing::debug!("worker's Redis connection ready");
+                if !self
+                    .answered
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::info!("Redis answers: limits are decided by Redis");
+                }
+            }
             Ok(Err(e)) if e.kind() == ::redis::ErrorKind::AuthenticationFailed => tracing::error!(
                 error = %e,
                 "Redis refused the credentials (limiter.redis username and password, or the \

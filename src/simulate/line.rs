@@ -90,8 +90,13 @@ pub enum Skip {
 
 /// Read one line; `Ok(None)` for a blank one.
 pub fn parse(line: &[u8]) -> Result<Option<Record>, Skip> {
-    if line.trim_ascii().is_empty() {
+    let trimmed = line.trim_ascii();
+    if trimmed.is_empty() {
         return Ok(None);
+    }
+    // A text log's line starts with its timestamp, which JSON would read as a number.
+    if !trimmed.starts_with(b"{") {
+        return Err(Skip::NotJson);
     }
     let raw: Raw = serde_json::from_slice(line).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => Skip::Malformed,
@@ -174,7 +179,10 @@ mod tests {
         assert_eq!(parse(no_path).unwrap_err(), Skip::Malformed);
         let bad_key = br#"{"timestamp":"2026-11-30T10:53:45Z","target":"tollgate::access","http.request.method":"GET","url.path":"/","duration_ms":1,"tollgate.keys":{"bearer":"xyz"}}"#;
         assert_eq!(parse(bad_key).unwrap_err(), Skip::Malformed);
-        assert_eq!(parse(b"[1,2]").unwrap_err(), Skip::Malformed);
+        assert_eq!(parse(b"[1,2]").unwrap_err(), Skip::NotJson);
+        // A text access line starts with its timestamp.
+        let text = b"2026-12-07T11:08:52.090260Z  INFO tollgate::access: method=GET path=/";
+        assert_eq!(parse(text).unwrap_err(), Skip::NotJson);
         assert!(parse(b"  \n").unwrap().is_none());
     }
 }

@@ -46,7 +46,7 @@ pub enum Format {
 }
 
 /// Replay the access log at `log` (`-`: stdin) through the config at `config`; the report.
-pub fn run(config: &Path, log: &Path, format: Format) -> Result<String, String> {
+pub fn run(config: &Path, log: &Path, format: Format) -> Result<Replayed, String> {
     // The very file a `candidate:` names replays as well as the live config.
     let settings = crate::config::load_routes(config).map_err(|e| e.to_string())?;
     let input: Box<dyn BufRead> = if log == Path::new("-") {
@@ -61,13 +61,38 @@ pub fn run(config: &Path, log: &Path, format: Format) -> Result<String, String> 
         .read(input)
         .map_err(|e| format!("reading {}: {e}", log.display()))?;
     let (config, log) = (config.display().to_string(), log.display().to_string());
-    Ok(match format {
+    let report = match format {
         Format::Text => report::text(&config, &log, &replay.totals, &replay.stats),
         Format::Json => format!(
             "{:#}\n",
             report::json(&config, &log, &replay.totals, &replay.stats)
         ),
-    })
+    };
+    let t = &replay.totals;
+    // Nothing replayed from a log that had lines: say why, beside the report.
+    let nothing = (t.replayed == 0 && t.lines > 0).then(|| {
+        if t.not_json == t.lines {
+            format!(
+                "nothing replayed: none of the {} lines of {log} is JSON; `tollgate simulate` \
+                 reads the JSON access log (run tollgate with `--access-log-format json`)",
+                t.lines
+            )
+        } else {
+            format!(
+                "nothing replayed from the {} lines of {log}: the report says why",
+                t.lines
+            )
+        }
+    });
+    Ok(Replayed { report, nothing })
+}
+
+/// What `run` made: the report, and why nothing was replayed when nothing was (the command
+/// then fails, after printing the report).
+#[derive(Debug)]
+pub struct Replayed {
+    pub report: String,
+    pub nothing: Option<String>,
 }
 
 /// A replay under way: the config's limits with buckets of their own, and the counts.
@@ -199,6 +224,11 @@ impl<'s> Replay<'s> {
 
     /// Route one line and decide it against its route's limits.
     fn replay(&mut self, rec: &Record) {
+        // Refused live before any limit was asked: the replay has no operators' bans.
+        if rec.outcome.as_deref() == Some("operator-ban") {
+            self.totals.operator_banned += 1;
+            return;
+        }
         if rec.arrival_us < self.replayed_to {
             self.totals.late += 1;
         }

@@ -25,6 +25,9 @@ pub struct Totals {
     pub refused: u64,
     /// Routed lines not replayed: a source their route's limits read is not in the line.
     pub unreplayable: u64,
+    /// Lines an operator's ban refused live, before any limit was asked: not replayed (the
+    /// replay has no bans), not counted as unreplayable.
+    pub operator_banned: u64,
     /// Lines that arrived more than the reorder window before a line already replayed:
     /// replayed late, out of order.
     pub late: u64,
@@ -98,8 +101,8 @@ pub fn text(config: &str, log: &str, totals: &Totals, routes: &[RouteStats]) -> 
     );
     let _ = writeln!(
         out,
-        "       {} matched no route, {} refused by screening, {} replayed out of order",
-        t.unrouted, t.refused, t.late
+        "       {} matched no route, {} refused by screening, {} refused by an operator's ban, {} replayed out of order",
+        t.unrouted, t.refused, t.operator_banned, t.late
     );
     let mut cannot = Vec::new();
     for r in routes
@@ -209,7 +212,8 @@ pub fn json(config: &str, log: &str, totals: &Totals, routes: &[RouteStats]) -> 
         "lines": {
             "read": t.lines, "replayed": t.replayed, "not_replayable": t.unreplayable,
             "skipped": {"not_json": t.not_json, "not_access": t.not_access, "malformed": t.malformed},
-            "unrouted": t.unrouted, "refused": t.refused, "out_of_order": t.late,
+            "unrouted": t.unrouted, "refused": t.refused, "operator_banned": t.operator_banned,
+            "out_of_order": t.late,
         },
         "routes": routes,
     })

@@ -52,7 +52,20 @@ fn write_config(dir: &Path, name: &str, yaml: &str) -> std::path::PathBuf {
 }
 
 /// `tollgate simulate --config CONFIG --log LOG ARGS...`, its stdout; `stdin` is piped in.
+/// It must succeed.
 fn simulate(config: &Path, log: &str, args: &[&str], stdin: Option<&[u8]>) -> String {
+    let (ok, stdout, stderr) = simulate_any(config, log, args, stdin);
+    assert!(ok, "simulate failed: {stderr}");
+    stdout
+}
+
+/// `simulate`, succeeding or not: whether it did, its stdout and its stderr.
+fn simulate_any(
+    config: &Path,
+    log: &str,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+) -> (bool, String, String) {
     let mut child = Command::new(BIN)
         .args(["simulate", "--config"])
         .arg(config)
@@ -70,12 +83,11 @@ fn simulate(config: &Path, log: &str, args: &[&str], stdin: Option<&[u8]>) -> St
     }
     drop(input);
     let out = child.wait_with_output().unwrap();
-    assert!(
+    (
         out.status.success(),
-        "simulate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn report(config: &Path, log: &Path) -> Value {
@@ -224,6 +236,8 @@ async fn what_the_log_does_not_hold_is_reported_and_bad_lines_are_counted() {
     bytes.extend_from_slice(b"{\"target\":\"tollgate\",\"message\":\"listening\"}\n\n");
     bytes.extend_from_slice(b"{\"timestamp\":\"2026-12-01T00:00:00Z\",\"target\":\"tollgate::access\",\"http.request.method\":\"GET\",\"duration_ms\":1}\n");
     bytes.extend_from_slice(b"{\"timestamp\":\"2026-12-01T00:00:00Z\",\"target\":\"tollgate::access\",\"http.request.method\":\"GET\",\"url.path\":\"/api/x\",\"duration_ms\":\"slow\"}\n");
+    // Refused live by an operator's ban: not a line the replay could decide, said so.
+    bytes.extend_from_slice(b"{\"timestamp\":\"2026-12-01T00:00:00Z\",\"target\":\"tollgate::access\",\"http.request.method\":\"GET\",\"url.path\":\"/api/x\",\"duration_ms\":1,\"tollgate.route\":\"api\",\"tollgate.outcome\":\"operator-ban\"}\n");
     let same = write_config(dir.path(), "same.yaml", &routes(&upstream, PER_KEY));
     let out = simulate(&same, "-", &["--format", "json"], Some(&bytes));
     let r: Value = serde_json::from_str(&out).unwrap();
@@ -237,6 +251,25 @@ async fn what_the_log_does_not_hold_is_reported_and_bad_lines_are_counted() {
         (&Value::from(3), &Value::from(1), &Value::from(2)),
         "{r:#}"
     );
-    assert_eq!(r["lines"]["read"], 23 + 6);
+    assert_eq!(r["lines"]["read"], 23 + 7);
+    assert_eq!(r["lines"]["operator_banned"], 1, "{r:#}");
     assert_eq!(route(&r, "api")["rejected"], api_429);
+}
+
+/// A text access log replays nothing: the command says it is not JSON, names the flag that
+/// makes a JSON one, and fails.
+#[test]
+fn a_text_log_is_refused_with_the_flag_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("text.log");
+    std::fs::write(
+        &log,
+        "2026-12-07T11:08:52.090260Z  INFO tollgate::access: method=GET path=/ host=localhost:8000 status=200\n",
+    )
+    .unwrap();
+    let config = common::proxy::repo_root().join("config/tollgate.yaml");
+    let (ok, out, stderr) = simulate_any(&config, log.to_str().unwrap(), &[], None);
+    assert!(!ok, "{out}");
+    assert!(out.contains("1 not JSON"), "{out}");
+    assert!(stderr.contains("--access-log-format json"), "{stderr}");
 }

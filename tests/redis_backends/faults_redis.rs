@@ -357,3 +357,39 @@ async fn evicted_keys_are_shown() {
         "tollgate shows the evictions"
     );
 }
+
+/// With Redis down, connects are retried at most about once a second per connection, however
+/// many requests, readiness probes and background polls come meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_retried_about_once_a_second_per_connection() {
+    bounded(async {
+        let mut redis = RedisServer::start();
+        let proxy = TestProxy::start(&limited(&redis.url(), "200ms", "1000/s", 1000));
+        let http = Http::new();
+        until_redis_answers(&http, &proxy).await;
+        let metrics = format!("http://{}/metrics", proxy.admin_addr());
+        let reconnects = || async {
+            common::find_sample::<u64>(
+                http.get(&metrics).await.text(),
+                "tollgate_redis_reconnects_total",
+            )
+            .unwrap_or(0)
+        };
+        let before = reconnects().await;
+        redis.kill();
+        let readyz = format!("http://{}/readyz", proxy.admin_addr());
+        let outage = Duration::from_secs(3);
+        let started = Instant::now();
+        while started.elapsed() < outage {
+            let _ = http.get(&proxy.url("/api")).await;
+            let _ = http.get(&readyz).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let during = reconnects().await - before;
+        println!("{during} reconnects in a {outage:?} outage");
+        // Two workers' connections and the control poll's, each at most once a second (plus
+        // the first reconnect of each when the connection died).
+        assert!(during <= 3 * 5, "{during} reconnects in {outage:?}");
+    })
+    .await;
+}

@@ -6,7 +6,10 @@
 //! idea: one multiplexed connection shared by clones; the call that meets a connection error
 //! (or a failed connect) starts a new connection in the background, and a call that finds the
 //! last attempt failed starts another and waits for it. Attempts are so paced by the calls (and
-//! so by the circuit breaker) rather than by a loop of their own.
+//! so by the circuit breaker) rather than by a loop of their own, and a failed connect is tried
+//! again at most once per `RETRY_CONNECT` whatever calls come meanwhile (readiness, the
+//! operators' entries, the sweeper): a call in between fails at once with the last error. A
+//! connection that dies, or a master that moves, is replaced at once.
 //!
 //! Under Sentinel every new connection first asks the Sentinels where the master is (the
 //! crate checks that the server named answers `ROLE` as a master). A failover is followed at
@@ -40,10 +43,21 @@ pub(super) enum Target {
     Sentinel(tokio::sync::Mutex<SentinelClient>),
 }
 
-/// One connection attempt and its number.
+/// The least time between two attempts to connect after one failed.
+const RETRY_CONNECT: Duration = Duration::from_secs(1);
+
+/// One connection attempt, its number, and when it started.
 struct Slot {
     id: u64,
     pending: Pending,
+    started: tokio::time::Instant,
+}
+
+impl Slot {
+    /// An attempt that failed less than `RETRY_CONNECT` ago: not tried again yet.
+    fn failed_lately(&self) -> bool {
+        matches!(self.pending.peek(), Some(Err(_))) && self.started.elapsed() < RETRY_CONNECT
+    }
 }
 
 struct Inner {
@@ -105,6 +119,7 @@ impl Managed {
                 slot: ArcSwap::from_pointee(Slot {
                     id: 0,
                     pending: first,
+                    started: tokio::time::Instant::now(),
                 }),
                 master: Mutex::new(None),
                 promoted: Mutex::new(None),
@@ -152,9 +167,18 @@ impl Managed {
     }
 
     fn reconnect(&self, id: u64) -> bool {
+        if self.0.slot.load().failed_lately() {
+            return false;
+        }
+        self.replace(id)
+    }
+
+    /// `reconnect`, without waiting for the pace of failed attempts.
+    fn replace(&self, id: u64) -> bool {
         let next = Arc::new(Slot {
             id: id + 1,
             pending: connect(Arc::downgrade(&self.0)),
+            started: tokio::time::Instant::now(),
         });
         let previous = self.0.slot.rcu(|now| {
             if now.id == id {
@@ -320,7 +344,7 @@ impl Inner {
     /// Replace the live connection, as the master moved to `addr` (told `by`).
     fn move_to(self: Arc<Self>, addr: &str, by: &'static str) {
         let id = self.slot.load().id;
-        if Managed(self).reconnect(id) {
+        if Managed(self).replace(id) {
             tracing::warn!(to = %addr, by, "the Redis master moved: reconnecting to it");
         }
     }
