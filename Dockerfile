@@ -64,9 +64,10 @@ USER 65532:65532
 # (30s by default), then exits 0. `docker stop` waits only 10s by default: use -t 40.
 STOPSIGNAL SIGTERM
 # `tollgate health` sends GET /healthz to the admin address of $TOLLGATE_CONFIG (a wildcard
-# address is reached on loopback). It exits 0 on a 200 and needs no shell or curl. The command
-# parses the config, so a config without `admin`, or an invalid edit of the mounted file, makes
-# the check fail even while the running proxy keeps serving its last good config.
+# address is reached on loopback). It exits 0 on a 200 and needs no shell or curl. It reads
+# only `admin.address` from the file, without validating the rest: an invalid edit of the
+# mounted file (which the running proxy refuses, serving its last good config) still checks
+# healthy; a file that is not YAML, or has no `admin.address`, fails the check.
 # `health --url http://127.0.0.1:9901/healthz` avoids reading the config.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=5s --retries=3 \
     CMD ["/usr/local/bin/tollgate", "health"]

@@ -21,19 +21,27 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 # real server and checks the shipped dashboard and alert rules against it.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+# The distribution's redis-server and prometheus packages start system instances (6379, 9090,
+# 9100) when installed; the tests never use them. Stop only what this install started: a
+# service that was running before is the machine's, and is left alone.
+units=(redis-server prometheus prometheus-node-exporter)
+active() { command -v systemctl >/dev/null && systemctl is-active --quiet "$1" 2>/dev/null; }
+running_before=()
+for unit in "${units[@]}"; do
+  if active "$unit"; then running_before+=("$unit"); fi
+done
 if ((${#need_apt[@]})); then
   echo "installing: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  for unit in "${units[@]}"; do
+    if active "$unit" && [[ " ${running_before[*]} " != *" $unit "* ]]; then
+      echo "stopping $unit, which the install just started"
+      $SUDO systemctl stop "$unit" || true
+    fi
+  done
 fi
-# The distribution's redis-server and prometheus packages start system instances (6379, 9090,
-# 9100); the tests never use them, but stop them so a stray dependency on them cannot hide.
-for unit in redis-server prometheus prometheus-node-exporter; do
-  if command -v systemctl >/dev/null && systemctl is-active --quiet "$unit" 2>/dev/null; then
-    systemctl stop "$unit" || true
-  fi
-done
 
 if [ -z "${SKIP_LINT:-}" ]; then
   cargo fmt --all -- --check

@@ -193,15 +193,73 @@ async fn not_ready(state: &State, runtime: &Runtime) -> Option<String> {
 }
 
 /// The config text with secrets masked: passwords of URLs (`scheme://user:password@host`),
-/// the values of `password:` keys and of identity exemptions (`header:X-API-Key=...`, often an
-/// internal key).
+/// the values of `password:` keys, of identity exemptions (`header:X-API-Key=...`, often an
+/// internal key) and of `match.headers` conditions (a shared secret header, often).
 pub fn redact(text: &str) -> String {
     let text = redact_urls(text);
     let mut out = String::with_capacity(text.len());
+    // The indentation of a block-style `headers:` mapping whose values are being masked.
+    let mut headers_block: Option<usize> = None;
     for line in text.split_inclusive('\n') {
-        out.push_str(&redact_passwords(&redact_exemptions(line)));
+        let indent = line.len() - line.trim_start_matches([' ', '-']).len();
+        let blank = line.trim().is_empty() || line.trim_start().starts_with('#');
+        let line = match headers_block {
+            Some(at) if blank || indent > at => mask_value(line),
+            _ => {
+                headers_block = None;
+                let (masked, opens) = redact_headers(line);
+                if opens {
+                    headers_block = Some(indent);
+                }
+                masked
+            }
+        };
+        out.push_str(&redact_passwords(&redact_exemptions(&line)));
     }
     out
+}
+
+/// `key: value` -> `key: ***` (a line with no value, such as a comment, unchanged).
+fn mask_value(line: &str) -> String {
+    match line.split_once(':') {
+        Some((key, value)) if !value.trim().is_empty() && !key.trim_start().starts_with('#') => {
+            let end = if line.ends_with('\n') { "\n" } else { "" };
+            format!("{key}: ***{end}")
+        }
+        _ => line.to_owned(),
+    }
+}
+
+/// The values of a `headers: { NAME: VALUE, ... }` flow mapping masked, and whether the line
+/// opens a block-style `headers:` mapping instead.
+fn redact_headers(line: &str) -> (String, bool) {
+    const KEY: &str = "headers:";
+    let Some(at) = line.find(KEY).filter(|&at| {
+        let before = line[..at].trim_end_matches([' ', '\t']);
+        before.is_empty() || before.ends_with(['{', ',', '-'])
+    }) else {
+        return (line.to_owned(), false);
+    };
+    let tail = line[at + KEY.len()..].trim_start();
+    if tail.trim().is_empty() || tail.starts_with('#') {
+        return (line.to_owned(), true);
+    }
+    let Some(open) = tail.strip_prefix('{') else {
+        return (line.to_owned(), false);
+    };
+    let Some(close) = open.find('}') else {
+        return (line.to_owned(), false);
+    };
+    let pairs: Vec<String> = open[..close]
+        .split(',')
+        .map(|pair| match pair.split_once(':') {
+            Some((name, _)) => format!("{}: ***", name.trim()),
+            None => pair.trim().to_owned(),
+        })
+        .collect();
+    let head = &line[..at + KEY.len()];
+    let rest = &open[close..];
+    (format!("{head} {{ {} {rest}", pairs.join(", ")), false)
 }
 
 /// `password: anything` -> `password: ***`, in block and flow style.
@@ -354,5 +412,22 @@ mod tests {
         );
         // Not a key: left alone.
         assert_eq!(redact("x: my-password: 1\n"), "x: my-password: 1\n");
+    }
+
+    #[test]
+    fn match_header_values_are_masked() {
+        assert_eq!(
+            redact("    match: { path: /x, headers: { X-Tenant: acme, X-Key: \"s3\" } }\n"),
+            "    match: { path: /x, headers: { X-Tenant: ***, X-Key: *** } }\n"
+        );
+        assert_eq!(
+            redact("    match:\n      headers:\n        X-Internal: s3cret\n\n        X-B: b\n      path: /a\n    upstream: app\n"),
+            "    match:\n      headers:\n        X-Internal: ***\n\n        X-B: ***\n      path: /a\n    upstream: app\n"
+        );
+        // Other keys ending in `headers` are not a header condition.
+        assert_eq!(
+            redact("rate_limit_headers:\n  ietf: true\nmax_headers: 100\n"),
+            "rate_limit_headers:\n  ietf: true\nmax_headers: 100\n"
+        );
     }
 }
