@@ -18,6 +18,9 @@ pub(super) async fn post_ban(state: &State, call: &Call) -> Response<Body> {
         Err(res) => return *res,
     };
     let runtime = state.runtime.load_full();
+    if let Err(why) = verifiable(&req.identity, &runtime) {
+        return problem(StatusCode::BAD_REQUEST, "Invalid ban", &why);
+    }
     let routes: Vec<&str> = runtime.routes.iter().map(|r| &*r.name).collect();
     let now = now_ms();
     let ban = match Ban::new(req, now, &routes) {
@@ -38,6 +41,9 @@ pub(super) async fn post_override(state: &State, call: &Call) -> Response<Body> 
         Err(res) => return *res,
     };
     let runtime = state.runtime.load_full();
+    if let Err(why) = verifiable(&req.identity, &runtime) {
+        return problem(StatusCode::BAD_REQUEST, "Invalid override", &why);
+    }
     let limits: Vec<&crate::limiter::Limit> = runtime.limits().map(|l| &**l).collect();
     let now = now_ms();
     let o = match Override::new(req, now, &limits) {
@@ -49,6 +55,18 @@ pub(super) async fn post_override(state: &State, call: &Call) -> Response<Body> 
         Ok(()) => created("overrides", &id, &json!(view)),
         Err(why) => not_stored("override", &why),
     }
+}
+
+/// A `jwt:` identity needs `identity.jwt` in the live config, as an exemption does in the
+/// file: without it no request has verified claims, and the entry would never match.
+fn verifiable(identity: &str, runtime: &crate::runtime::Runtime) -> Result<(), String> {
+    if identity.trim().starts_with("jwt:") && runtime.settings.jwt.is_none() {
+        return Err(format!(
+            "`{}` needs `identity.jwt`: the keys its tokens are verified with",
+            identity.trim()
+        ));
+    }
+    Ok(())
 }
 
 /// `GET /api/v1/bans`.

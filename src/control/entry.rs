@@ -181,10 +181,27 @@ fn reason(r: &str) -> Result<String, String> {
     if r.chars().count() > 500 {
         return Err("`reason` is at most 500 characters".into());
     }
-    if r.chars().any(char::is_control) {
-        return Err("`reason` is one line, without control characters".into());
+    if r.chars().any(|c| c.is_control() || invisible(c)) {
+        return Err(
+            "`reason` is one line, without control, format or separator characters \
+             (such as U+202E or U+2028)"
+                .into(),
+        );
     }
     Ok(r.to_owned())
+}
+
+/// Unicode format and separator characters a log or terminal shows as nothing, or acts on:
+/// bidirectional overrides (U+202E turns what follows around), zero-width characters, line
+/// and paragraph separators.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}'
+        | '\u{FEFF}'
+        | '\u{FFF9}'..='\u{FFFB}')
 }
 
 // === Bans ===

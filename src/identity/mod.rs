@@ -5,6 +5,7 @@
 //! never sit in memory maps, Redis keys or logs, and a client cannot choose what its key looks
 //! like (no key injection, no chosen Redis Cluster hash tag).
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::HeaderName;
@@ -222,14 +223,51 @@ pub enum Exemption {
     Equals(Source, String),
 }
 
+/// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the IPv4 one it is: client
+/// addresses are compared as IPv4 (`to_canonical`), so the mapped form would never match.
+pub fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
+}
+
+/// `path` with the bytes a request line cannot carry raw (space, `<`, `>`, `"`, controls,
+/// non-ASCII) percent-encoded, as a client must send them.
+fn encode_unsafe(path: &str) -> Cow<'_, str> {
+    let unsafe_byte = |b: u8| {
+        b <= b' '
+            || b >= 0x7f
+            || matches!(
+                b,
+                b'<' | b'>' | b'"' | b'`' | b'{' | b'}' | b'|' | b'\\' | b'^'
+            )
+    };
+    if !path.bytes().any(unsafe_byte) {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len() + 8);
+    for b in path.bytes() {
+        if unsafe_byte(b) {
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!("%{b:02X}"));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    Cow::Owned(out)
+}
+
 impl Exemption {
     /// Parse `10.0.0.0/8`, `192.0.2.7`, or `SOURCE=VALUE` such as `header:X-API-Key=batch`.
     pub fn parse(s: &str) -> Result<Self, String> {
         if let Ok(net) = s.parse::<IpNet>() {
-            return Ok(Exemption::Net(net));
+            return Ok(Exemption::Net(canonical_net(net)));
         }
         if let Ok(ip) = s.parse::<IpAddr>() {
-            return Ok(Exemption::Net(IpNet::from(ip)));
+            return Ok(Exemption::Net(IpNet::from(ip.to_canonical())));
         }
         match s.split_once('=') {
             Some((source, _)) if source.contains('+') => Err(format!(
@@ -246,16 +284,26 @@ impl Exemption {
                 // slash. A value no screened request can carry is refused: it would never
                 // match.
                 let value = match source {
+                    // As the `host` source reads it: canonical, without the port or brackets.
                     Source::Host => crate::screen::parse_host(value.as_bytes())
-                        .map(|h| h.canonical())
+                        .map(|mut h| {
+                            h.port = None;
+                            h.ip.map_or_else(|| h.canonical(), |ip| ip.to_string())
+                        })
                         .ok_or_else(|| format!("`{s}`: `{value}` is not a host a request can name"))?,
                     Source::Method => value.to_ascii_uppercase(),
                     Source::Path => {
-                        let normal = crate::screen::normalize_path(value).map_err(|_| {
+                        // A request carries a space or `<` only percent-encoded.
+                        let encoded = encode_unsafe(value);
+                        let normal = crate::screen::normalize_path(&encoded).map_err(|_| {
                             format!("`{s}`: tollgate refuses requests for `{value}` (400), so this never matches")
                         })?;
                         without_trailing_slash(&crate::screen::route_form(&normal)).to_owned()
                     }
+                    // Field values reach tollgate without surrounding whitespace, and cookie
+                    // values without their quotes.
+                    Source::Header(_) => value.trim_matches([' ', '\t']).to_owned(),
+                    Source::Cookie(_) => value.trim().trim_matches('"').to_owned(),
                     _ => value.to_owned(),
                 };
                 Ok(Exemption::Equals(source, value))
@@ -526,7 +574,9 @@ mod tests {
             other => panic!("{s}: {other:?}"),
         };
         assert_eq!(equals("host=API.Example.com."), "api.example.com");
-        assert_eq!(equals("host=Example.com:8080"), "example.com:8080");
+        // The `host` source reads the name without the port.
+        assert_eq!(equals("host=Example.com:8080"), "example.com");
+        assert_eq!(equals("host=[0::1]:80"), "::1");
         assert_eq!(equals("path=/./v1//%61dmin/"), "/v1/admin");
         assert_eq!(equals("path=/a/../login;jsessionid=1"), "/login");
         for never in ["path=/a%2fb", "path=/login%20", "path=/..;/x", "host=a b"] {

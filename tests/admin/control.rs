@@ -328,7 +328,22 @@ async fn overrides_raise_a_rate_and_a_quota_for_one_key() {
 async fn bad_input_is_refused_with_a_clear_message() {
     let (token, up) = (token_file(), MockUpstream::start());
     let proxy = TestProxy::start(&yaml(&token, up.addr(), ""));
-    let cases: [(&str, &str, &str); 12] = [
+    let cases: [(&str, &str, &str); 15] = [
+        (
+            "/bans",
+            r#"{"identity":"jwt:sub=alice","ttl":"1h"}"#,
+            "needs `identity.jwt`",
+        ),
+        (
+            "/overrides",
+            r#"{"limit":"per-key","identity":"jwt:sub=alice","rate":"5/s","ttl":"1h"}"#,
+            "needs `identity.jwt`",
+        ),
+        (
+            "/bans",
+            r#"{"identity":"1.2.3.4","ttl":"1h","reason":"txt.\u202eexe"}"#,
+            "U+202E",
+        ),
         ("/bans", "{\"identity\": ", "The body is not valid JSON"),
         ("/bans", r#"{"identity":"1.2.3.4"}"#, "missing field `ttl`"),
         (
@@ -519,7 +534,7 @@ async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
     for p in [&a, &b] {
         until_header(p, "warm-up").await;
     }
-    let ban = json!({"identity": "jwt:sub=mallory", "ttl": "10m"});
+    let ban = json!({"identity": "header:X-API-Key=mallory", "ttl": "10m"});
     let deadline = Instant::now() + Duration::from_secs(10);
     // The cluster client may still be learning the slots: 503 until it has.
     let r = loop {
@@ -532,7 +547,7 @@ async fn a_ban_on_a_redis_cluster_reaches_the_other_replica() {
     assert_eq!(r.code(), 201, "{}", r.text());
     assert_eq!(
         json_of(&r)["identity"].as_str().unwrap().len(),
-        "jwt:sub=blake3:".len() + 12
+        "header:x-api-key=blake3:".len() + 12
     );
     let deadline = Instant::now() + Duration::from_secs(2);
     while json_of(&api(&b, "GET", "/bans", &Value::Null).await)["bans"] == json!([]) {

@@ -407,9 +407,12 @@ pub(super) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("`{s}` is not an address like `0.0.0.0:8000` or `[::]:8000`"))
 }
 
+/// A network or an address; an IPv4-mapped one as the IPv4 one it is (peers are compared as
+/// IPv4).
 fn parse_net(s: &str) -> Result<IpNet, String> {
     s.parse::<IpNet>()
         .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map(crate::identity::canonical_net)
         .map_err(|_| format!("`{s}` is not a CIDR like `10.0.0.0/8` or an IP address"))
 }
 

@@ -205,9 +205,11 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
                 HeaderName::from_bytes(k.as_bytes())
                     .map_err(|_| format!("`{k}` is not a valid header name")),
             );
+            // A request's field value arrives without surrounding whitespace: compared so.
             let value = p.take(
                 format!("{path}.headers.{k}"),
-                HeaderValue::from_str(v).map_err(|_| format!("`{v}` is not a valid header value")),
+                HeaderValue::from_str(v.trim_matches([' ', '\t']))
+                    .map_err(|_| format!("`{v}` is not a valid header value")),
             );
             Some((name?, value?))
         })

@@ -70,6 +70,39 @@ fn records_round_trip() {
         routes: vec![],
     };
     assert!(Ban::new(bad, 0, &[]).unwrap_err().contains("one line"));
+    for hidden in ["evil\u{202E}txt", "a\u{2028}b", "zero\u{200B}width"] {
+        let bad = NewBan {
+            identity: "1.2.3.4".into(),
+            ttl: "1h".into(),
+            reason: hidden.into(),
+            routes: vec![],
+        };
+        assert!(
+            Ban::new(bad, 0, &[]).unwrap_err().contains("U+202E"),
+            "{hidden:?}"
+        );
+    }
+}
+
+#[test]
+fn identities_are_written_as_requests_read_them() {
+    let shown = |identity: &str| Matcher::parse(identity).map(|(_, shown)| shown);
+    // IPv4-mapped addresses and networks are IPv4.
+    assert_eq!(shown("::ffff:127.0.0.1").unwrap(), "127.0.0.1/32");
+    assert_eq!(shown("::ffff:10.0.0.0/104").unwrap(), "10.0.0.0/8");
+    // A host without its port, a path percent-encoded as a request sends it.
+    assert_eq!(
+        shown("host=API.example.com:80").unwrap(),
+        "host=api.example.com"
+    );
+    assert_eq!(shown("path=/a b/<x>").unwrap(), "path=/a%20b/%3Cx%3E");
+    // Header values trimmed and cookie values unquoted: the same digest as the plain value.
+    let (plain, _) = Matcher::parse("header:X-Key=abc").unwrap();
+    let (spaced, _) = Matcher::parse("header:X-Key= abc ").unwrap();
+    assert_eq!(plain, spaced);
+    let (cookie, _) = Matcher::parse("cookie:sid=abc").unwrap();
+    let (quoted, _) = Matcher::parse("cookie:sid=\"abc\"").unwrap();
+    assert_eq!(cookie, quoted);
 }
 
 #[test]
