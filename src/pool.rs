@@ -20,9 +20,8 @@
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -40,8 +39,12 @@ use tower_service::Service;
 
 use crate::body::{Guarded, Sent};
 
+mod head;
 mod load;
+mod open;
+use head::{drive, HeadWatch};
 pub use load::{InFlight, Loads};
+use open::{Counted, Open};
 
 type Sender = http1::SendRequest<Guarded>;
 
@@ -119,50 +122,6 @@ pub struct Pool {
     capped: Option<(Arc<crate::capacity::Gate>, Arc<Open>)>,
 }
 
-/// The connections open to each target of a capped upstream, idle ones included, and a wake
-/// for the requests waiting for one to come back or close.
-#[derive(Debug)]
-struct Open {
-    per_target: Vec<std::sync::atomic::AtomicUsize>,
-    changed: tokio::sync::Notify,
-}
-
-/// One connection counted in `Open`, until dropped: by the connection's task when it ends,
-/// or at once when the connect failed.
-#[derive(Debug)]
-struct Counted {
-    open: Arc<Open>,
-    target: usize,
-}
-
-impl Open {
-    /// Count one more connection to `target`, if fewer than `cap` are open.
-    fn take(self: &Arc<Self>, target: usize, cap: usize) -> Option<Counted> {
-        let n = self.per_target.get(target)?;
-        n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-            (open < cap).then_some(open + 1)
-        })
-        .ok()?;
-        Some(Counted {
-            open: Arc::clone(self),
-            target,
-        })
-    }
-
-    fn count(&self, target: usize) -> usize {
-        self.per_target
-            .get(target)
-            .map_or(0, |n| n.load(Ordering::Acquire))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.open.per_target[self.target].fetch_sub(1, Ordering::AcqRel);
-        self.open.changed.notify_waiters();
-    }
-}
-
 #[derive(Debug)]
 struct Idle {
     conn: Link,
@@ -174,53 +133,6 @@ struct Idle {
 struct Link {
     sender: Sender,
     watch: Arc<HeadWatch>,
-}
-
-/// The deadline of the response head a connection's request awaits, kept by the connection's
-/// own task. hyper wakes that task to write each request anyway, so it sees a new deadline at
-/// no cost; its one timer is moved only when a deadline comes earlier than the one it is set
-/// for, or when it fires (then to the deadline of the request in flight, if any). So a
-/// request costs two atomic stores, not a timer of its own (a timer is two locked operations
-/// on the runtime's timer wheel); a busy connection moves its timer about once per `timeout`.
-#[derive(Debug)]
-struct HeadWatch {
-    origin: Instant,
-    /// Milliseconds after `origin`, plus one; 0: no request awaits its head.
-    deadline: AtomicU64,
-    timed_out: AtomicBool,
-}
-
-impl HeadWatch {
-    fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-            deadline: AtomicU64::new(0),
-            timed_out: AtomicBool::new(false),
-        }
-    }
-
-    /// The request now sent must have its response head by `at`.
-    fn expect_by(&self, at: Instant) {
-        // Rounded up to the millisecond: never early.
-        let ms = at
-            .saturating_duration_since(self.origin)
-            .as_micros()
-            .div_ceil(1000);
-        let ms = u64::try_from(ms).unwrap_or(u64::MAX - 1);
-        self.deadline.store(ms + 1, Ordering::Release);
-    }
-
-    /// The response head came.
-    fn answered(&self) {
-        self.deadline.store(0, Ordering::Release);
-    }
-
-    fn deadline(&self) -> Option<Instant> {
-        match self.deadline.load(Ordering::Acquire) {
-            0 => None,
-            ms => Some(self.origin + Duration::from_millis(ms - 1)),
-        }
-    }
 }
 
 /// A connection on loan to one response: it goes back to its pool when the body ends.
@@ -463,53 +375,6 @@ where
     let watch = Arc::new(HeadWatch::new());
     tokio::spawn(drive(connection.with_upgrades(), watch.clone(), counted));
     Ok(Link { sender, watch })
-}
-
-/// Run one upstream connection until it ends, or until the request in flight on it has not had
-/// its response head by its deadline: then the connection is dropped (hyper fails the request)
-/// and `timed_out` tells the request why.
-async fn drive(
-    connection: impl Future<Output = hyper::Result<()>>,
-    watch: Arc<HeadWatch>,
-    // Dropped after the body's locals, the pinned connection among them: a connection counts
-    // until its socket is closed.
-    _counted: Option<Counted>,
-) {
-    tokio::pin!(connection);
-    let timer = tokio::time::sleep_until(watch.origin);
-    tokio::pin!(timer);
-    // The deadline the timer is set for; `None`: not set (and not polled).
-    let mut armed: Option<Instant> = None;
-    let ended = std::future::poll_fn(|cx| {
-        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-            return Poll::Ready(Some(result));
-        }
-        loop {
-            let earlier = watch.deadline().filter(|&at| armed.is_none_or(|a| at < a));
-            if let Some(at) = earlier {
-                timer.as_mut().reset(at);
-                armed = Some(at);
-                // Registers the task's waker with the timer. A task's waker never changes, so
-                // later wakes only ask whether the timer has fired: no poll of it per request.
-                if timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-            } else if armed.is_none() || !timer.is_elapsed() {
-                return Poll::Pending;
-            }
-            armed = None;
-            if watch.deadline().is_some_and(|at| Instant::now() >= at) {
-                watch.timed_out.store(true, Ordering::Release);
-                return Poll::Ready(None);
-            }
-        }
-    })
-    .await;
-    match ended {
-        Some(Err(e)) => tracing::debug!(error = %e, "upstream connection ended with an error"),
-        Some(Ok(())) => {}
-        None => tracing::debug!("no response head in time: upstream connection closed"),
-    }
 }
 
 /// An upstream response body that returns its connection to the pool once read to the end.

@@ -9,6 +9,7 @@
 
 mod adaptive;
 mod queue;
+mod slot;
 mod spec;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 pub use adaptive::{AdaptiveSpec, PROBE_SAMPLES};
 use queue::{FairQueue, Waiter};
 pub use queue::{Priority, SHARES};
+pub use slot::Slot;
 pub use spec::{Cap, Handles, Refusal, Refused, Spec, Stats};
 
 /// What a queued request is sent instead of a target when a lighter identity's request took
@@ -460,31 +462,6 @@ impl Drop for Queued<'_> {
             }
             self.gate.dispatch(&mut inner);
         }
-    }
-}
-
-/// A request's slot on one target, held until its response body ends (or it fails).
-#[derive(Debug)]
-pub struct Slot {
-    gate: Arc<Gate>,
-    pub target: usize,
-    generation: u64,
-    sent: Instant,
-    took: Option<Duration>,
-    /// How long the request waited for it.
-    pub waited: Duration,
-}
-
-impl Slot {
-    /// The target's response head came: the latency an adaptive cap learns from.
-    pub fn answered(&mut self) {
-        self.took = Some(self.sent.elapsed());
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.gate.release(self.target, self.generation, self.took);
     }
 }
 

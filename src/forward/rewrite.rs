@@ -40,8 +40,12 @@ pub(super) fn rewrite(
     } else {
         None
     };
+    let from_h2 = req.version() == Version::HTTP_2;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
+    if from_h2 {
+        join_cookies(headers)?;
+    }
     // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`; an
     // HTTP/1.0 request without either still needs one (the target's).
     let mut host_is_target = false;
@@ -231,6 +235,24 @@ fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> b
     length
 }
 
+/// HTTP/2 may split `cookie` into one field per pair; an HTTP/1.1 hop takes one field, the
+/// pairs joined with `; ` (RFC 9113 8.2.3): a backend would read only the first, or join them
+/// with `, `, which is not a cookie separator.
+fn join_cookies(headers: &mut http::HeaderMap) -> Result<(), ProxyError> {
+    let mut fields = headers.get_all(http::header::COOKIE).iter();
+    let (Some(first), Some(_)) = (fields.next(), fields.next()) else {
+        return Ok(());
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for field in headers.get_all(http::header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(field.as_bytes());
+    }
+    let value = HeaderValue::from_bytes(&joined).map_err(|_| ProxyError::BadRequest)?;
+    headers.insert(http::header::COOKIE, value);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,5 +336,15 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "6.6.6.6, 10.0.0.1");
         forwarded_for(&mut h, &down(false));
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    }
+
+    #[test]
+    fn http2_cookie_fields_are_joined_for_http11() {
+        let mut h = HeaderMap::new();
+        h.append(http::header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(http::header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut h).unwrap();
+        let all: Vec<_> = h.get_all(http::header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2"]);
     }
 }

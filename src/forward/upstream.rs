@@ -53,9 +53,18 @@ pub struct Upstream {
     pub gate: Option<Arc<Gate>>,
     /// `queue.key`: the identity the queue is fair across, when not the route's limit's.
     pub queue_key: Option<crate::identity::KeySpec>,
+    /// The HTTP version its targets answer in (`HEARD_*`): an upload of unknown length is
+    /// streamed chunked only once every answer so far was HTTP/1.1.
+    heard: std::sync::atomic::AtomicU8,
     /// The active health check, stopped with the upstream.
     _checker: Option<Checker>,
 }
+
+/// No answer yet; only HTTP/1.1 answers; an HTTP/1.0 answer (sticky: such a server cannot
+/// read a chunked body, RFC 9112 6.1).
+const HEARD_NOTHING: u8 = 0;
+const HEARD_HTTP11: u8 = 1;
+const HEARD_HTTP10: u8 = 2;
 
 /// Idle connections each worker keeps per target when `keepalive.max_idle` is not set. A cap
 /// below the requests in flight to a target at the peaks of normal load makes its connections
@@ -159,6 +168,7 @@ impl Upstream {
             log_gate: LogGate::new(Duration::from_secs(1)),
             gate,
             queue_key: spec.queue_key.clone(),
+            heard: std::sync::atomic::AtomicU8::new(HEARD_NOTHING),
             _checker: checker,
         }
     }
@@ -260,6 +270,27 @@ impl Upstream {
 
     /// Count an attempt on `target` that got a response head with `status`: a failure if it
     /// is one of `failure_statuses`, whatever the number of targets.
+    /// Whether a request body of unknown length may go chunked: every target that answered so
+    /// far answered in HTTP/1.1. Otherwise (nothing heard yet, or an HTTP/1.0 server) it is
+    /// received whole first and sent with its length.
+    pub fn takes_chunked(&self) -> bool {
+        self.heard.load(std::sync::atomic::Ordering::Relaxed) == HEARD_HTTP11
+    }
+
+    /// An answer in `version` came.
+    pub(super) fn heard(&self, version: http::Version) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = if version == http::Version::HTTP_10 {
+            HEARD_HTTP10
+        } else {
+            HEARD_HTTP11
+        };
+        // Only ever up: nothing, then 1.1, then 1.0 for good. One load on the usual path.
+        if self.heard.load(Relaxed) < now {
+            self.heard.fetch_max(now, Relaxed);
+        }
+    }
+
     pub(super) fn answered(&self, target: usize, status: StatusCode) {
         let result = if self.health.is_failure(status) {
             AttemptResult::failure_status

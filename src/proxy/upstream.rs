@@ -35,7 +35,11 @@ pub(super) async fn forward_to(
         let (mut parts, body) = (*req).into_parts();
         let mut body = Guarded::new(body, route.body, started);
         trace.body_taken = true;
-        let buffered = route.buffer_request && !body.is_end_stream();
+        // A body of unknown length is received whole first unless the upstream is known to
+        // read chunked bodies: an HTTP/1.0 server would lose it, or read its chunks as requests.
+        let unknown_length = || http_body::Body::size_hint(&body).exact().is_none();
+        let buffered = !body.is_end_stream()
+            && (route.buffer_request || (unknown_length() && !upstream.takes_chunked()));
         if buffered {
             (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
         }
