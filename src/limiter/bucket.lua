@@ -55,6 +55,9 @@
 -- when ZCARD + cost <= N (members "now:n", n the count after it, unique); the set expires L
 -- after its newest entry. The retry time is when the oldest entry that must go leaves the
 -- window. `limiter::quota::exact` is the same. A refund takes the newest `cost` entries back.
+-- When Redis's clock steps back, entries after now count as now, and window counters of a
+-- later window as spent windows ending on this clock: nothing stays refused, or kept, for
+-- longer than the window's length (as a bucket is clamped to empty-from-now).
 --
 -- Bans. A bucket with a ban has a hash `<key>:ban` (the same hash tag, so the same slot):
 -- u (banned until), l (bans so far), lu (l is forgotten then), s (strikes), su (the strikes'
@@ -287,6 +290,15 @@ local function check(k0, a, n)
             tats[pkey] = tonumber(v[2]) or false
           end
         end
+        -- Counters of a later window: Redis's clock stepped back. Clamped to spent windows
+        -- that end on this clock, as a stepped-back bucket is clamped to empty-from-now, so
+        -- nothing stays spent (or kept) for longer than the window allows.
+        if tats[ckey] and tats[ckey] > s + len then
+          tats[ckey], written[ckey], expires[ckey] = s + len, s + len, s + 2 * len
+        end
+        if tats[pkey] and tats[pkey] > s then
+          tats[pkey], written[pkey], expires[pkey] = s, s, s + len
+        end
         local qtok = len / tok
         local cur, last = 0, 0
         if tats[ckey] then
@@ -326,6 +338,12 @@ local function check(k0, a, n)
         local log = logs[lkey]
         if not log then
           call('ZREMRANGEBYSCORE', lkey, '-inf', format('%.17g', now - len))
+          -- Times after now: Redis's clock stepped back. Counted as now, so that they leave
+          -- within one window, as a stepped-back bucket is clamped to empty-from-now.
+          local ahead = call('ZRANGEBYSCORE', lkey, format('(%.17g', now), '+inf')
+          for _, m in ipairs(ahead) do
+            call('ZADD', lkey, format('%.17g', now), m)
+          end
           log = { held = call('ZCARD', lkey), added = 0 }
           logs[lkey] = log
         end
@@ -355,6 +373,11 @@ local function check(k0, a, n)
           s, e = s0, s1
         elseif now >= s2 and now < s3 then
           s, e = s2, s3
+        end
+        if tat and tat > e then
+          -- Counted in a later window: Redis's clock stepped back (see the sliding case).
+          tat = e
+          tats[key], written[key], expires[key] = tat, tat, e
         end
         local qtok = (e - s) / tok
         local used = 0

@@ -218,6 +218,13 @@ pub fn exact(log: &mut std::collections::VecDeque<f64>, w: &Window, cost: u32) -
     while log.front().is_some_and(|t| *t <= w.now - len) {
         log.pop_front();
     }
+    // Times after now: the clock stepped back. Counted as now, so they leave within one
+    // window (`bucket.lua` does the same).
+    if log.back().is_some_and(|t| *t > w.now) {
+        for t in log.iter_mut().filter(|t| **t > w.now) {
+            *t = w.now;
+        }
+    }
     let (n, c, held) = (w.count as usize, cost as usize, log.len());
     // Nothing counted once the newest entry (this request's, if it takes any) leaves.
     let empty_in = |newest: Option<f64>| newest.map_or(1.0, |t| t + len - w.now).max(1.0);

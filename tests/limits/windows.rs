@@ -10,7 +10,7 @@ use crate::quotas::{answering, cluster_block, redis_block, until_redis_answers};
 
 use std::time::Duration;
 
-use common::{Http, TestProxy};
+use common::{config, Http, TestProxy};
 use redis_helpers::{RedisCluster, RedisServer};
 
 /// Seconds from now to the end of the epoch-aligned window of `secs` seconds.
@@ -309,4 +309,71 @@ async fn minted_keys_on_an_exact_window_are_capped_per_address() {
     let other = Http::from_ip("127.0.0.2");
     let codes = other.statuses(6, &url, &[("x-key", "alice")]).await;
     assert_eq!(codes, [200, 200, 200, 200, 200, 429], "another address");
+}
+
+/// Windows on Redis's clock survive a step of it, as token buckets do: with the clock stepped
+/// back an hour, a spent window is told to come back within its length (not in an hour) and
+/// admits again once its length has passed; a step forward then back leaves no window spent
+/// for longer than its length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_survive_a_step_of_redis_clock() {
+    let redis = RedisServer::start_with_fake_clock();
+    let mut routes = String::new();
+    for algorithm in ["exact", "sliding", "fixed"] {
+        routes.push_str(&format!(
+            "  - name: {algorithm}\n    match: {{ path: /{algorithm} }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: {algorithm}, window: 3/4s, algorithm: {algorithm}, key: [\"header:x-api-key\"] }}\n"
+        ));
+    }
+    let proxy = TestProxy::start(&config(&format!(
+        "{}routes:\n{routes}",
+        redis_block(&redis.url())
+    )));
+    let http = Http::new();
+    until_redis_answers(&http, &proxy.url("/exact"), "warm").await;
+    for (path, step) in [("/exact", -3600), ("/sliding", 3600), ("/fixed", 3600)] {
+        let header = path;
+        let url = proxy.url(path);
+        redis.set_clock_offset(0);
+        // Keys written before a step back keep their absolute expiry (Redis's, not
+        // tollgate's): only this case's keys are looked at.
+        redis.cli(&["FLUSHALL"]);
+        let key = [("x-api-key", "k")];
+        if step > 0 {
+            // Counted an hour ahead, then the clock comes back.
+            redis.set_clock_offset(step);
+        }
+        let spent = http.statuses(4, &url, &key).await;
+        assert_eq!(spent, [200, 200, 200, 429], "{header}");
+        // No key outlives twice the window's length, whatever the clock did.
+        for k in redis.keys() {
+            let ttl: i64 = redis.cli(&["PTTL", &k]).trim().parse().unwrap();
+            assert!(ttl <= 8_000, "{header}: {k} expires in {ttl} ms");
+        }
+        redis.set_clock_offset(if step > 0 { 0 } else { step });
+        let r = http.get_with(&url, &key).await;
+        if r.code() == 429 {
+            let retry: u64 = r.header("retry-after").parse().unwrap();
+            assert!(retry <= 4, "{header}: come back in {retry} s");
+        }
+        // Within the window's length (and the negative cache's), the client gets in again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let code = http.get_with(&url, &key).await.code();
+            if code == 200 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{header}: still refused"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for k in redis.keys() {
+            let ttl: i64 = redis.cli(&["PTTL", &k]).trim().parse().unwrap();
+            assert!(
+                ttl <= 8_000,
+                "{header}, clock back: {k} expires in {ttl} ms"
+            );
+        }
+    }
 }

@@ -365,3 +365,24 @@ fn a_rejection_by_a_window_keeps_its_count() {
     assert_eq!(v[3].remaining, 0);
     let _ = spec;
 }
+
+#[test]
+fn an_exact_log_from_a_clock_stepped_back_leaves_within_one_window() {
+    let w = Window {
+        start: 0.0,
+        end: 5e6,
+        now: 1e9,
+        count: 3,
+        counting: Counting::Exact,
+    };
+    // Three times an hour ahead of now, as a clock stepped back leaves them.
+    let mut log: std::collections::VecDeque<f64> = [1e9 + 3.6e9; 3].into_iter().collect();
+    let v = exact(&mut log, &w, 1);
+    assert!(!v.admitted);
+    assert!(v.retry_after_us <= w.len(), "{}", v.retry_after_us);
+    let later = Window {
+        now: 1e9 + w.len(),
+        ..w
+    };
+    assert!(exact(&mut log, &later, 1).admitted);
+}
