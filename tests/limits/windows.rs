@@ -318,12 +318,13 @@ async fn minted_keys_on_an_exact_window_are_capped_per_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn windows_survive_a_step_of_redis_clock() {
     let redis = RedisServer::start_with_fake_clock();
-    let mut routes = String::new();
-    for algorithm in ["exact", "sliding", "fixed"] {
-        routes.push_str(&format!(
-            "  - name: {algorithm}\n    match: {{ path: /{algorithm} }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: {algorithm}, window: 3/4s, algorithm: {algorithm}, key: [\"header:x-api-key\"] }}\n"
-        ));
-    }
+    let routes: String = ["exact", "sliding", "fixed"]
+        .map(|algorithm| {
+            format!(
+                "  - name: {algorithm}\n    match: {{ path: /{algorithm} }}\n    respond: {{ status: 200 }}\n    limits:\n      - {{ name: {algorithm}, window: 3/4s, algorithm: {algorithm}, key: [\"header:x-api-key\"] }}\n"
+            )
+        })
+        .concat();
     let proxy = TestProxy::start(&config(&format!(
         "{}routes:\n{routes}",
         redis_block(&redis.url())
