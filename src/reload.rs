@@ -162,14 +162,14 @@ pub fn start(path: PathBuf, state: Arc<State>, stop: watch::Receiver<bool>) -> R
     // An edit made before the watch was in place raised no event: look once now.
     let _ = tx.send(Event::Changed { config: false });
     tokio::spawn(async move {
-        run(&path, &state, rx, stop, watcher).await;
+        run(&path, state, rx, stop, watcher).await;
     });
     Reloader(tx)
 }
 
 async fn run(
     path: &Path,
-    state: &State,
+    state: Arc<State>,
     mut rx: mpsc::UnboundedReceiver<Event>,
     mut stop: watch::Receiver<bool>,
     mut watcher: Option<notify::RecommendedWatcher>,
@@ -189,15 +189,25 @@ async fn run(
             return;
         }
         let trigger = edit.trigger;
-        let now = inputs_digest_at(path, &std::fs::read_to_string(path).unwrap_or_default());
-        if trigger == Trigger::FileEvent && now == seen {
-            continue;
-        }
+        // Off the control runtime's threads: reading a config of tens of thousands of routes
+        // takes a second and building it several, and the admin listener (`/healthz` for a
+        // liveness probe) must answer meanwhile.
+        let (file, shared) = (path.to_path_buf(), Arc::clone(&state));
+        let tried = tokio::task::spawn_blocking(move || {
+            let now = inputs_digest_at(&file, &std::fs::read_to_string(&file).unwrap_or_default());
+            if trigger == Trigger::FileEvent && now == seen {
+                return None;
+            }
+            Some((now, reload(&file, &shared).is_ok()))
+        })
+        .await;
         // Loaded: the digest of what the new snapshot was built from. Refused: what was tried,
         // so the same broken version is not tried (and counted) again.
-        seen = match reload(path, state) {
-            Ok(()) => state.runtime.load().settings.inputs_digest,
-            Err(_) => now,
+        seen = match tried {
+            Ok(None) => continue,
+            Ok(Some((_, true))) => state.runtime.load().settings.inputs_digest,
+            Ok(Some((now, false))) => now,
+            Err(_) => seen,
         };
         if let Some(w) = watcher.as_mut() {
             watch_inputs(w, &state.runtime.load().settings);

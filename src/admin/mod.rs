@@ -28,9 +28,11 @@ use crate::state::State;
 /// answers 503 throughout the shutdown rather than vanishing with the proxy listeners).
 ///
 /// The listener has none of the proxy listeners' settings, so it keeps fixed bounds of its own:
-/// at most `MAX_CONNECTIONS` open (one more is closed at once), a request head within
-/// `HEAD_TIMEOUT` (a keep-alive connection waiting for its next request too), and a
-/// connection closed after `LIFETIME` whatever it does, so no client can hold it open.
+/// at most `MAX_CONNECTIONS` open, a request head within `HEAD_TIMEOUT` (a keep-alive
+/// connection waiting for its next request too), and a connection closed after `LIFETIME`
+/// whatever it does, so no client can hold it open. A connection past the bound closes the
+/// oldest one rather than being refused: a probe (`/healthz`, `/readyz`) is answered at once
+/// even while stalled request heads fill the listener.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     // The dashboard's history, sampled while the admin listener serves it, stopped with it.
     tokio::spawn(sampler::run(state.clone(), stop.clone()));
@@ -40,6 +42,9 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT);
     let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // The connections open, oldest first: the one closed to make room for a newcomer.
+    let live: Arc<Registry> = Arc::default();
+    let mut next_id = 0u64;
     loop {
         let stream = tokio::select! {
             _ = stop.changed() => return,
@@ -49,9 +54,20 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
             },
         };
         let (stream, peer) = stream;
-        let Ok(slot) = open.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open, closing one more");
-            continue;
+        let slot = match open.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let oldest = live.lock().pop_first();
+                if let Some((_, task)) = oldest {
+                    tracing::debug!(%peer, "admin listener: {MAX_CONNECTIONS} connections open, closing the oldest");
+                    task.abort();
+                }
+                // The aborted task gives its slot back as it is dropped.
+                match open.clone().acquire_owned().await {
+                    Ok(slot) => slot,
+                    Err(_) => return,
+                }
+            }
         };
         let state = state.clone();
         let service = service_fn(move |mut req: Request<Incoming>| {
@@ -63,10 +79,37 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Re
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        tokio::spawn(async move {
+        let (id, registry) = (next_id, Arc::clone(&live));
+        next_id += 1;
+        // Held by the task: dropped (the slot given back, the entry gone) when it ends or is
+        // aborted.
+        let guard = Registered {
+            id,
+            registry: Arc::clone(&live),
+            _slot: slot,
+        };
+        // Registered before the task can end and take its entry out.
+        let mut open_now = registry.lock();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
             let _ = tokio::time::timeout(LIFETIME, conn).await;
-            drop(slot);
         });
+        open_now.insert(id, task.abort_handle());
+    }
+}
+
+type Registry = parking_lot::Mutex<std::collections::BTreeMap<u64, tokio::task::AbortHandle>>;
+
+/// An admin connection's place: its slot, and its entry among the open ones.
+struct Registered {
+    id: u64,
+    registry: Arc<Registry>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
     }
 }
 

@@ -362,7 +362,8 @@ async fn config_metrics_follow_reloads() {
 }
 
 /// The admin listener bounds its clients itself: a request head within 10 s, at most 64
-/// connections. Served inline under tokio's paused clock, so the 10 s pass at once.
+/// connections, the oldest closed for a newcomer so that probes are always answered. Served
+/// inline under tokio's paused clock, so the 10 s pass at once.
 #[tokio::test(start_paused = true)]
 async fn the_admin_listener_closes_slow_heads_and_caps_its_connections() {
     let proxy = common::TestProxy::inline(&common::config(
@@ -387,21 +388,38 @@ async fn the_admin_listener_closes_slow_heads_and_caps_its_connections() {
         waited >= std::time::Duration::from_secs(10) && waited < std::time::Duration::from_mins(1),
         "after the head timeout: {waited:?}"
     );
-    // 64 open connections, then one more: that one is closed at once.
+    // 64 stalled request heads, then a probe: it is answered at once, and the oldest stalled
+    // connection is closed to make room for it.
     let mut open = Vec::new();
     for _ in 0..64 {
-        open.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+        let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")
+            .await
+            .unwrap();
+        open.push(s);
     }
-    let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
+    tokio::task::yield_now().await;
     let before = tokio::time::Instant::now();
-    assert_eq!(
-        extra.read(&mut buf).await.unwrap_or(0),
-        0,
-        "the 65th is closed"
+    let mut probe = tokio::net::TcpStream::connect(admin).await.unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    probe.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
     );
     assert!(
         before.elapsed() < std::time::Duration::from_secs(1),
         "at once"
+    );
+    let n = open[0].read(&mut buf).await.unwrap_or(0);
+    assert!(
+        n == 0 || buf[..n].starts_with(b"HTTP/1.1 408"),
+        "the oldest was closed"
     );
     drop(open);
     proxy.shutdown().await;

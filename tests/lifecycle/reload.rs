@@ -575,3 +575,40 @@ async fn upstream_connections_survive_a_reload_that_does_not_change_the_upstream
     })
     .await;
 }
+
+/// A reload that takes seconds to build (thousands of routes) leaves the admin listener
+/// answering: `/healthz` within a second throughout, so a liveness probe never fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_answered_during_a_long_reload() {
+    bounded(async {
+        let proxy = TestProxy::start(&config(
+            "admin: { address: 127.0.0.1:0 }\nroutes:\n  - name: all\n    respond: { status: 200 }\n",
+        ));
+        let mut big = String::from("admin: { address: 127.0.0.1:0 }\nroutes:\n");
+        for i in 0..5000 {
+            use std::fmt::Write as _;
+            let _ = write!(
+                big,
+                "  - name: r{i}\n    match: {{ path: /r{i} }}\n    respond: {{ status: 200 }}\n    limits: [{{ name: l{i}, rate: 10/s, key: [ip] }}]\n"
+            );
+        }
+        let healthz = format!("http://{}/healthz", proxy.admin_addr());
+        let http = Http::new();
+        assert_eq!(http.get(&healthz).await.code(), 200);
+        std::fs::write(proxy.config_path(), config(&big)).unwrap();
+        proxy.reload();
+        let (mut slowest, mut probes) = (Duration::ZERO, 0);
+        while proxy.generation() < 2 {
+            let asked = Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(5), http.get(&healthz)).await;
+            let took = asked.elapsed();
+            assert!(r.is_ok_and(|r| r.code() == 200), "no answer in {took:?}");
+            slowest = slowest.max(took);
+            probes += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("{probes} probes during the reload, the slowest {slowest:?}");
+        assert!(slowest < Duration::from_secs(1), "a probe took {slowest:?}");
+    })
+    .await;
+}
