@@ -219,11 +219,14 @@ fn cert_samples(runtime: &Runtime) -> Vec<CertSample> {
 
 /// Ready means: not shutting down (from the signal on, through `shutdown_delay` and the
 /// drain, so a load balancer stops sending new requests while the admin listener still
-/// answers), a config is live (always true once serving) and, with Redis, either Redis runs
+/// answers), under the memory budget (past it new requests get 503 anyway), a config is live (always true once serving) and, with Redis, either Redis runs
 /// the bucket script or no limit would reject for want of it (every limit fails open or local).
 async fn not_ready(state: &State, runtime: &Runtime) -> Option<String> {
     if state.draining() {
         return Some("shutting down".into());
+    }
+    if state.memory_over.load(std::sync::atomic::Ordering::Relaxed) {
+        return Some("resident memory is past max_rss: new requests get 503".into());
     }
     let redis = runtime.redis.as_ref()?;
     let Err(why) = redis.script_runs().await else {

@@ -18,6 +18,7 @@ const EVERY: Duration = Duration::from_millis(250);
 pub(super) async fn watch(state: Arc<State>, mut stop: watch::Receiver<bool>) {
     let mut every = tokio::time::interval(EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks_over = 0u32;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -31,16 +32,22 @@ pub(super) async fn watch(state: Arc<State>, mut stop: watch::Receiver<bool>) {
         let Some(rss) = resident() else { continue };
         let over = rss > budget;
         if state.memory_over.swap(over, Ordering::Relaxed) == over {
+            // Still over: what the load freed since (connections closed, bodies sent) is
+            // handed back once a second, so an idle proxy gets under again on its own.
+            if over {
+                ticks_over += 1;
+                if ticks_over.is_multiple_of(4) {
+                    collect_everywhere(&state);
+                }
+            }
             continue;
         }
+        ticks_over = 0;
         state.metrics.memory_over.set(i64::from(over));
         if over {
             tracing::warn!(rss, max_rss = budget, "resident memory is past max_rss: new requests get 503 and new connections are refused");
             // Pages freed but kept by the allocator count in the RSS: hand them back first.
-            tollgate_alloc::collect();
-            state
-                .workers
-                .on_every(|_| async { tollgate_alloc::collect() });
+            collect_everywhere(&state);
         } else {
             tracing::info!(
                 rss,
@@ -49,6 +56,15 @@ pub(super) async fn watch(state: Arc<State>, mut stop: watch::Receiver<bool>) {
             );
         }
     }
+}
+
+/// Have the allocator hand freed pages back, on this thread and every worker's (its caches
+/// are per thread).
+fn collect_everywhere(state: &State) {
+    tollgate_alloc::collect();
+    state
+        .workers
+        .on_every(|_| async { tollgate_alloc::collect() });
 }
 
 /// What the last look at Redis saw: `evicted_keys` summed over its servers, and their

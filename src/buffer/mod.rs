@@ -47,9 +47,15 @@ impl Budget {
 
     /// Take `n` bytes of the budget, if they fit.
     pub(super) fn reserve(&self, n: u64) -> bool {
+        self.reserve_within(n, self.limit)
+    }
+
+    /// Take `n` bytes, if the bytes taken stay within `cap` (at most the limit).
+    fn reserve_within(&self, n: u64, cap: u64) -> bool {
+        let cap = cap.min(self.limit);
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + n <= self.limit).then_some(used + n)
+                (used + n <= cap).then_some(used + n)
             })
             .is_ok()
     }
@@ -97,9 +103,15 @@ impl Spill {
         self.bytes.limit
     }
 
-    /// Take `n` bytes of the cap, if they fit.
-    pub(super) fn reserve(&self, n: u64) -> bool {
-        let taken = self.bytes.reserve(n);
+    /// Take `n` bytes of the cap, if they fit. Responses get at most three quarters of it:
+    /// a response that cannot spill streams on with backpressure, while a request body that
+    /// cannot gets 503, so stalled downloads never leave uploads without room.
+    pub(super) fn reserve(&self, n: u64, kind: Way) -> bool {
+        let cap = match kind {
+            Way::Request => self.bytes.limit,
+            Way::Response => self.bytes.limit / 4 * 3,
+        };
+        let taken = self.bytes.reserve_within(n, cap);
         if taken {
             self.gauge.inc_by(i64::try_from(n).unwrap_or(i64::MAX));
         }
@@ -129,6 +141,13 @@ impl Spill {
             );
         }
     }
+}
+
+/// Which way a spilled body goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Way {
+    Request,
+    Response,
 }
 
 /// The metric handles a `Spill` writes.
@@ -168,12 +187,13 @@ impl Store {
 /// proxy-wide cap on bytes in files; the error says why not, and whether it was the cap.
 pub(super) fn spill<F: From<File> + std::borrow::Borrow<File>>(
     store: &Store,
+    kind: Way,
     file: &mut Option<F>,
     at: u64,
     data: &[u8],
 ) -> Result<(), (io::Error, bool)> {
     let n = data.len() as u64;
-    if !store.spill.reserve(n) {
+    if !store.spill.reserve(n, kind) {
         let full = io::Error::other("buffering.max_spill bytes are in temporary files already");
         return Err((full, true));
     }
@@ -267,7 +287,7 @@ impl Filling {
             return Ok(());
         }
         // A request body cannot wait for a reader: past the cap it is refused (503).
-        spill(&self.store, &mut h.file, h.file_len, data).map_err(|(e, _)| e)?;
+        spill(&self.store, Way::Request, &mut h.file, h.file_len, data).map_err(|(e, _)| e)?;
         h.file_len += n;
         Ok(())
     }

@@ -179,7 +179,13 @@ impl Spool {
         } else if let Some(tail) = &mut s.tail {
             tail.push_back(Bytes::copy_from_slice(data));
         } else {
-            match spill(&self.store, &mut s.file, s.written, data) {
+            match spill(
+                &self.store,
+                super::Way::Response,
+                &mut s.file,
+                s.written,
+                data,
+            ) {
                 Ok(()) => s.written += n,
                 Err((why, capped)) => {
                     let store = &self.store;

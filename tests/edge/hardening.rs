@@ -1151,9 +1151,9 @@ async fn ipv4_mapped_ipv6_clients_count_as_ipv4() {
     assert_eq!(up.count(), 1);
 }
 
-/// Past `max_rss` (the budget below what any process holds), new requests get 503 and new
-/// connections are closed at once, each counted; a reload that raises the budget serves them
-/// again.
+/// Past `max_rss` (the budget below what any process holds), new requests get 503, new
+/// connections are closed at once, each counted, and `/readyz` is 503; a reload that raises
+/// the budget serves them again.
 #[tokio::test]
 async fn past_max_rss_requests_get_503_and_connections_are_refused() {
     let up = MockUpstream::start();
@@ -1191,6 +1191,12 @@ async fn past_max_rss_requests_get_503_and_connections_are_refused() {
     assert!(sample(&scrape, "tollgate_memory_refused_requests_total") >= 1);
     assert!(sample(&scrape, "tollgate_memory_refused_connections_total") >= 1);
     assert_eq!(up.count(), seen, "nothing more reached the upstream");
+    // Not ready meanwhile: a load balancer stops sending it traffic it would refuse.
+    let readyz = Http::new()
+        .get(&format!("http://{}/readyz", proxy.admin_addr()))
+        .await;
+    assert_eq!(readyz.code(), 503);
+    assert!(readyz.text().contains("max_rss"), "{}", readyz.text());
     std::fs::write(proxy.config_path(), yaml("64GiB")).expect("raise the budget");
     proxy.reload();
     assert!(proxy.wait_for_generation(3, WAIT).await);
