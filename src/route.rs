@@ -23,6 +23,8 @@ pub struct Matcher {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The path is compared without ASCII case (`match.path_case: insensitive`).
     pub fold_case: bool,
+    /// An exact path matches with a file extension too (`match.path_extensions`).
+    pub extensions: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -98,11 +100,13 @@ impl Matcher {
         let fold = self.fold_case;
         match &self.path {
             PathPattern::Any => true,
-            PathPattern::Exact(p) => same(
-                without_trailing_slash(path),
-                without_trailing_slash(p),
-                fold,
-            ),
+            PathPattern::Exact(p) => {
+                let path = without_trailing_slash(path);
+                let p = without_trailing_slash(p);
+                same(path, p, fold)
+                    || (self.extensions
+                        && without_extension(path).is_some_and(|b| same(b, p, fold)))
+            }
             PathPattern::Prefix(p) => {
                 let starts = path.len() >= p.len()
                     && path.is_char_boundary(p.len())
@@ -125,6 +129,15 @@ impl Matcher {
                 .iter()
                 .all(|(name, value)| headers.get_all(name).iter().any(|v| v == value))
     }
+}
+
+/// `path` without a file extension of its last segment (`/login.json` is `/login`): 1 to 16
+/// ASCII letters and digits after the last dot.
+pub fn without_extension(path: &str) -> Option<&str> {
+    let (base, ext) = path.rsplit_once('.')?;
+    let plain =
+        !ext.is_empty() && ext.len() <= 16 && ext.bytes().all(|b| b.is_ascii_alphanumeric());
+    (plain && !base.ends_with('/') && !base.is_empty()).then_some(base)
 }
 
 /// Below this many routes, trying each in turn is faster than the index.
@@ -171,6 +184,8 @@ impl Index {
             };
             index.folded |= r.fold_case;
             match &r.path {
+                // Matched with an extension too: not under its bare path.
+                PathPattern::Exact(_) if r.extensions => index.rest.push(i),
                 PathPattern::Exact(p) => index
                     .exact
                     .entry(key(without_trailing_slash(p)))
@@ -417,6 +432,24 @@ mod tests {
         // A prefix that would cut a character in two does not match (nor panic).
         let prefix = m(PathPattern::Prefix("/ab".into()), true);
         assert!(!prefix.path_matches("/a\u{e9}"));
+        // Suffix patterns, opted in: `/login.json` is `/login`; `/login.x/y` and `/.json` not.
+        let spring = Matcher {
+            extensions: true,
+            ..m(PathPattern::Exact("/w/login".into()), false)
+        };
+        for yes in ["/w/login", "/w/login.json", "/w/login.XML/"] {
+            assert!(spring.path_matches(yes), "{yes}");
+        }
+        for no in [
+            "/w/login.",
+            "/w/login.a-b",
+            "/w/login.json/x",
+            "/w/.json",
+            "/w/loginx.json",
+        ] {
+            assert!(!spring.path_matches(no), "{no}");
+        }
+        assert!(!login.path_matches("/login.json"), "opt-in only");
     }
 
     #[test]

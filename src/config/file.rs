@@ -481,6 +481,9 @@ pub struct Match {
     /// backends that do (IIS).
     #[schemars(extend("x-choices" = ["sensitive", "insensitive"]))]
     pub path_case: Option<String>,
+    /// With an exact `path`: also match it with a file extension (`/login.json`, as Spring
+    /// MVC's suffix pattern matching serves it), routed and limited as the path.
+    pub path_extensions: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -69,13 +69,17 @@ fn is_clean(path: &[u8]) -> bool {
     let mut prev = 0u8;
     for &b in path {
         match b {
-            b'%' | b'\\' | b';' => return false,
+            // Non-ASCII (a raw Unicode space may end a segment) goes the long way too.
+            b'%' | b'\\' | b';' | 0x80.. => return false,
             b'/' | b'.' if prev == b'/' => return false,
+            // A segment ending in a dot; an NTFS stream name (`::$DATA`).
+            b'/' if prev == b'.' => return false,
+            b'$' if prev == b':' => return false,
             _ => {}
         }
         prev = b;
     }
-    true
+    prev != b'.'
 }
 
 /// The normalised path, as the upstream receives it (see the module's rules), or `400`.
@@ -93,12 +97,11 @@ pub fn normalize_path(path: &str) -> Result<String, ProxyError> {
                 if s.contains(';') && matches!(s.split(';').next(), Some("." | "..")) {
                     return Err(ProxyError::BadRequest);
                 }
-                // `/login%20` is `/login` to a backend that trims names (IIS, some routers),
-                // past `/login`'s limit: a segment ending in encoded whitespace is refused.
-                if ["%20", "%09", "%0A", "%0D", "%0B", "%0C"]
-                    .iter()
-                    .any(|w| s.ends_with(w))
-                {
+                // `/login%20` (or `%C2%A0`, `%E3%80%80`: any Unicode space) is `/login` to a
+                // backend that trims names (IIS, some routers), past `/login`'s limit: a
+                // segment ending in whitespace, encoded or raw, is refused. So is an NTFS
+                // stream name (`login::$DATA` is the file `login` to IIS).
+                if ends_in_space(s) || has_stream_name(s) {
                     return Err(ProxyError::BadRequest);
                 }
                 segments.push(s);
@@ -117,16 +120,31 @@ pub fn normalize_path(path: &str) -> Result<String, ProxyError> {
     Ok(out)
 }
 
+/// Whether `segment` (escapes upper-cased) ends in whitespace, encoded or raw.
+fn ends_in_space(segment: &str) -> bool {
+    let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+    decoded.ends_with(char::is_whitespace)
+}
+
+/// `name::$DATA`, `name::$INDEX_ALLOCATION`: an NTFS stream, which IIS serves as `name`.
+fn has_stream_name(segment: &str) -> bool {
+    let upper = segment.to_ascii_uppercase();
+    upper.contains("::$") || upper.contains("::%24")
+}
+
 /// The path routes and limits see: the normalised path without path parameters (`;` up to
-/// the end of each segment); segments left empty are merged away.
+/// the end of each segment) and without the dots that end a segment (`/login.` is `/login`
+/// to IIS and to Windows file names); segments left empty are merged away.
 pub fn route_form(normalized: &str) -> Cow<'_, str> {
-    if !normalized.contains(';') {
+    let dotted = normalized.ends_with('.') || normalized.contains("./");
+    if !normalized.contains(';') && !dotted {
         return Cow::Borrowed(normalized);
     }
     let mut out = String::with_capacity(normalized.len());
     let mut last_empty = false;
     for segment in normalized.split('/').skip(1) {
         let bare = segment.split(';').next().unwrap_or_default();
+        let bare = bare.trim_end_matches('.');
         last_empty = bare.is_empty();
         if !last_empty {
             out.push('/');
@@ -249,9 +267,21 @@ mod tests {
             "/api/.;x/admin",
             "/..;",
             "/a/..;jsessionid=1/b",
+            "/w/login%20",
+            "/w/login%C2%A0",
+            "/w/login%e3%80%80",
+            "/w/login\u{a0}",
+            "/w/login%E2%80%8A/x",
+            "/w/login::$DATA",
+            "/w/login::%24data",
         ] {
             assert!(normalize_path(bad).is_err(), "{bad}");
         }
+        // `%2e` is a dot: routed as the dot is.
+        assert_eq!(
+            route_form(&normalize_path("/w/login%2e").unwrap()),
+            "/w/login"
+        );
     }
 
     #[test]
@@ -264,6 +294,11 @@ mod tests {
             ("/;x/admin", "/admin"),
             ("/a/;x", "/a/"),
             ("/;x", "/"),
+            ("/w/login.", "/w/login"),
+            ("/w/login...", "/w/login"),
+            ("/w./login", "/w/login"),
+            ("/w/login.;x", "/w/login"),
+            ("/x.y/z", "/x.y/z"),
         ] {
             assert_eq!(route_form(normalized), routed, "{normalized}");
         }
@@ -282,7 +317,18 @@ mod tests {
             assert!(is_clean(clean.as_bytes()), "{clean}");
         }
         for dirty in [
-            "", "x", "//a", "/./a", "/a/..", "/a%41", "/a;b", "/a\\b", "/.well",
+            "",
+            "x",
+            "//a",
+            "/./a",
+            "/a/..",
+            "/a%41",
+            "/a;b",
+            "/a\\b",
+            "/.well",
+            "/a.",
+            "/a./b",
+            "/caf\u{e9}",
         ] {
             assert!(!is_clean(dirty.as_bytes()), "{dirty}");
         }

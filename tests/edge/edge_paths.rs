@@ -154,6 +154,63 @@ async fn path_parameters_meet_the_limit_of_the_path_without_them() {
     assert_eq!(r.status, 403);
 }
 
+/// A segment's trailing dots are dropped for routing (IIS and Windows file names drop them):
+/// `/api/login.` and `/api/login%2e` meet `/api/login`'s limit, and go upstream as sent.
+#[tokio::test]
+async fn trailing_dots_meet_the_limit_of_the_path_without_them() {
+    let backend = RawBackend::start(ok_answer).await;
+    let proxy = TestProxy::start(&yaml(backend.addr, "", ROUTES));
+    let r = send(&proxy, "127.0.0.40", "GET /api/login HTTP/1.1").await;
+    assert_eq!(r.status, 200);
+    for spelling in [
+        "/api/login.",
+        "/api/login%2e",
+        "/api/login..",
+        "/api./login",
+    ] {
+        let r = send(&proxy, "127.0.0.40", &format!("GET {spelling} HTTP/1.1")).await;
+        assert_eq!(r.status, 429, "{spelling}: past the limit");
+    }
+    let r = send(&proxy, "127.0.0.41", "GET /api/login. HTTP/1.1").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        request_lines(&backend),
+        ["GET /api/login HTTP/1.1", "GET /api/login. HTTP/1.1"]
+    );
+}
+
+/// `path_extensions: true` on an exact path (for Spring MVC before 5.3, which serves
+/// `/login.json` as `/login`): the extension meets the path's limit. Without it, the request
+/// is another path (the catch-all's).
+#[tokio::test]
+async fn path_extensions_meet_the_limit_of_the_path() {
+    let backend = RawBackend::start(ok_answer).await;
+    let routes = ROUTES.replace(
+        "    match: { path: /api/login }",
+        "    match: { path: /api/login, path_extensions: true }",
+    );
+    let proxy = TestProxy::start(&yaml(backend.addr, "", &routes));
+    assert_eq!(
+        send(&proxy, "127.0.0.50", "GET /api/login HTTP/1.1")
+            .await
+            .status,
+        200
+    );
+    for spelling in ["/api/login.json", "/api/login.xml", "/api/login.json/"] {
+        let r = send(&proxy, "127.0.0.50", &format!("GET {spelling} HTTP/1.1")).await;
+        assert_eq!(r.status, 429, "{spelling}: past the limit");
+    }
+    let proxy = TestProxy::start(&yaml(backend.addr, "", ROUTES));
+    assert_eq!(
+        send(&proxy, "127.0.0.51", "GET /api/login HTTP/1.1")
+            .await
+            .status,
+        200
+    );
+    let r = send(&proxy, "127.0.0.51", "GET /api/login.json HTTP/1.1").await;
+    assert_eq!(r.status, 200, "without the option, another path");
+}
+
 #[tokio::test]
 async fn spellings_some_backend_reads_as_another_path_are_refused() {
     let backend = RawBackend::start(ok_answer).await;
@@ -179,6 +236,11 @@ async fn spellings_some_backend_reads_as_another_path_are_refused() {
         "/api/login%09",
         "/api/login%20/",
         "/admin%0D/x",
+        // Unicode spaces, encoded: trimmed by the same backends.
+        "/api/login%C2%A0",
+        "/api/login%E3%80%80",
+        // An NTFS stream: IIS serves `/api/login`.
+        "/api/login::$DATA",
     ] {
         refused(&proxy, &backend, &format!("GET {path} HTTP/1.1")).await;
     }

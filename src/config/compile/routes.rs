@@ -180,6 +180,13 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
             "only applies with `path` or `path_prefix`",
         );
     }
+    let extensions = m.path_extensions.unwrap_or(false);
+    if extensions && !matches!(path_pattern, PathPattern::Exact(_)) {
+        p.add(
+            format!("{path}.path_extensions"),
+            "only applies with an exact `path`",
+        );
+    }
     if m.methods.as_ref().is_some_and(Vec::is_empty) {
         p.add(
             format!("{path}.methods"),
@@ -220,6 +227,7 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
         methods,
         headers,
         fold_case,
+        extensions,
     })
 }
 
