@@ -401,8 +401,9 @@ local function check(k0, a, n)
         end
       else
         if tat and tat - now > tau + 1 then
-          -- Redis's clock stepped back (see the header): an empty bucket from now on.
-          tat = now + tau
+          -- Redis's clock stepped back, or an override raised the rate (see the header): a
+          -- bucket with one token left from now on (`limiter::clamped`).
+          tat = now + max(tau - tok, 0)
           tats[key], written[key] = tat, tat
         end
         local base = now

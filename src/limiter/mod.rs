@@ -210,12 +210,20 @@ pub(crate) const CLAMP_SLACK_US: f64 = 1.0;
 /// tokens for as long as the step. Clamped, a rejection waits at most `cost` tokens' time, and
 /// the bucket is full again within `tau`. Forward steps need nothing: `max(tat, now)` is a full
 /// bucket, `burst` tokens and no more.
+/// A `tat` further ahead than `rate` ever writes (an operator's override raised the limit of
+/// a client the old rate had emptied, or the clock stepped back) is clamped to a bucket with
+/// one token left: the raised limit admits the next request at once, rather than refusing it
+/// for the one token's time with a `Retry-After: 1`. `bucket.lua` clamps alike.
+pub fn clamped(now: f64, rate: &Rate) -> f64 {
+    now + (rate.window_us() - rate.token_us()).max(0.0)
+}
+
 pub fn step(tat: Option<f64>, now: f64, rate: &Rate, cost: u32) -> (Verdict, f64) {
     let tok = rate.token_us();
     let tau = rate.window_us();
     let base = tat.map_or(now, |t| {
         if t - now > tau + CLAMP_SLACK_US {
-            now + tau
+            clamped(now, rate)
         } else {
             t.max(now)
         }
@@ -410,19 +418,17 @@ mod tests {
         // corrected clock: its `tat` is 3603 s ahead of `now`.
         let r = rate(1.0, 3);
         let now = 10e6;
+        // Clamped to one token left: that one is taken, the bucket empty.
         let (v, kept) = step(Some(now + 3_603e6), now, &r, 1);
-        assert!(!v.admitted);
-        assert!(
-            (v.retry_after_us - 1e6).abs() < 1e-3,
-            "one token's wait: {v:?}"
-        );
+        assert!(v.admitted, "{v:?}");
         assert!((v.reset_us - 3e6).abs() < 1e-3, "full within tau: {v:?}");
         assert!((kept - (now + 3e6)).abs() < 1e-3);
-        // From the clamped `tat`, refill runs as usual: a token a second later.
+        // From there, refill runs as usual: a token a second later.
+        assert!(!step(Some(kept), now, &r, 1).0.admitted);
         assert!(step(Some(kept), now + 1e6, &r, 1).0.admitted);
-        // Cost never waits longer than the period either: cost 3 of burst 3 waits 3 s.
+        // Cost never waits longer than the period either: cost 3 of burst 3 waits 2 s.
         let (v, _) = step(Some(now + 3_603e6), now, &r, 3);
-        assert!((v.retry_after_us - 3e6).abs() < 1e-3, "{v:?}");
+        assert!((v.retry_after_us - 2e6).abs() < 1e-3, "{v:?}");
         // A `tat` the arithmetic wrote itself (at most tau ahead) is not touched.
         let (v, t) = step(Some(now + 2e6), now, &r, 1);
         assert!(v.admitted && (t - (now + 3e6)).abs() < 1e-3);
