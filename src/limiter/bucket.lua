@@ -85,10 +85,11 @@
 -- tokens, never more: one bucket is minted, no more. Backward, a `tat` is left further ahead of
 -- `now` than the arithmetic ever puts it (`tau`, plus 1 us of float slack): taken as is it
 -- would withhold every token for as long as the step (an hour's step, an hour's lockout). Such
--- a `tat` is clamped to `now + tau` (an empty bucket) and written back, so the bucket refills
--- from now on: the client waits at most `cost * token_us` for its next request, and the bucket
--- is full again within one refill period (`tau`), whatever the step. `limiter::step` clamps
--- alike (its own clock is monotonic, so there it never fires).
+-- a `tat` is clamped to `now + tau - token_us` (one token left) and written back, so the
+-- bucket refills from now on: the client waits at most `(cost - 1) * token_us` for its next
+-- request, and the bucket is full again within one refill period (`tau`), whatever the step.
+-- An override that raises a limit (a smaller `tau`) meets the same clamp. `limiter::step`
+-- clamps alike (`limiter::clamped`; its own clock is monotonic, so only overrides fire it).
 -- For "batch", the replies of its checks, group by group (m replies of 3n values each),
 -- concatenated.
 -- For "refund", the number of buckets that held a `tat`.
@@ -501,7 +502,7 @@ if mode == 'batch' then
       local tok, tau, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
       local tat = tats[key]
       if tat and tat - now > tau + 1 then
-        tat = now + tau
+        tat = now + max(tau - tok, 0)
         tats[key], written[key] = tat, tat
       end
       local charged = false
