@@ -195,14 +195,17 @@ function tile(label, value, sub, cls) {
 function tiles(data) {
   const limits = data.limits;
   const limitedNow = limits.reduce((s, l) => s + now(l.rate.limited), 0);
-  const limited10 = limits.reduce((s, l) => s + (l.window.limited || 0), 0);
-  const admitted10 = limits.reduce((s, l) => s + (l.window.admitted || 0), 0);
+  // As the table's "Limited, 10 min" column: enforced limits only (a dry run's admissions
+  // would dilute the share with requests it never refuses).
+  const enforced = limits.filter((l) => !l.shadow);
+  const limited10 = enforced.reduce((s, l) => s + (l.window.limited || 0), 0);
+  const admitted10 = enforced.reduce((s, l) => s + (l.window.admitted || 0), 0);
   const ups = data.upstreams, healthy = ups.filter((u) => u.healthy).length;
   const st = data.limiter;
   const store = st.backend === "local" ? ["In process", "local buckets"] : [st.breaker_open ? "Breaker open" : "Redis", st.mode + (st.breaker_open ? " · failing fast" : " · " + int(st.total?.errors) + " errors")];
   $("tiles").replaceChildren(
     tile("429s per second", rate(limitedNow) + "/s", "all limits, last 10 s"),
-    tile("429s, last 10 min", int(limited10), admitted10 + limited10 ? ((100 * limited10) / (admitted10 + limited10)).toFixed(1) + "% of limit decisions" : "no decisions yet"),
+    tile("429s, last 10 min", int(limited10), admitted10 + limited10 ? ((100 * limited10) / (admitted10 + limited10)).toFixed(1) + "% of enforced limits' decisions" : "no decisions yet"),
     tile("Limiter store", store[0], store[1]),
     tile("Config", "gen " + int(data.generation), int(data.config.reloads.failed) + " reload failures"),
     tile("Upstream targets", ups.length ? healthy + " / " + ups.length : "none", ups.length ? (ups.length - healthy ? ups.length - healthy + " unhealthy" : "all healthy") : "respond-only routes"),
