@@ -40,8 +40,11 @@
 //!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), a Sentinel failover followed at the
 //!   promotion (`limiter::redis::watch`), slots of requests in
 //!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
-//!   the response body carries; keep-alive upstream connections; target choice (load
-//!   balancing, passive and active health), retries, the upstream rewrite, streaming,
+//!   the response body carries; keep-alive upstream connections (a capped upstream's shared
+//!   by the workers and counted against its cap, `pool::open`); target choice (load
+//!   balancing, passive and active health), retries, the upstream rewrite, streaming, an
+//!   attempt at a capped upstream that holds its slot until the backend is done
+//!   (`forward::held`),
 //!   WebSocket tunnels; the Prometheus registry, served in the format the scraper asks for;
 //!   429 and the error responses.
 //! - `runtime`, `candidate`: the live config built from `Settings` plus the previous runtime
