@@ -45,6 +45,8 @@ impl Attempt {
             let exchange = self
                 .pool
                 .send(self.target, &self.uri, req, self.at, self.head_by);
+            // As `send` awaits an uncapped attempt (there inline, so that the response is
+            // not moved once more on the hot path).
             let exchanged = if self.head_by.is_some() {
                 exchange.await
             } else {
