@@ -21,6 +21,11 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 # real server and checks the shipped dashboard and alert rules against it.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+# A real gRPC server and client (grpcio) for tests/proxying/grpc.rs.
+if ! python3 -c "import grpc" 2>/dev/null; then
+  echo "installing: grpcio (pip)"
+  python3 -m pip install -q grpcio || python3 -m pip install -q --break-system-packages grpcio
+fi
 # The distribution's redis-server and prometheus packages start system instances (6379, 9090,
 # 9100) when installed; the tests never use them. Stop only what this install started: a
 # service that was running before is the machine's, and is left alone.

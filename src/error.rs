@@ -26,6 +26,10 @@ pub enum ProxyError {
     RequestTimeout,
     #[error("the request body is larger than the route allows")]
     PayloadTooLarge,
+    /// A gRPC call (`content-type: application/grpc`) over HTTP/1.x: gRPC needs HTTP/2's
+    /// trailers, both ways.
+    #[error("a gRPC call over HTTP/1.x: gRPC needs HTTP/2")]
+    GrpcOverHttp1,
     #[error("too many requests in flight")]
     Overloaded,
     #[error("a body could not be buffered (no room in memory, and no temporary file)")]
@@ -70,6 +74,7 @@ impl ProxyError {
             | ProxyError::NotImplemented
             | ProxyError::RequestTimeout
             | ProxyError::PayloadTooLarge
+            | ProxyError::GrpcOverHttp1
             | ProxyError::BufferUnavailable => true,
             ProxyError::NoRoute
             | ProxyError::ServerOptions
@@ -94,6 +99,7 @@ impl ProxyError {
             ProxyError::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             ProxyError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::GrpcOverHttp1 => StatusCode::HTTP_VERSION_NOT_SUPPORTED,
             ProxyError::UpstreamUnreachable | ProxyError::UpstreamInvalid => {
                 StatusCode::BAD_GATEWAY
             }

@@ -32,13 +32,15 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::body::{Guarded, Sent};
+use crate::config::settings::Protocol;
 
+mod h2;
 mod head;
 mod load;
 mod open;
@@ -120,6 +122,15 @@ pub struct Pool {
     idle_timeout: Duration,
     /// A capped upstream's slots and its connections counted against them.
     capped: Option<(Arc<crate::capacity::Gate>, Arc<Open>)>,
+    /// The HTTP version requests go in, and (HTTP/2) the connection to each target.
+    protocol: Protocol,
+    h2: Option<h2::Conns>,
+}
+
+/// A new connection, in the version it speaks.
+enum Opened {
+    H1(Link),
+    H2(h2::Sender),
 }
 
 #[derive(Debug)]
@@ -156,6 +167,7 @@ impl Pool {
         max_idle: usize,
         idle_timeout: Duration,
         gate: Option<Arc<crate::capacity::Gate>>,
+        protocol: Protocol,
     ) -> Self {
         let capped = gate.map(|gate| {
             let open = Open {
@@ -170,6 +182,8 @@ impl Pool {
             max_idle,
             idle_timeout,
             capped,
+            protocol,
+            h2: (protocol != Protocol::Http1).then(|| h2::Conns::new(targets)),
         }
     }
 
@@ -189,11 +203,17 @@ impl Pool {
         head_by: Option<Instant>,
     ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
         let sent = req.body().sent();
+        if let Some(sender) = self.h2.as_ref().and_then(|h2| h2.get(target)) {
+            return self.send_h2(target, uri, sender, req, head_by).await;
+        }
         loop {
             let (mut conn, reused) = match self.checkout(target, now) {
                 Some(conn) => (conn, true),
                 None => match self.open(target, uri).await {
-                    Ok(Some(conn)) => (conn, false),
+                    Ok(Some(Opened::H1(conn))) => (conn, false),
+                    Ok(Some(Opened::H2(sender))) => {
+                        return self.send_h2(target, uri, sender, req, head_by).await;
+                    }
                     // A capped target's connections all taken: one came back or closed.
                     Ok(None) => continue,
                     Err(error) => return Err(Failed::unsent(error, req)),
@@ -236,6 +256,50 @@ impl Pool {
         }
     }
 
+    /// `req` as a stream of HTTP/2 connection `sender` to `target`; a request that never
+    /// became a stream (refused, or past a GOAWAY) is sent once more on a new connection.
+    async fn send_h2(
+        &self,
+        target: usize,
+        uri: &Uri,
+        mut sender: h2::Sender,
+        mut req: Box<Request<Guarded>>,
+        head_by: Option<Instant>,
+    ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        h2::to_h2(&mut req, scheme);
+        if let Some(h2) = &self.h2 {
+            h2.put(target, &sender);
+        }
+        let mut again = true;
+        loop {
+            match h2::send(&mut sender, *req, head_by).await {
+                Ok(res) => return Ok((res, None)),
+                Err((error, unsent)) => {
+                    if let Some(h2) = &self.h2 {
+                        h2.forget(target);
+                    }
+                    let Some(unsent) = unsent else {
+                        return Err(Failed::written(error));
+                    };
+                    req = Box::new(unsent);
+                    if !again {
+                        return Err(Failed::unsent(error, req));
+                    }
+                    again = false;
+                    sender = match self.open(target, uri).await {
+                        Ok(Some(Opened::H2(s))) => s,
+                        Ok(_) => return Err(Failed::unsent(error, req)),
+                        Err(e) => return Err(Failed::unsent(e, req)),
+                    };
+                    if let Some(h2) = &self.h2 {
+                        h2.put(target, &sender);
+                    }
+                }
+            }
+        }
+    }
+
     /// The most recently used live idle connection to `target`, dropping the ones expired at
     /// `now`.
     fn checkout(&self, target: usize, now: Instant) -> Option<Link> {
@@ -258,7 +322,7 @@ impl Pool {
     /// A new connection to target `target` at `uri`, its task spawned on this worker; `None`
     /// once one of a capped target's connections came back or closed, when as many as its cap
     /// were open (the caller looks in the pool again).
-    async fn open(&self, target: usize, uri: &Uri) -> Result<Option<Link>, SendError> {
+    async fn open(&self, target: usize, uri: &Uri) -> Result<Option<Opened>, SendError> {
         let mut counted = None;
         if let Some((gate, open)) = &self.capped {
             let changed = open.changed.notified();
@@ -274,10 +338,11 @@ impl Pool {
         // inline would be copied in full at every move, connect or not. The box in a
         // statement of its own: a temporary of the `.await` statement would be kept in this
         // future's state, unboxed.
+        let protocol = self.protocol;
         let connect = crate::boxed(|| async {
             match &self.connector {
-                Connector::Plain(c) => handshake(c.clone(), uri, counted).await,
-                Connector::Tls(c) => handshake(c.clone(), uri, counted).await,
+                Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await,
+                Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await,
             }
         });
         connect.await.map(Some)
@@ -331,9 +396,14 @@ impl Connector {
         uri: &Uri,
         req: Request<Guarded>,
     ) -> Result<Response<Incoming>, SendError> {
-        let mut conn = match self {
-            Connector::Plain(c) => handshake(c.clone(), uri, None).await?,
-            Connector::Tls(c) => handshake(c.clone(), uri, None).await?,
+        let opened = match self {
+            Connector::Plain(c) => handshake(c.clone(), uri, None, Protocol::Http1).await?,
+            Connector::Tls(c) => handshake(c.clone(), uri, None, Protocol::Http1).await?,
+        };
+        let Opened::H1(mut conn) = opened else {
+            return Err(SendError::Connect(
+                "an HTTP/1.1 connection was asked for".into(),
+            ));
         };
         conn.sender.ready().await.map_err(SendError::Exchange)?;
         conn.sender
@@ -346,16 +416,18 @@ impl Connector {
 /// The most an upstream connection's read buffer grows to.
 const UPSTREAM_READ_BUFFER: usize = 64 << 10;
 
-/// Connect with `connector`, then start HTTP/1.1 on the connection, its task on this worker
-/// (which keeps `counted` until the connection is closed).
+/// Connect with `connector`, then start HTTP/1.1 or HTTP/2 (as `protocol` says, and for `h2`
+/// and `auto` as TLS's ALPN picked) on the connection, its task on this worker (which keeps
+/// `counted` until the connection is closed).
 async fn handshake<C>(
     mut connector: C,
     uri: &Uri,
     counted: Option<Counted>,
-) -> Result<Link, SendError>
+    protocol: Protocol,
+) -> Result<Opened, SendError>
 where
     C: Service<Uri>,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Connection + Unpin + Send + 'static,
     C::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
     std::future::poll_fn(|cx| connector.poll_ready(cx))
@@ -365,6 +437,21 @@ where
         .call(uri.clone())
         .await
         .map_err(|e| SendError::Connect(e.into()))?;
+    let negotiated_h2 = io.connected().is_negotiated_h2();
+    let h2 = match protocol {
+        Protocol::Http1 => false,
+        Protocol::H2c => true,
+        Protocol::Auto => negotiated_h2,
+        Protocol::H2 if negotiated_h2 => true,
+        Protocol::H2 => {
+            return Err(SendError::Connect(
+                "the target did not offer HTTP/2 (no `h2` in its TLS ALPN): use protocol: auto or http1".into(),
+            ))
+        }
+    };
+    if h2 {
+        return h2::handshake(io, counted).await.map(Opened::H2);
+    }
     // hyper's read buffer grows with large responses and keeps its size: 64 KiB bounds what
     // each upstream connection (busy or idle in the pool) holds.
     let (sender, connection) = http1::Builder::new()
@@ -374,7 +461,7 @@ where
         .map_err(SendError::Exchange)?;
     let watch = Arc::new(HeadWatch::new());
     tokio::spawn(drive(connection.with_upgrades(), watch.clone(), counted));
-    Ok(Link { sender, watch })
+    Ok(Opened::H1(Link { sender, watch }))
 }
 
 /// An upstream response body that returns its connection to the pool once read to the end.

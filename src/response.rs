@@ -8,6 +8,8 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
+pub mod grpc;
+
 pub use crate::config::settings::HeaderPolicy;
 use crate::error::ProxyError;
 use crate::header_value::unindexed;

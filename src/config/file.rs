@@ -299,6 +299,10 @@ pub struct Upstream {
     pub adaptive: Option<Adaptive>,
     /// Where requests wait while every target is at its cap.
     pub queue: Option<Queue>,
+    /// How requests go to the targets: `http1` (default), `h2c` (HTTP/2 without TLS, by prior
+    /// knowledge), `h2` (HTTP/2 over TLS, by ALPN) or `auto` (over TLS, as ALPN picks).
+    #[schemars(extend("x-choices" = ["http1", "h2c", "h2", "auto"]))]
+    pub protocol: Option<String>,
 }
 
 /// `upstreams.NAME.max_in_flight`: a number, or `adaptive`.

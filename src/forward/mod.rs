@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::capacity::{Priority, Slot, Ticket};
+use crate::config::settings::Protocol;
 use crate::error::ProxyError;
 use crate::identity::peer_key;
 use crate::metrics::{AttemptResult, Metrics, RetryReason, UpstreamErrorKind, UpstreamErrorLabels};
@@ -144,6 +145,13 @@ pub async fn send(
 ) -> Result<Forwarded, ProxyError> {
     // Taken before the rewrite strips the headers that ask for it.
     let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
+    // `te: trailers` goes on over HTTP/2, where gRPC servers require it (it is hop-by-hop
+    // to an HTTP/1.1 one).
+    let te_trailers = upstream.protocol != Protocol::Http1
+        && req
+            .headers()
+            .get(http::header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
     let mut at = now;
     // Most upstreams have no cap: no slot to wait for, and no future built to learn that.
@@ -157,6 +165,10 @@ pub async fn send(
         .as_ref()
         .map_or_else(|| upstream.pick(now, &[]), |s| s.target);
     let host_is_target = rewrite(&mut req, &upstream.targets[target], down)?;
+    if te_trailers {
+        req.headers_mut()
+            .insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
     if websocket {
         let headers = req.headers_mut();
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));

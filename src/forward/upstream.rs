@@ -15,7 +15,7 @@ use super::balance::Balancer;
 use super::check::{self, Checker, Probe};
 use super::health::Health;
 use crate::capacity::Gate;
-use crate::config::settings::UpstreamSpec;
+use crate::config::settings::{Protocol, UpstreamSpec};
 use crate::log_gate::LogGate;
 use crate::metrics::{AttemptResult, RetryReason, UpstreamHandles};
 use crate::pool::{Connector, InFlight, Pool};
@@ -25,6 +25,8 @@ use crate::pool::{Connector, InFlight, Pool};
 pub struct Upstream {
     pub name: Arc<str>,
     pub scheme: Scheme,
+    /// The HTTP version requests go in (`protocol`).
+    pub protocol: Protocol,
     pub targets: Vec<Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
@@ -84,13 +86,15 @@ impl Upstream {
         tcp.enforce_http(false);
         // A plain-text upstream gets plain sockets: no TLS-or-not wrapper on every read.
         let connector = if spec.scheme == Scheme::HTTPS {
-            Connector::Tls(
-                HttpsConnectorBuilder::new()
-                    .with_tls_config((*spec.tls).clone())
-                    .https_only()
-                    .enable_http1()
-                    .wrap_connector(tcp),
-            )
+            let tls = HttpsConnectorBuilder::new()
+                .with_tls_config((*spec.tls).clone())
+                .https_only();
+            // ALPN offers what the protocol may speak: `h2` alone, both, or HTTP/1.1.
+            Connector::Tls(match spec.protocol {
+                Protocol::H2 => tls.enable_http2().wrap_connector(tcp),
+                Protocol::Auto => tls.enable_all_versions().wrap_connector(tcp),
+                Protocol::Http1 | Protocol::H2c => tls.enable_http1().wrap_connector(tcp),
+            })
         } else {
             Connector::Plain(tcp)
         };
@@ -120,6 +124,7 @@ impl Upstream {
                     max_idle,
                     spec.idle_timeout,
                     gate.clone(),
+                    spec.protocol,
                 ))
             })
             .collect();
@@ -153,6 +158,7 @@ impl Upstream {
         Self {
             name: spec.name.clone(),
             scheme: spec.scheme.clone(),
+            protocol: spec.protocol,
             targets: spec.targets.clone(),
             connect_timeout: spec.connect_timeout,
             timeout: spec.timeout,
@@ -274,7 +280,8 @@ impl Upstream {
     /// far answered in HTTP/1.1. Otherwise (nothing heard yet, or an HTTP/1.0 server) it is
     /// received whole first and sent with its length.
     pub fn takes_chunked(&self) -> bool {
-        self.heard.load(std::sync::atomic::Ordering::Relaxed) == HEARD_HTTP11
+        self.protocol != Protocol::Http1
+            || self.heard.load(std::sync::atomic::Ordering::Relaxed) == HEARD_HTTP11
     }
 
     /// An answer in `version` came.

@@ -130,9 +130,12 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     });
     let version = req.version();
     let has_body = !req.body().is_end_stream();
+    // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
+    let grpc = response::grpc::is_grpc(req.headers());
+    let grpc_answer = grpc && version >= Version::HTTP_2;
     let mut trace = Trace::default();
     let Some(_admitted) = Admission::enter(state, runtime.settings.max_inflight) else {
-        let mut response = response::from_error(&ProxyError::Overloaded);
+        let (mut response, _) = answer(Err(ProxyError::Overloaded), grpc_answer, Refused::No);
         response.headers_mut().insert(id_header.clone(), request_id);
         record(state, &trace, response.status(), started, &mut entry);
         return Handled {
@@ -142,14 +145,12 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
             slots: limiter::concurrency::Guard::default(),
         };
     };
-    let pipeline = pipeline(state, &runtime, conn, req, started, &request_id, &mut trace);
-    let (mut res, close) = match pipeline.await {
-        Ok(res) => (res, false),
-        Err(err) => {
-            tracing::debug!(error = %err, "request failed");
-            (response::from_error(&err), err.closes_connection())
-        }
+    let outcome = if grpc && version < Version::HTTP_2 {
+        Err(ProxyError::GrpcOverHttp1)
+    } else {
+        pipeline(state, &runtime, conn, req, started, &request_id, &mut trace).await
     };
+    let (mut res, close) = answer(outcome, grpc_answer, trace.refused);
     // An unread request body must never be parsed as the next request: close instead.
     if version <= Version::HTTP_11 && (close || (has_body && !trace.body_taken)) {
         res.headers_mut().insert(
@@ -173,6 +174,26 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
         access: entry,
         slots,
     }
+}
+
+/// The response for a request's outcome, and whether its connection must close: an error
+/// becomes its response here; tollgate's own answers to a gRPC call take gRPC's form.
+fn answer(
+    outcome: Result<Response<Body>, ProxyError>,
+    grpc: bool,
+    refused: Refused,
+) -> (Response<Body>, bool) {
+    let (res, close, ours) = match outcome {
+        Ok(res) => (res, false, refused != Refused::No),
+        Err(err) => {
+            tracing::debug!(error = %err, "request failed");
+            (response::from_error(&err), err.closes_connection(), true)
+        }
+    };
+    if grpc && ours {
+        return (response::grpc::answer(res), close);
+    }
+    (res, close)
 }
 
 /// A request counted against `max_inflight` while it lives.

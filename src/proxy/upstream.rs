@@ -31,6 +31,7 @@ pub(super) async fn forward_to(
 ) -> Result<Response<Body>, ProxyError> {
     // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
     // future while the upstream is awaited.
+    let grpc = crate::response::grpc::is_grpc(req.headers());
     let (req, head, buffered) = {
         let (mut parts, body) = (*req).into_parts();
         let mut body = Guarded::new(body, route.body, started);
@@ -38,7 +39,9 @@ pub(super) async fn forward_to(
         // A body of unknown length is received whole first unless the upstream is known to
         // read chunked bodies: an HTTP/1.0 server would lose it, or read its chunks as requests.
         let unknown_length = || http_body::Body::size_hint(&body).exact().is_none();
+        // A gRPC stream is never held: its messages go as they come, both ways.
         let buffered = !body.is_end_stream()
+            && !grpc
             && (route.buffer_request || (unknown_length() && !upstream.takes_chunked()));
         if buffered {
             (body, trace.bytes_in) = forward::hold(body, &mut parts, &rt.store).await?;
@@ -69,7 +72,7 @@ pub(super) async fn forward_to(
         (forwarded.response.version() != http::Version::HTTP_10).then_some(forwarded.answered);
     trace.queued = forwarded.waited;
     trace.tunnel = forwarded.tunnel;
-    let read_ahead = route.buffer_response && !head && trace.tunnel.is_none();
+    let read_ahead = route.buffer_response && !head && trace.tunnel.is_none() && !grpc;
     forward::body_out(forwarded.response, read_ahead, &rt.store).await
 }
 

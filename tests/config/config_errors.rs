@@ -43,6 +43,13 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    bad_protocol: "
+{f}: 4 problems
+  {f}:6:15: upstreams.future.protocol: `h3` is not an upstream protocol (http1, h2c, h2 or auto)
+  {f}:9:15: upstreams.plain.protocol: `h2c` is HTTP/2 without TLS, for http:// targets; over TLS write `h2`
+  {f}:12:15: upstreams.tls.protocol: `h2` is HTTP/2 over TLS, for https:// targets; without TLS write `h2c`
+  {f}:15:15: upstreams.picky.protocol: `auto` picks the version by TLS (ALPN), for https:// targets; for http:// targets write `http1` or `h2c`
+",
     bad_window: r"
 {f}: 7 problems
   {f}:7:31: routes[0].limits[0].window: window `0/1m`: `0` is not a whole number of at least 1

@@ -11,6 +11,7 @@ mod common;
 
 mod capacity;
 mod forwarding;
+mod grpc;
 mod legacy_backends;
 mod pinned_workers;
 mod routing;

@@ -9,7 +9,7 @@ use http::uri::{Authority, Scheme};
 
 use super::{duration_or, health, Problems};
 use crate::config::file;
-use crate::config::settings::UpstreamSpec;
+use crate::config::settings::{Protocol, UpstreamSpec};
 
 /// `keepalive.idle_timeout` when unset (as Go's and Traefik's transport).
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -87,6 +87,7 @@ pub(super) fn upstreams(
                 p.add(format!("{path}.{field}"), "must be longer than zero");
             }
         }
+        let protocol = protocol(u.protocol.as_deref(), &scheme, &path, p);
         let (balance, retries, health) = health::resilience(u, &path, p);
         let (capacity, queue_key) = super::capacity::capacity(u, &path, p);
         // A broken upstream is still known by name, so routes using it get no second error.
@@ -96,6 +97,7 @@ pub(super) fn upstreams(
                 let mut spec = UpstreamSpec {
                     name: name.as_str().into(),
                     scheme,
+                    protocol,
                     targets,
                     connect_timeout: connect,
                     timeout,
@@ -117,12 +119,46 @@ pub(super) fn upstreams(
     out
 }
 
+/// `protocol`, checked against the targets' scheme.
+fn protocol(raw: Option<&str>, scheme: &Scheme, path: &str, p: &mut Problems) -> Protocol {
+    let tls = *scheme == Scheme::HTTPS;
+    let (protocol, wrong) = match raw.unwrap_or("http1") {
+        "http1" => (Protocol::Http1, None),
+        "h2c" => (
+            Protocol::H2c,
+            tls.then_some("`h2c` is HTTP/2 without TLS, for http:// targets; over TLS write `h2`"),
+        ),
+        "h2" => (
+            Protocol::H2,
+            (!tls).then_some("`h2` is HTTP/2 over TLS, for https:// targets; without TLS write `h2c`"),
+        ),
+        "auto" => (
+            Protocol::Auto,
+            (!tls).then_some(
+                "`auto` picks the version by TLS (ALPN), for https:// targets; for http:// targets write `http1` or `h2c`",
+            ),
+        ),
+        other => {
+            p.add(
+                format!("{path}.protocol"),
+                format!("`{other}` is not an upstream protocol (http1, h2c, h2 or auto)"),
+            );
+            return Protocol::Http1;
+        }
+    };
+    if let Some(wrong) = wrong {
+        p.add(format!("{path}.protocol"), wrong);
+    }
+    protocol
+}
+
 /// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive,
 /// balancing, retry and health settings, whether it is capped and its queue's key, and the bytes of the CA file (a renewed CA must reach
 /// new connections).
 fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(spec.scheme.as_str().as_bytes());
+    h.update(spec.protocol.as_str().as_bytes());
     for t in &spec.targets {
         h.update(b"\0");
         h.update(t.as_str().as_bytes());

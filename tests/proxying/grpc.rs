@@ -1,0 +1,139 @@
+//! gRPC through the proxy to an HTTP/2 (h2c) upstream, with a real gRPC server and client
+//! (grpcio, `tests/fixtures/grpc/peer.py`): unary calls with trailers both ways, messages of
+//! several MiB, server, client and ping-pong bidirectional streams, deadlines; a call refused
+//! by a limit answered in gRPC's form (`RESOURCE_EXHAUSTED` with pushback), and a gRPC call
+//! over HTTP/1.1 refused with `505`.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use common::{config, Http, TestProxy};
+use serde_json::Value;
+
+fn peer_script() -> std::path::PathBuf {
+    common::proxy::repo_root().join("tests/fixtures/grpc/peer.py")
+}
+
+/// The grpcio server, stopped when dropped (its stdin closes).
+struct GrpcServer {
+    child: Child,
+    port: u16,
+}
+
+impl GrpcServer {
+    fn start() -> Self {
+        let ok = Command::new("python3")
+            .args(["-c", "import grpc"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "python3 with grpcio is needed (scripts/test.sh installs it; or `pip install grpcio`)"
+        );
+        let mut child = Command::new("python3")
+            .arg(peer_script())
+            .arg("server")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the gRPC server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the gRPC server's port");
+        Self { child, port }
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run one client case against `addr`: what it printed.
+async fn call(addr: std::net::SocketAddr, case: &str) -> Value {
+    let (addr, case) = (addr.to_string(), case.to_owned());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(peer_script())
+            .args(["client", &addr, &case])
+            .output()
+            .expect("run the gRPC client")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|_| {
+        panic!(
+            "client printed {text:?}, stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn grpc_config(server: &GrpcServer, limits: &str) -> String {
+    config(&format!(
+        "upstreams:
+  grpc:
+    targets: [127.0.0.1:{}]
+    protocol: h2c
+routes:
+  - name: echo
+    match: {{ path_prefix: /test.Echo/ }}
+    upstream: grpc
+{limits}",
+        server.port
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_pass_through_an_h2c_upstream() {
+    let server = GrpcServer::start();
+    let proxy = TestProxy::start(&grpc_config(&server, ""));
+    let unary = call(proxy.addr(), "unary").await;
+    assert_eq!(unary["ok"], "hello", "{unary}");
+    // Metadata in, trailers out.
+    assert_eq!(unary["trailers"]["x-trailer"], "done", "{unary}");
+    assert_eq!(unary["trailers"]["x-note-seen"], "n1", "{unary}");
+    let big = call(proxy.addr(), "big").await;
+    assert_eq!(big["ok"], 5 << 20, "a 5 MiB message each way: {big}");
+    assert_eq!(call(proxy.addr(), "server_stream").await["ok"], 5);
+    assert_eq!(call(proxy.addr(), "client_stream").await["ok"], "60");
+    // Ping-pong: each message waits for the previous answer, so nothing may be held.
+    let bidi = call(proxy.addr(), "bidi").await;
+    assert_eq!(
+        bidi["ok"],
+        serde_json::json!(["ping0", "ping1", "ping2", "ping3", "ping4"]),
+        "{bidi}"
+    );
+    let deadline = call(proxy.addr(), "deadline").await;
+    assert_eq!(deadline["code"], "DEADLINE_EXCEEDED", "{deadline}");
+    assert!(deadline["took"].as_f64().unwrap() < 2.0, "{deadline}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_call_is_resource_exhausted_with_pushback() {
+    let server = GrpcServer::start();
+    let limits = "    limits:\n      - { name: calls, rate: 1/min, burst: 2, key: [ip] }\n";
+    let proxy = TestProxy::start(&grpc_config(&server, limits));
+    for _ in 0..2 {
+        assert_eq!(call(proxy.addr(), "unary_status").await["ok"], "answered");
+    }
+    let refused = call(proxy.addr(), "unary_status").await;
+    assert_eq!(refused["code"], "RESOURCE_EXHAUSTED", "{refused}");
+    let pushback: u64 = refused["pushback"].as_str().unwrap().parse().unwrap();
+    assert!((1_000..=60_000).contains(&pushback), "{refused}");
+    // Over HTTP/1.1 a gRPC call cannot work: refused, never forwarded.
+    let req = common::client::request(
+        "POST",
+        &proxy.url("/test.Echo/Unary"),
+        &[("content-type", "application/grpc")],
+    );
+    assert_eq!(Http::new().send(req).await.code(), 505);
+}
