@@ -256,50 +256,6 @@ impl Pool {
         }
     }
 
-    /// `req` as a stream of HTTP/2 connection `sender` to `target`; a request that never
-    /// became a stream (refused, or past a GOAWAY) is sent once more on a new connection.
-    async fn send_h2(
-        &self,
-        target: usize,
-        uri: &Uri,
-        mut sender: h2::Sender,
-        mut req: Box<Request<Guarded>>,
-        head_by: Option<Instant>,
-    ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
-        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
-        h2::to_h2(&mut req, scheme);
-        if let Some(h2) = &self.h2 {
-            h2.put(target, &sender);
-        }
-        let mut again = true;
-        loop {
-            match h2::send(&mut sender, *req, head_by).await {
-                Ok(res) => return Ok((res, None)),
-                Err((error, unsent)) => {
-                    if let Some(h2) = &self.h2 {
-                        h2.forget(target);
-                    }
-                    let Some(unsent) = unsent else {
-                        return Err(Failed::written(error));
-                    };
-                    req = Box::new(unsent);
-                    if !again {
-                        return Err(Failed::unsent(error, req));
-                    }
-                    again = false;
-                    sender = match self.open(target, uri).await {
-                        Ok(Some(Opened::H2(s))) => s,
-                        Ok(_) => return Err(Failed::unsent(error, req)),
-                        Err(e) => return Err(Failed::unsent(e, req)),
-                    };
-                    if let Some(h2) = &self.h2 {
-                        h2.put(target, &sender);
-                    }
-                }
-            }
-        }
-    }
-
     /// The most recently used live idle connection to `target`, dropping the ones expired at
     /// `now`.
     fn checkout(&self, target: usize, now: Instant) -> Option<Link> {
@@ -394,22 +350,27 @@ impl Connector {
     pub async fn request_once(
         &self,
         uri: &Uri,
-        req: Request<Guarded>,
+        mut req: Request<Guarded>,
+        protocol: Protocol,
     ) -> Result<Response<Incoming>, SendError> {
         let opened = match self {
-            Connector::Plain(c) => handshake(c.clone(), uri, None, Protocol::Http1).await?,
-            Connector::Tls(c) => handshake(c.clone(), uri, None, Protocol::Http1).await?,
+            Connector::Plain(c) => handshake(c.clone(), uri, None, protocol).await?,
+            Connector::Tls(c) => handshake(c.clone(), uri, None, protocol).await?,
         };
-        let Opened::H1(mut conn) = opened else {
-            return Err(SendError::Connect(
-                "an HTTP/1.1 connection was asked for".into(),
-            ));
-        };
-        conn.sender.ready().await.map_err(SendError::Exchange)?;
-        conn.sender
-            .send_request(req)
-            .await
-            .map_err(SendError::Exchange)
+        match opened {
+            Opened::H1(mut conn) => {
+                conn.sender.ready().await.map_err(SendError::Exchange)?;
+                conn.sender
+                    .send_request(req)
+                    .await
+                    .map_err(SendError::Exchange)
+            }
+            Opened::H2(mut sender) => {
+                let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+                h2::to_h2(&mut req, scheme);
+                h2::send(&mut sender, req, None).await.map_err(|(e, _)| e)
+            }
+        }
     }
 }
 

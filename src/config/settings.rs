@@ -4,6 +4,7 @@
 //! `runtime`, which builds them from these settings (and reuses what an unchanged setting
 //! already runs).
 
+mod protocol;
 mod window;
 
 use std::net::SocketAddr;
@@ -216,6 +217,7 @@ pub struct BanSpec {
     pub max: std::time::Duration,
 }
 
+pub use self::protocol::Protocol;
 pub use self::window::{Counting, Period, QuotaSpec, EXACT_MAX};
 
 /// A concurrency limit: at most `max` requests of one identity in flight.
@@ -280,31 +282,6 @@ pub enum FailurePolicy {
 pub struct HeaderPolicy {
     pub ietf: bool,
     pub x_ratelimit: bool,
-}
-
-/// The HTTP version requests go upstream in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    /// HTTP/1.1, a request per connection at a time (keep-alive).
-    #[default]
-    Http1,
-    /// HTTP/2 without TLS, by prior knowledge: streams multiplexed on a connection per target.
-    H2c,
-    /// HTTP/2 over TLS: ALPN must pick `h2`.
-    H2,
-    /// Over TLS, what ALPN picks (`h2`, else HTTP/1.1).
-    Auto,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Http1 => "http1",
-            Protocol::H2c => "h2c",
-            Protocol::H2 => "h2",
-            Protocol::Auto => "auto",
-        }
-    }
 }
 
 /// How an upstream is reached: its targets, scheme, timeouts and (for https) trust.

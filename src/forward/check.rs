@@ -36,6 +36,8 @@ pub struct Probe {
     pub upstream: Arc<str>,
     pub spec: CheckSpec,
     pub connector: Connector,
+    /// The version the upstream speaks: checks go in it too.
+    pub protocol: crate::config::settings::Protocol,
     /// Each target's authority (its `Host`) and `scheme://authority/` (for the connector).
     pub targets: Vec<(Authority, Uri)>,
 }
@@ -125,8 +127,10 @@ async fn check(probe: &Probe, (authority, uri): &(Authority, Uri)) -> Result<(),
         HeaderValue::from_static("tollgate-health-check"),
     );
     // One check, one connection: a pooled one would hide a target that accepts no new ones.
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
-    let asked = probe.connector.request_once(uri, req);
+    if probe.protocol == crate::config::settings::Protocol::Http1 {
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    let asked = probe.connector.request_once(uri, req, probe.protocol);
     match tokio::time::timeout(probe.spec.timeout, asked).await {
         Err(_) => Err(format!("no response within {:?}", probe.spec.timeout)),
         Ok(Err(e)) => Err(super::error_chain(e.as_error())),

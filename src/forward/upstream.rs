@@ -145,6 +145,7 @@ impl Upstream {
                 upstream: spec.name.clone(),
                 spec: check,
                 connector: connector.clone(),
+                protocol: spec.protocol,
                 targets: spec
                     .targets
                     .iter()

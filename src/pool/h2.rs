@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::{Counted, SendError};
+use super::{Counted, Failed, Lease, SendError};
 use crate::body::Guarded;
 
 /// A live HTTP/2 connection's request side (cheap to clone: a handle on the connection).
@@ -63,6 +63,52 @@ impl Conns {
     pub(super) fn forget(&self, target: usize) {
         if let Some(slot) = self.per_target.lock().get_mut(target) {
             *slot = None;
+        }
+    }
+}
+
+impl super::Pool {
+    /// `req` as a stream of HTTP/2 connection `sender` to `target`; a request that never
+    /// became a stream (refused, or past a GOAWAY) is sent once more on a new connection.
+    pub(super) async fn send_h2(
+        &self,
+        target: usize,
+        uri: &Uri,
+        mut sender: Sender,
+        mut req: Box<Request<Guarded>>,
+        head_by: Option<Instant>,
+    ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+        to_h2(&mut req, scheme);
+        if let Some(h2) = &self.h2 {
+            h2.put(target, &sender);
+        }
+        let mut again = true;
+        loop {
+            match send(&mut sender, *req, head_by).await {
+                Ok(res) => return Ok((res, None)),
+                Err((error, unsent)) => {
+                    if let Some(h2) = &self.h2 {
+                        h2.forget(target);
+                    }
+                    let Some(unsent) = unsent else {
+                        return Err(Failed::written(error));
+                    };
+                    req = Box::new(unsent);
+                    if !again {
+                        return Err(Failed::unsent(error, req));
+                    }
+                    again = false;
+                    sender = match self.open(target, uri).await {
+                        Ok(Some(super::Opened::H2(s))) => s,
+                        Ok(_) => return Err(Failed::unsent(error, req)),
+                        Err(e) => return Err(Failed::unsent(e, req)),
+                    };
+                    if let Some(h2) = &self.h2 {
+                        h2.put(target, &sender);
+                    }
+                }
+            }
         }
     }
 }
