@@ -200,7 +200,9 @@ pub async fn send(
                 head_by,
                 timeout: upstream.timeout,
             };
-            let (exchanged, held) = attempt.run_holding(req, held).await;
+            // Boxed: inline, its state would make every forward's future larger.
+            let run = crate::boxed(|| attempt.run_holding(req, held));
+            let (exchanged, held) = run.await;
             slot = held;
             exchanged
         } else {

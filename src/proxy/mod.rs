@@ -108,6 +108,8 @@ struct Trace<'a> {
     slots: limiter::concurrency::Guard,
     /// `tollgate.keys` of a JSON access log (named when the line is written).
     keys: access_log::Digests,
+    /// A gRPC call (`content-type: application/grpc`): its bodies are never buffered.
+    grpc: bool,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -130,22 +132,16 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     });
     let version = req.version();
     let has_body = !req.body().is_end_stream();
-    // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
-    let grpc = response::grpc::is_grpc(req.headers());
-    let grpc_answer = grpc && version >= Version::HTTP_2;
-    let mut trace = Trace::default();
-    let Some(_admitted) = Admission::enter(state, runtime.settings.max_inflight) else {
-        let (mut response, _) = answer(Err(ProxyError::Overloaded), grpc_answer, Refused::No);
-        response.headers_mut().insert(id_header.clone(), request_id);
-        record(state, &trace, response.status(), started, &mut entry);
-        return Handled {
-            response,
-            tunnel: None,
-            access: entry,
-            slots: limiter::concurrency::Guard::default(),
-        };
+    let mut trace = Trace {
+        grpc: response::grpc::is_call(&req),
+        ..Trace::default()
     };
-    let outcome = if grpc && version < Version::HTTP_2 {
+    // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
+    let grpc_answer = trace.grpc && version >= Version::HTTP_2;
+    let admitted = Admission::enter(state, runtime.settings.max_inflight);
+    let outcome = if admitted.is_none() {
+        Err(ProxyError::Overloaded)
+    } else if trace.grpc && version < Version::HTTP_2 {
         Err(ProxyError::GrpcOverHttp1)
     } else {
         pipeline(state, &runtime, conn, req, started, &request_id, &mut trace).await

@@ -31,7 +31,7 @@ pub(super) async fn forward_to(
 ) -> Result<Response<Body>, ProxyError> {
     // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
     // future while the upstream is awaited.
-    let grpc = crate::response::grpc::is_grpc(req.headers());
+    let grpc = trace.grpc;
     let (req, head, buffered) = {
         let (mut parts, body) = (*req).into_parts();
         let mut body = Guarded::new(body, route.body, started);

@@ -24,6 +24,11 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     })
 }
 
+/// `req` is a gRPC call. Every call is a `POST`: other methods skip the header lookup.
+pub fn is_call<B>(req: &http::Request<B>) -> bool {
+    req.method() == http::Method::POST && is_grpc(req.headers())
+}
+
 /// The gRPC status code of an answer tollgate made with `status` (gRPC's own mapping of HTTP
 /// statuses, `RESOURCE_EXHAUSTED` for a limit).
 pub fn code(status: StatusCode) -> u8 {
