@@ -204,7 +204,9 @@ impl Pool {
     ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
         let sent = req.body().sent();
         if let Some(sender) = self.h2.as_ref().and_then(|h2| h2.get(target)) {
-            return self.send_h2(target, uri, sender, req, head_by).await;
+            // Boxed, as below: inline, its state would make every HTTP/1.1 send larger.
+            let h2 = crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
+            return h2.await;
         }
         loop {
             let (mut conn, reused) = match self.checkout(target, now) {
@@ -212,7 +214,8 @@ impl Pool {
                 None => match self.open(target, uri).await {
                     Ok(Some(Opened::H1(conn))) => (conn, false),
                     Ok(Some(Opened::H2(sender))) => {
-                        return self.send_h2(target, uri, sender, req, head_by).await;
+                        let h2 = crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
+                        return h2.await;
                     }
                     // A capped target's connections all taken: one came back or closed.
                     Ok(None) => continue,
@@ -421,7 +424,15 @@ where
         .await
         .map_err(SendError::Exchange)?;
     let watch = Arc::new(HeadWatch::new());
-    tokio::spawn(drive(connection.with_upgrades(), watch.clone(), counted));
+    let driven = drive(connection.with_upgrades(), watch.clone());
+    match counted {
+        None => tokio::spawn(driven),
+        // The connection (its socket) is gone once `drive` returns: it counts until then.
+        Some(counted) => tokio::spawn(async move {
+            driven.await;
+            drop(counted);
+        }),
+    };
     Ok(Opened::H1(Link { sender, watch }))
 }
 

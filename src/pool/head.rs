@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Counted;
-
 /// The deadline of the response head a connection's request awaits, kept by the connection's
 /// own task. hyper wakes that task to write each request anyway, so it sees a new deadline at
 /// no cost; its one timer is moved only when a deadline comes earlier than the one it is set
@@ -63,9 +61,6 @@ impl HeadWatch {
 pub(super) async fn drive(
     connection: impl Future<Output = hyper::Result<()>>,
     watch: Arc<HeadWatch>,
-    // Dropped after the body's locals, the pinned connection among them: a connection counts
-    // until its socket is closed.
-    _counted: Option<Counted>,
 ) {
     tokio::pin!(connection);
     let timer = tokio::time::sleep_until(watch.origin);
