@@ -203,24 +203,33 @@ impl Pool {
         head_by: Option<Instant>,
     ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
         let sent = req.body().sent();
-        if let Some(sender) = self.h2.as_ref().and_then(|h2| h2.get(target)) {
-            // Boxed, as below: inline, its state would make every HTTP/1.1 send larger.
-            let h2 = crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
-            return h2.await;
+        // HTTP/2 (`auto`: once a target picked it). Boxed: inline, its state would make every
+        // HTTP/1.1 send larger.
+        if let Some(h2) = &self.h2 {
+            if self.protocol != Protocol::Auto || h2.get(target).is_some() {
+                let h2 = crate::boxed(|| self.send_over_h2(target, uri, req, head_by));
+                return h2.await;
+            }
         }
         loop {
             let (mut conn, reused) = match self.checkout(target, now) {
                 Some(conn) => (conn, true),
-                None => match self.open(target, uri).await {
-                    Ok(Some(Opened::H1(conn))) => (conn, false),
-                    Ok(Some(Opened::H2(sender))) => {
-                        let h2 = crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
-                        return h2.await;
+                None => {
+                    // Boxed, for the same reason: connecting is rare on a warm pool.
+                    let open = crate::boxed(|| self.open(target, uri));
+                    match open.await {
+                        Ok(Some(Opened::H1(conn))) => (conn, false),
+                        // A capped target's connections all taken: one came back or closed.
+                        Ok(None) => continue,
+                        // `auto`: the target picked HTTP/2.
+                        Ok(Some(Opened::H2(sender))) => {
+                            let h2 =
+                                crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
+                            return h2.await;
+                        }
+                        Err(error) => return Err(Failed::unsent(error, req)),
                     }
-                    // A capped target's connections all taken: one came back or closed.
-                    Ok(None) => continue,
-                    Err(error) => return Err(Failed::unsent(error, req)),
-                },
+                }
             };
             if let Err(e) = conn.sender.ready().await {
                 // Closed while it sat idle: try the next one, or a new one.
@@ -293,18 +302,14 @@ impl Pool {
                 return Ok(None);
             }
         }
-        // Boxed: a connect's state (TCP, TLS) is large, and a request future that carried it
-        // inline would be copied in full at every move, connect or not. The box in a
-        // statement of its own: a temporary of the `.await` statement would be kept in this
-        // future's state, unboxed.
+        // The caller boxes this future: a connect's state (TCP, TLS) is large, and a request
+        // future that carried it inline would be copied in full at every move.
         let protocol = self.protocol;
-        let connect = crate::boxed(|| async {
-            match &self.connector {
-                Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await,
-                Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await,
-            }
-        });
-        connect.await.map(Some)
+        match &self.connector {
+            Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await,
+            Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await,
+        }
+        .map(Some)
     }
 
     /// Close the connections idle for longer than the idle timeout (and forget closed ones).

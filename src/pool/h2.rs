@@ -68,6 +68,33 @@ impl Conns {
 }
 
 impl super::Pool {
+    /// `req` to `target` over HTTP/2: on its live connection, or a new one.
+    pub(super) async fn send_over_h2(
+        &self,
+        target: usize,
+        uri: &Uri,
+        req: Box<Request<Guarded>>,
+        head_by: Option<Instant>,
+    ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
+        let sender = match self.h2.as_ref().and_then(|h2| h2.get(target)) {
+            Some(sender) => sender,
+            None => loop {
+                match self.open(target, uri).await {
+                    Ok(Some(super::Opened::H2(sender))) => break sender,
+                    // An `auto` target that picked HTTP/1.1 since its last HTTP/2 connection
+                    // closed: this request goes elsewhere, the next ones over HTTP/1.1.
+                    Ok(Some(super::Opened::H1(_))) => {
+                        let e = "the target now speaks HTTP/1.1".into();
+                        return Err(Failed::unsent(SendError::Connect(e), req));
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(Failed::unsent(e, req)),
+                }
+            },
+        };
+        self.send_h2(target, uri, sender, req, head_by).await
+    }
+
     /// `req` as a stream of HTTP/2 connection `sender` to `target`; a request that never
     /// became a stream (refused, or past a GOAWAY) is sent once more on a new connection.
     pub(super) async fn send_h2(
