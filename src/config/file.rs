@@ -49,6 +49,8 @@ pub struct File {
     pub buffering: Option<Buffering>,
     /// The request-ID header (default `x-request-id`).
     pub request_id_header: Option<String>,
+    /// How tollgate answers gRPC calls itself.
+    pub grpc: Option<Grpc>,
     /// How identities are verified (the `jwt:CLAIM` key sources).
     pub identity: Option<Identity>,
     /// Where each kept list item stood in the file, when broken items were left out.
@@ -488,6 +490,16 @@ pub struct Match {
     /// With an exact `path`: also match it with a file extension (`/login.json`, as Spring
     /// MVC's suffix pattern matching serves it), routed and limited as the path.
     pub path_extensions: Option<bool>,
+}
+
+/// `grpc:`: tollgate's own answers to gRPC calls.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Grpc {
+    /// The gRPC status of a call a rate limit refused: `resource_exhausted` (8, the default)
+    /// or `unavailable` (14, as Envoy answers by default).
+    #[schemars(extend("x-choices" = ["resource_exhausted", "unavailable"]))]
+    pub limited_status: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

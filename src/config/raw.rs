@@ -25,6 +25,7 @@ const KEYS: &[&str] = &[
     "strip_untrusted_headers",
     "buffering",
     "request_id_header",
+    "grpc",
     "identity",
     "candidate",
 ];
@@ -79,6 +80,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         strip_untrusted_headers: r.one("strip_untrusted_headers"),
         buffering: r.one("buffering"),
         request_id_header: r.one("request_id_header"),
+        grpc: r.one("grpc"),
         identity: r.one("identity"),
         positions: Positions {
             listeners: listener_positions,

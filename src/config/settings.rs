@@ -54,6 +54,8 @@ pub struct Settings {
     pub buffering: BufferSettings,
     /// The header a request's ID is read from, sent upstream in and returned in.
     pub request_id_header: http::HeaderName,
+    /// The gRPC status of a call a rate limit refused (`grpc.limited_status`).
+    pub grpc_limited_status: u8,
     /// `identity.jwt`: the keys bearer JWTs are verified with, files read at compile time.
     pub jwt: Option<crate::identity::jwt::Shared>,
     /// `admin.token_file`'s token: the admin API (`/api/v1/`) is off without one.

@@ -146,7 +146,8 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     } else {
         pipeline(state, &runtime, conn, req, started, &request_id, &mut trace).await
     };
-    let (mut res, close) = answer(outcome, grpc_answer, trace.refused);
+    let grpc = grpc_answer.then_some(runtime.settings.grpc_limited_status);
+    let (mut res, close) = answer(outcome, grpc, trace.refused);
     // An unread request body must never be parsed as the next request: close instead.
     if version <= Version::HTTP_11 && (close || (has_body && !trace.body_taken)) {
         res.headers_mut().insert(
@@ -173,10 +174,11 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
 }
 
 /// The response for a request's outcome, and whether its connection must close: an error
-/// becomes its response here; tollgate's own answers to a gRPC call take gRPC's form.
+/// becomes its response here; tollgate's own answers to a gRPC call (`grpc`: the status a
+/// rate limit's refusal gets) take gRPC's form.
 fn answer(
     outcome: Result<Response<Body>, ProxyError>,
-    grpc: bool,
+    grpc: Option<u8>,
     refused: Refused,
 ) -> (Response<Body>, bool) {
     let (res, close, ours) = match outcome {
@@ -186,8 +188,8 @@ fn answer(
             (response::from_error(&err), err.closes_connection(), true)
         }
     };
-    if grpc && ours {
-        return (response::grpc::answer(res), close);
+    if let Some(limited) = grpc.filter(|_| ours) {
+        return (response::grpc::answer(res, limited), close);
     }
     (res, close)
 }

@@ -49,8 +49,14 @@ pub fn code(status: StatusCode) -> u8 {
 
 /// `res`, an answer tollgate made itself, in gRPC's form: HTTP 200, trailers-only (the
 /// status in the headers, no body), the rate-limit headers kept, `Retry-After` as pushback.
-pub fn answer(res: Response<Body>) -> Response<Body> {
+/// `limited`: the status of a call a rate limit refused (`grpc.limited_status`).
+pub fn answer(res: Response<Body>, limited: u8) -> Response<Body> {
     let status = res.status();
+    let grpc_status = if status == StatusCode::TOO_MANY_REQUESTS {
+        limited
+    } else {
+        code(status)
+    };
     let (parts, _) = res.into_parts();
     let mut headers = parts.headers;
     let pushback = headers
@@ -58,7 +64,7 @@ pub fn answer(res: Response<Body>) -> Response<Body> {
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
     headers.remove(http::header::CONTENT_LENGTH);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(code(status))));
+    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(grpc_status)));
     let reason = status.canonical_reason().unwrap_or("error");
     let message = match pushback {
         Some(s) => format!("{reason}: retry in {s} s"),
@@ -100,7 +106,7 @@ mod tests {
         let mut res = super::super::fixed(StatusCode::TOO_MANY_REQUESTS, "text/plain", "x");
         res.headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("3"));
-        let g = answer(res);
+        let g = answer(res, 8);
         assert_eq!(g.status(), StatusCode::OK);
         assert_eq!(g.headers()[GRPC_STATUS], "8");
         assert_eq!(g.headers()[GRPC_PUSHBACK], "3000");

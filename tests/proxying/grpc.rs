@@ -136,4 +136,15 @@ async fn a_limited_call_is_resource_exhausted_with_pushback() {
         &[("content-type", "application/grpc")],
     );
     assert_eq!(Http::new().send(req).await.code(), 505);
+    // As Envoy answers by default, when asked.
+    let unavailable = grpc_config(&server, limits).replace(
+        "upstreams:",
+        "grpc: { limited_status: unavailable }\nupstreams:",
+    );
+    let proxy = TestProxy::start(&unavailable);
+    for _ in 0..2 {
+        assert_eq!(call(proxy.addr(), "unary_status").await["ok"], "answered");
+    }
+    let refused = call(proxy.addr(), "unary_status").await;
+    assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }

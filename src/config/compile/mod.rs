@@ -77,6 +77,7 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let buffering = buffering(raw.buffering.as_ref(), &mut p);
     let strip_untrusted_headers = strip_untrusted(raw.strip_untrusted_headers.as_deref(), &mut p);
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
+    let grpc_limited_status = grpc_limited_status(raw.grpc.as_ref(), &mut p);
     let jwt = identity::jwt(raw, &mut p);
     let admin_token = admin_token(raw.admin.as_ref().filter(|_| live), &mut p);
     if live {
@@ -116,6 +117,7 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         strip_untrusted_headers,
         buffering,
         request_id_header,
+        grpc_limited_status,
         jwt,
         admin_token,
         fingerprints: fingerprints(raw),
@@ -328,6 +330,21 @@ fn strip_untrusted(raw: Option<&[String]>, p: &mut Problems) -> Vec<http::Header
         }
     }
     names
+}
+
+/// `grpc.limited_status` as a gRPC status code: `RESOURCE_EXHAUSTED` (8) unless set.
+fn grpc_limited_status(raw: Option<&file::Grpc>, p: &mut Problems) -> u8 {
+    match raw.and_then(|g| g.limited_status.as_deref()) {
+        None | Some("resource_exhausted") => 8,
+        Some("unavailable") => 14,
+        Some(other) => {
+            p.add(
+                "grpc.limited_status",
+                format!("`{other}` is not resource_exhausted or unavailable"),
+            );
+            8
+        }
+    }
 }
 
 /// The `request_id_header` name (`x-request-id` without the key).
