@@ -162,6 +162,10 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
     out.extend_from_slice(version(e.version).0.as_bytes());
     out.extend_from_slice(b" status=");
     push_int(out, u64::from(e.status));
+    if let Some(g) = e.grpc_status {
+        out.extend_from_slice(b" grpc_status=");
+        push_int(out, u64::from(g));
+    }
     out.extend_from_slice(b" bytes_in=");
     push_int(out, bytes_in(e));
     out.extend_from_slice(b" bytes_out=");
@@ -314,6 +318,10 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
     );
     json_key(out, b"http.response.status_code");
     push_int(out, u64::from(e.status));
+    if let Some(g) = e.grpc_status {
+        json_key(out, b"rpc.grpc.status_code");
+        push_int(out, u64::from(g));
+    }
     json_key(out, b"http.request.body.size");
     push_int(out, bytes_in(e));
     json_key(out, b"http.response.body.size");

@@ -115,6 +115,9 @@ pub struct Entry {
     pub body_in: Sent,
     /// The digests of the identity sources the route's limits read (JSON lines only).
     pub keys: Keys,
+    /// A gRPC call's status: from the answer's head (a trailers-only answer, tollgate's own
+    /// among them) or its trailers.
+    pub grpc_status: Option<u16>,
 }
 
 impl Entry {
@@ -151,11 +154,17 @@ impl Entry {
             bytes_in: 0,
             body_in: Sent::default(),
             keys: Keys::default(),
+            grpc_status: None,
         }
     }
 }
 
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
+/// The `grpc-status` of a head or trailers, if they carry one.
+pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
 
 /// A response body that writes its request's access-log line when it ends or is dropped,
 /// with the bytes it carried.
@@ -196,6 +205,11 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
                         self.sent += bytes::Buf::remaining(data) as u64;
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        let status = grpc_status(trailers);
+                        if let (Some(entry), Some(_)) = (self.entry.as_mut(), status) {
+                            entry.grpc_status = status;
+                        }
                     }
                 }
                 Poll::Ready(None) => self.write(),

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -158,7 +158,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     // Every answer carries the ID, tollgate's own included.
     let slotted = trace.refused == Refused::RateLimited;
     response::add_request_id(res.headers_mut(), id_header, request_id, slotted);
-    record(state, &trace, res.status(), started, &mut entry);
+    record(state, &trace, &res, started, &mut entry);
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
     // A WebSocket holds its slots until the tunnel closes.
@@ -372,10 +372,11 @@ fn respond(r: &Respond) -> Response<Body> {
 fn record(
     state: &State,
     trace: &Trace<'_>,
-    status: StatusCode,
+    res: &Response<Body>,
     started: Instant,
     entry: &mut Option<Box<Entry>>,
 ) {
+    let status = res.status();
     let route = trace.route.map(|r| (&r.counters, &*r.name, &r.limits[..]));
     let took = (trace.head_ready.unwrap_or_else(Instant::now)).saturating_duration_since(started);
     state
@@ -383,6 +384,10 @@ fn record(
         .count_request(route, status, took, trace.decision.as_ref());
     let Some(entry) = entry else { return };
     entry.status = status.as_u16();
+    if trace.grpc {
+        // A trailers-only answer's status (tollgate's own); else the trailers' sets it.
+        entry.grpc_status = access_log::grpc_status(res.headers());
+    }
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
     entry.body_in = trace.sent.clone();

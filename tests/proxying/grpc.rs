@@ -148,3 +148,26 @@ async fn a_limited_call_is_resource_exhausted_with_pushback() {
     let refused = call(proxy.addr(), "unary_status").await;
     assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }
+
+/// The access log records each call's gRPC status: an upstream's from its trailers, tollgate's
+/// own from its trailers-only answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_records_each_calls_grpc_status() {
+    let server = GrpcServer::start();
+    let limits = "    limits:\n      - { name: calls, rate: 1/min, burst: 1, key: [ip] }\n";
+    let proxy = common::BinaryProxy::start(&grpc_config(&server, limits));
+    assert_eq!(call(proxy.addr(), "unary_status").await["ok"], "answered");
+    let refused = call(proxy.addr(), "unary_status").await;
+    assert_eq!(refused["code"], "RESOURCE_EXHAUSTED");
+    let wait = std::time::Duration::from_secs(5);
+    assert!(
+        proxy.wait_for_log("status=200 grpc_status=0 ", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+    assert!(
+        proxy.wait_for_log("status=200 grpc_status=8 ", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+}
