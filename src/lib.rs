@@ -41,12 +41,13 @@
 //!   promotion (`limiter::redis::watch`), slots of requests in
 //!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
 //!   the response body carries; keep-alive upstream connections (a capped upstream's shared
-//!   by the workers and counted against its cap, `pool::open`); target choice (load
+//!   by the workers and counted against its cap, `pool::open`; HTTP/2 ones multiplexed,
+//!   `pool::h2`); target choice (load
 //!   balancing, passive and active health), retries, the upstream rewrite, streaming, an
 //!   attempt at a capped upstream that holds its slot until the backend is done
 //!   (`forward::held`),
 //!   WebSocket tunnels; the Prometheus registry, served in the format the scraper asks for;
-//!   429 and the error responses.
+//!   429 and the error responses (in gRPC's form for a gRPC call, `response::grpc`).
 //! - `runtime`, `candidate`: the live config built from `Settings` plus the previous runtime
 //!   (buckets, pools, the Redis client and metric handles reused where their spec is
 //!   unchanged); the `candidate:` config's routes and limits, with buckets of their own,
