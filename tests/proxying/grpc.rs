@@ -171,3 +171,27 @@ async fn the_access_log_records_each_calls_grpc_status() {
         proxy.logs()
     );
 }
+
+/// A capped HTTP/2 upstream: calls take their slots in turn on the one multiplexed connection,
+/// and every one is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_h2c_upstream_serves_calls_in_turn() {
+    let server = GrpcServer::start();
+    let capped = grpc_config(&server, "").replace(
+        "    protocol: h2c\n",
+        "    protocol: h2c\n    max_in_flight: 1\n    queue: { size: 16, timeout: 10s }\n",
+    );
+    let proxy = TestProxy::start(&capped);
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = proxy.addr();
+            tokio::spawn(async move { call(addr, "unary").await })
+        })
+        .collect();
+    for c in calls {
+        let answer = c.await.unwrap();
+        assert_eq!(answer["ok"], "hello", "{answer}");
+        assert_eq!(answer["trailers"]["x-trailer"], "done", "{answer}");
+    }
+    assert_eq!(call(proxy.addr(), "bidi").await["ok"][4], "ping4");
+}
