@@ -1,5 +1,5 @@
-//! Keep-alive HTTP/1.1 connections to an upstream's targets: one pool per worker thread, so a
-//! request, its connection's task and the pool all live on one thread.
+//! Keep-alive connections to an upstream's targets (HTTP/1.1 here, HTTP/2 in `h2`): one pool
+//! per worker thread, so a request, its connection's task and the pool all live on one thread.
 //!
 //! This is hyper's own connection API (`client::conn::http1`) with the few lines of pooling a
 //! reverse proxy needs: the most recently used idle connection first (it is the warmest), a
