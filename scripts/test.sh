@@ -17,15 +17,11 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 # libfaketime steps a test redis-server's wall clock (tests/redis_backends/faults_redis.rs).
 command -v faketime >/dev/null || need_apt+=(faketime)
 command -v openssl >/dev/null || need_apt+=(openssl)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 # Prometheus and promtool (2.42 on Debian 12): tests/admin/observability.rs scrapes tollgate with a
 # real server and checks the shipped dashboard and alert rules against it.
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need_apt+=(prometheus)
 [ -n "${SKIP_LINT:-}" ] || command -v shellcheck >/dev/null || need_apt+=(shellcheck)
-# A real gRPC server and client (grpcio) for tests/proxying/grpc.rs.
-if ! python3 -c "import grpc" 2>/dev/null; then
-  echo "installing: grpcio (pip)"
-  python3 -m pip install -q grpcio || python3 -m pip install -q --break-system-packages grpcio
-fi
 # The distribution's redis-server and prometheus packages start system instances (6379, 9090,
 # 9100) when installed; the tests never use them. Stop only what this install started: a
 # service that was running before is the machine's, and is left alone.
@@ -46,6 +42,12 @@ if ((${#need_apt[@]})); then
       $SUDO systemctl stop "$unit" || true
     fi
   done
+fi
+
+# A real gRPC server and client (grpcio) for tests/proxying/grpc.rs, once pip is there.
+if ! python3 -c "import grpc" 2>/dev/null; then
+  echo "installing: grpcio (pip)"
+  python3 -m pip install -q grpcio || python3 -m pip install -q --break-system-packages grpcio
 fi
 
 if [ -z "${SKIP_LINT:-}" ]; then
