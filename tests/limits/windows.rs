@@ -360,7 +360,9 @@ async fn windows_survive_a_step_of_redis_clock() {
         let r = http.get_with(&url, &key).await;
         if r.code() == 429 {
             let retry: u64 = r.header("retry-after").parse().unwrap();
-            assert!(retry <= 4, "{header}: come back in {retry} s");
+            // Within the window (twice it for `sliding`, whose last window still weighs), not
+            // in an hour.
+            assert!(retry <= 8, "{header}: come back in {retry} s");
         }
         // Within the window's length (and the negative cache's), the client gets in again.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
