@@ -68,24 +68,43 @@ fn noted(
 }
 
 /// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
+/// The request's concurrency slots are given back at once.
 pub(super) fn refusal(
+    rt: &Runtime,
     route: &Route,
-    decision: &limiter::Decision,
-    (headers, id_header): (crate::config::settings::HeaderPolicy, &http::HeaderName),
+    trace: &mut super::Trace<'_>,
 ) -> Option<Result<Response<Body>, ProxyError>> {
+    let decision = trace.decision.as_ref()?;
     let rejected = decision.rejected_by()?;
+    trace.slots = limiter::concurrency::Guard::default();
     if rejected.outcome == Outcome::FailedClosed {
         let limit = route.limits[rejected.index].name.clone();
         return Some(Err(ProxyError::LimiterUnavailable { limit }));
     }
+    let (headers, id_header) = (rt.settings.headers, &rt.settings.request_id_header);
     let limits = &route.limits;
-    Some(Ok(response::too_many_requests(
-        limits,
-        &route.rendered,
-        decision,
-        headers,
-        id_header,
-    )))
+    let answer = response::too_many_requests(limits, &route.rendered, decision, headers, id_header);
+    trace.refused = super::Refused::RateLimited;
+    Some(Ok(answer))
+}
+
+/// The rate-limit headers of the route's limits on `res`, from the request's decision.
+pub(super) fn add_limit_headers(
+    rt: &Runtime,
+    route: &Route,
+    decision: Option<&limiter::Decision>,
+    res: &mut Response<Body>,
+) {
+    if let Some(decision) = decision {
+        let (limits, rendered) = (&route.limits, &route.rendered);
+        response::add_headers(
+            res.headers_mut(),
+            limits,
+            rendered,
+            decision,
+            rt.settings.headers,
+        );
+    }
 }
 
 /// The candidate config's decision of the request (see `candidate`), beside the live one,

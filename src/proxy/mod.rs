@@ -24,7 +24,7 @@ use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
-use limits::{beside, limits, operators, refusal};
+use limits::{add_limit_headers, beside, limits, operators, refusal};
 use upstream::{downstream, forward_to, queue_key};
 
 /// The downstream connection a request arrived on.
@@ -257,21 +257,10 @@ async fn pipeline<'a>(
             crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
         };
         beside(rt, &arrival, now, &mut trace.slots);
-        let answer = (rt.settings.headers, &rt.settings.request_id_header);
-        if let Some(refused) = (trace.decision.as_ref()).and_then(|d| refusal(route, d, answer)) {
-            // Refused by a rate limit: its concurrency slots are given back at once.
-            trace.slots = limiter::concurrency::Guard::default();
-            if refused.is_ok() {
-                trace.refused = Refused::RateLimited;
-            }
+        if let Some(refused) = refusal(rt, route, trace) {
             return refused;
         }
-        match &route.action {
-            Action::Forward(upstream) => {
-                queue_key(upstream, &view, trace.decision.as_ref(), client_ip)
-            }
-            Action::Respond(_) => 0,
-        }
+        queue_key(&route.action, &view, trace.decision.as_ref(), client_ip)
     };
     let mut res = match &route.action {
         Action::Forward(upstream) => {
@@ -280,16 +269,7 @@ async fn pipeline<'a>(
         }
         Action::Respond(r) => respond(r),
     };
-    if let Some(decision) = &trace.decision {
-        let (limits, rendered) = (&route.limits, &route.rendered);
-        response::add_headers(
-            res.headers_mut(),
-            limits,
-            rendered,
-            decision,
-            rt.settings.headers,
-        );
-    }
+    add_limit_headers(rt, route, trace.decision.as_ref(), &mut res);
     Ok(res)
 }
 

@@ -13,7 +13,7 @@ use crate::forward::{self, Downstream};
 use crate::identity;
 use crate::limiter;
 use crate::response::Body;
-use crate::runtime::{Route, Runtime};
+use crate::runtime::{Action, Route, Runtime};
 use crate::state::State;
 
 /// Forward the request upstream (its body received whole first where the route buffers it)
@@ -78,12 +78,16 @@ pub(super) async fn forward_to(
 
 /// The identity a capped upstream's queue serves the request by: its `queue.key`, else the
 /// identity the route's first limit counted it under, else the client address.
+/// 0 for a route tollgate answers itself, or an uncapped upstream.
 pub(super) fn queue_key(
-    upstream: &forward::Upstream,
+    action: &Action,
     view: &identity::RequestView<'_>,
     decision: Option<&limiter::Decision>,
     client_ip: std::net::IpAddr,
 ) -> u128 {
+    let Action::Forward(upstream) = action else {
+        return 0;
+    };
     if upstream.gate.is_none() {
         return 0;
     }
