@@ -305,11 +305,15 @@ impl Pool {
         // The caller boxes this future: a connect's state (TCP, TLS) is large, and a request
         // future that carried it inline would be copied in full at every move.
         let protocol = self.protocol;
-        match &self.connector {
-            Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await,
-            Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await,
+        let opened = match &self.connector {
+            Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await?,
+            Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await?,
+        };
+        // A new HTTP/2 connection is the target's from now on: the next requests share it.
+        if let (Opened::H2(sender), Some(h2)) = (&opened, &self.h2) {
+            h2.put(target, sender);
         }
-        .map(Some)
+        Ok(Some(opened))
     }
 
     /// Close the connections idle for longer than the idle timeout (and forget closed ones).

@@ -107,9 +107,6 @@ impl super::Pool {
     ) -> Result<(Response<Incoming>, Option<Lease>), Failed> {
         let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
         to_h2(&mut req, scheme);
-        if let Some(h2) = &self.h2 {
-            h2.put(target, &sender);
-        }
         let mut again = true;
         loop {
             match send(&mut sender, *req, head_by).await {
@@ -131,9 +128,6 @@ impl super::Pool {
                         Ok(_) => return Err(Failed::unsent(error, req)),
                         Err(e) => return Err(Failed::unsent(e, req)),
                     };
-                    if let Some(h2) = &self.h2 {
-                        h2.put(target, &sender);
-                    }
                 }
             }
         }
