@@ -396,7 +396,14 @@ local function check(k0, a, n)
         end
         remaining = tok - used - cost
         if used + cost <= tok then
-          new_tats[i], ends[i] = s + (used + cost) * qtok, e
+          -- Redis's clock outside every window the proxy passed (a skew of more than a
+          -- window): counted in the proxy's window, kept one window's length from now, not
+          -- expired at once (which would admit every request).
+          local keep = e
+          if now < s0 or now >= s3 then
+            keep = now + (e - s)
+          end
+          new_tats[i], ends[i] = s + (used + cost) * qtok, keep
         else
           retry, remaining = reset, tok - used
         end
