@@ -105,8 +105,12 @@ pub fn reload(path: &Path, state: &State) -> Result<(), ReloadError> {
         Ok(next) => {
             log_changes(&current.settings, &next.settings);
             state.metrics.loaded(&next.settings.source);
-            let generation = state.swap(next);
+            // Counted before the generation is published: whoever waits for it (a test, the
+            // dashboard) sees the counts of the reload that made it. Reloads run one at a time,
+            // so the next generation is known.
+            let generation = *state.generation.borrow() + 1;
             state.metrics.reloaded(ReloadResult::ok, generation);
+            state.swap(next);
             tracing::info!(generation, "config reloaded");
             Ok(())
         }
