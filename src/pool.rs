@@ -130,7 +130,8 @@ pub struct Pool {
 /// A new connection, in the version it speaks.
 enum Opened {
     H1(Link),
-    H2(h2::Sender),
+    /// With its opener's stream counted, when the pool keeps it for the next requests.
+    H2(h2::Sender, Option<h2::Stream>),
 }
 
 #[derive(Debug)]
@@ -146,9 +147,19 @@ struct Link {
     watch: Arc<HeadWatch>,
 }
 
-/// A connection on loan to one response: it goes back to its pool when the body ends.
+/// What a response holds until its body ends.
 #[derive(Debug)]
-pub struct Lease {
+pub enum Lease {
+    /// An HTTP/1.1 connection, back to its pool then.
+    Conn(Loan),
+    /// A stream of a shared HTTP/2 connection, counted against its bound until then.
+    Stream(h2::Stream),
+}
+
+/// An HTTP/1.1 connection on loan to one response: it goes back to its pool when the body
+/// ends.
+#[derive(Debug)]
+pub struct Loan {
     pool: Arc<Pool>,
     target: usize,
     conn: Link,
@@ -160,7 +171,8 @@ pub struct Lease {
 impl Pool {
     /// `max_idle`: idle connections kept per target (0: every connection closes after its
     /// response). `gate`: a capped upstream's slots, which bound the connections too (its one
-    /// pool is then shared by every worker).
+    /// pool is then shared by every worker). `max_streams`: an HTTP/2 connection's streams at
+    /// most.
     pub fn new(
         connector: Connector,
         targets: usize,
@@ -168,6 +180,7 @@ impl Pool {
         idle_timeout: Duration,
         gate: Option<Arc<crate::capacity::Gate>>,
         protocol: Protocol,
+        max_streams: usize,
     ) -> Self {
         let capped = gate.map(|gate| {
             let open = Open {
@@ -183,7 +196,7 @@ impl Pool {
             idle_timeout,
             capped,
             protocol,
-            h2: (protocol != Protocol::Http1).then(|| h2::Conns::new(targets)),
+            h2: (protocol != Protocol::Http1).then(|| h2::Conns::new(targets, max_streams)),
         }
     }
 
@@ -206,7 +219,7 @@ impl Pool {
         // HTTP/2 (`auto`: once a target picked it). Boxed: inline, its state would make every
         // HTTP/1.1 send larger.
         if let Some(h2) = &self.h2 {
-            if self.protocol != Protocol::Auto || h2.get(target).is_some() {
+            if self.protocol != Protocol::Auto || h2.any(target) {
                 let h2 = crate::boxed(|| self.send_over_h2(target, uri, req, head_by));
                 return h2.await;
             }
@@ -222,9 +235,10 @@ impl Pool {
                         // A capped target's connections all taken: one came back or closed.
                         Ok(None) => continue,
                         // `auto`: the target picked HTTP/2.
-                        Ok(Some(Opened::H2(sender))) => {
-                            let h2 =
-                                crate::boxed(|| self.send_h2(target, uri, sender, req, head_by));
+                        Ok(Some(Opened::H2(sender, stream))) => {
+                            let h2 = crate::boxed(|| {
+                                self.send_h2(target, uri, (sender, stream), req, head_by)
+                            });
                             return h2.await;
                         }
                         Err(error) => return Err(Failed::unsent(error, req)),
@@ -244,13 +258,13 @@ impl Pool {
             match conn.sender.try_send_request(*req).await {
                 Ok(res) => {
                     conn.watch.answered();
-                    let lease = Lease {
+                    let lease = Loan {
                         pool: self.clone(),
                         target,
                         conn,
                         sent,
                     };
-                    return Ok((res, Some(lease)));
+                    return Ok((res, Some(Lease::Conn(lease))));
                 }
                 Err(_) if conn.watch.timed_out.load(Ordering::Acquire) => {
                     return Err(Failed::written(SendError::HeadTimeout))
@@ -305,13 +319,13 @@ impl Pool {
         // The caller boxes this future: a connect's state (TCP, TLS) is large, and a request
         // future that carried it inline would be copied in full at every move.
         let protocol = self.protocol;
-        let opened = match &self.connector {
+        let mut opened = match &self.connector {
             Connector::Plain(c) => handshake(c.clone(), uri, counted, protocol).await?,
             Connector::Tls(c) => handshake(c.clone(), uri, counted, protocol).await?,
         };
         // A new HTTP/2 connection is the target's from now on: the next requests share it.
-        if let (Opened::H2(sender), Some(h2)) = (&opened, &self.h2) {
-            h2.put(target, sender);
+        if let (Opened::H2(sender, stream), Some(h2)) = (&mut opened, &self.h2) {
+            *stream = Some(h2.put(target, sender));
         }
         Ok(Some(opened))
     }
@@ -377,7 +391,7 @@ impl Connector {
                     .await
                     .map_err(SendError::Exchange)
             }
-            Opened::H2(mut sender) => {
+            Opened::H2(mut sender, _) => {
                 let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
                 h2::to_h2(&mut req, scheme);
                 h2::send(&mut sender, req, None).await.map_err(|(e, _)| e)
@@ -423,7 +437,9 @@ where
         }
     };
     if h2 {
-        return h2::handshake(io, counted).await.map(Opened::H2);
+        return h2::handshake(io, counted)
+            .await
+            .map(|sender| Opened::H2(sender, None));
     }
     // hyper's read buffer grows with large responses and keeps its size: 64 KiB bounds what
     // each upstream connection (busy or idle in the pool) holds.
@@ -483,7 +499,7 @@ impl Pooled {
     /// The connection goes back before the slot is freed: a request the freed slot lets in
     /// then finds it idle rather than open one more.
     fn release(&mut self) {
-        if let Some(l) = self.lease.take() {
+        if let Some(Lease::Conn(l)) = self.lease.take() {
             if l.sent.is_done() {
                 l.pool.give_back(l.target, l.conn, self.answered);
             }

@@ -305,6 +305,18 @@ pub struct Upstream {
     /// knowledge), `h2` (HTTP/2 over TLS, by ALPN) or `auto` (over TLS, as ALPN picks).
     #[schemars(extend("x-choices" = ["http1", "h2c", "h2", "auto"]))]
     pub protocol: Option<String>,
+    /// HTTP/2 connections to the targets (with `protocol: h2c`, `h2` or `auto`).
+    pub http2: Option<UpstreamHttp2>,
+}
+
+/// `upstreams.NAME.http2`: how HTTP/2 connections to the targets are shared.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamHttp2 {
+    /// Streams (requests in flight) per connection at most: past it another connection is
+    /// opened. At or below the backend's own `MAX_CONCURRENT_STREAMS`.
+    #[schemars(range(min = 1))]
+    pub max_concurrent_streams: Option<usize>,
 }
 
 /// `upstreams.NAME.max_in_flight`: a number, or `adaptive`.

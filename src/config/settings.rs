@@ -293,6 +293,8 @@ pub struct UpstreamSpec {
     pub scheme: Scheme,
     /// `protocol`: the HTTP version requests go upstream in.
     pub protocol: Protocol,
+    /// `http2.max_concurrent_streams`: an HTTP/2 connection's streams at most.
+    pub max_streams: usize,
     pub targets: Vec<Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,

@@ -125,6 +125,7 @@ impl Upstream {
                     spec.idle_timeout,
                     gate.clone(),
                     spec.protocol,
+                    spec.max_streams,
                 ))
             })
             .collect();

@@ -24,6 +24,11 @@ struct GrpcServer {
 
 impl GrpcServer {
     fn start() -> Self {
+        Self::allowing(0)
+    }
+
+    /// A server that allows `max_streams` streams per connection (0: grpcio's default).
+    fn allowing(max_streams: u32) -> Self {
         let ok = Command::new("python3")
             .args(["-c", "import grpc"])
             .status()
@@ -35,6 +40,7 @@ impl GrpcServer {
         let mut child = Command::new("python3")
             .arg(peer_script())
             .arg("server")
+            .arg(max_streams.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -194,4 +200,19 @@ async fn a_capped_h2c_upstream_serves_calls_in_turn() {
         assert_eq!(answer["trailers"]["x-trailer"], "done", "{answer}");
     }
     assert_eq!(call(proxy.addr(), "bidi").await["ok"][4], "ping4");
+}
+
+/// A backend allowing 2 streams per connection, and `http2.max_concurrent_streams: 2`: four
+/// calls at once run on two connections, side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_a_connections_bound_open_another_connection() {
+    let server = GrpcServer::allowing(2);
+    let two = grpc_config(&server, "").replace(
+        "    protocol: h2c\n",
+        "    protocol: h2c\n    http2: { max_concurrent_streams: 2 }\n",
+    );
+    let proxy = TestProxy::start(&two);
+    let run = call(proxy.addr(), "parallel").await;
+    assert_eq!(run["peers"], 2, "{run}");
+    assert!(run["took"].as_f64().unwrap() < 1.8, "side by side: {run}");
 }

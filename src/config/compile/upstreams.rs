@@ -88,6 +88,7 @@ pub(super) fn upstreams(
             }
         }
         let protocol = protocol(u.protocol.as_deref(), &scheme, &path, p);
+        let max_streams = max_streams(u.http2.as_ref(), protocol, &path, p);
         let (balance, retries, health) = health::resilience(u, &path, p);
         let (capacity, queue_key) = super::capacity::capacity(u, &path, p);
         // A broken upstream is still known by name, so routes using it get no second error.
@@ -98,6 +99,7 @@ pub(super) fn upstreams(
                     name: name.as_str().into(),
                     scheme,
                     protocol,
+                    max_streams,
                     targets,
                     connect_timeout: connect,
                     timeout,
@@ -152,6 +154,37 @@ fn protocol(raw: Option<&str>, scheme: &Scheme, path: &str, p: &mut Problems) ->
     protocol
 }
 
+/// The streams an HTTP/2 connection carries at most before another is opened: 100 by
+/// default, the least RFC 9113 recommends a server allows (nginx allows 128, Go 250).
+fn max_streams(
+    http2: Option<&file::UpstreamHttp2>,
+    protocol: Protocol,
+    path: &str,
+    p: &mut Problems,
+) -> usize {
+    let Some(http2) = http2 else {
+        return DEFAULT_MAX_STREAMS;
+    };
+    if protocol == Protocol::Http1 {
+        p.add(
+            format!("{path}.http2"),
+            "is for HTTP/2 upstreams: set `protocol: h2c`, `h2` or `auto`",
+        );
+    }
+    match http2.max_concurrent_streams {
+        Some(0) => {
+            p.add(
+                format!("{path}.http2.max_concurrent_streams"),
+                "must be at least 1",
+            );
+            DEFAULT_MAX_STREAMS
+        }
+        n => n.unwrap_or(DEFAULT_MAX_STREAMS),
+    }
+}
+
+const DEFAULT_MAX_STREAMS: usize = 100;
+
 /// What makes two upstreams the same for a reload: scheme, targets, timeouts, keep-alive,
 /// balancing, retry and health settings, whether it is capped and its queue's key, and the bytes of the CA file (a renewed CA must reach
 /// new connections).
@@ -159,6 +192,7 @@ fn upstream_fingerprint(spec: &UpstreamSpec, ca: Option<&std::path::Path>) -> [u
     let mut h = blake3::Hasher::new();
     h.update(spec.scheme.as_str().as_bytes());
     h.update(spec.protocol.as_str().as_bytes());
+    h.update(&spec.max_streams.to_le_bytes());
     for t in &spec.targets {
         h.update(b"\0");
         h.update(t.as_str().as_bytes());
