@@ -24,6 +24,11 @@ pub(super) struct Attempt {
     pub(super) at: Instant,
     pub(super) head_by: Option<Instant>,
     pub(super) timeout: Duration,
+    /// A gRPC call's deadline, which the response head is due by too.
+    pub(super) deadline: Option<Instant>,
+    /// A gRPC call: cancelled (its stream reset) as soon as its client leaves, as gRPC
+    /// expects, rather than answered to no one.
+    pub(super) grpc: bool,
 }
 
 /// The most of an answer its client left that is read to keep the connection.
@@ -39,7 +44,7 @@ impl Attempt {
         req: Box<Request<Guarded>>,
         slot: Slot,
     ) -> (Exchanged, Option<Slot>) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (mut tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let sent = req.body().sent();
             let exchange = self
@@ -47,18 +52,28 @@ impl Attempt {
                 .send(self.target, &self.uri, req, self.at, self.head_by);
             // As `send` awaits an uncapped attempt (there inline, so that the response is
             // not moved once more on the hot path).
-            let exchanged = if self.head_by.is_some() {
-                exchange.await
-            } else {
-                let head_deadline = async {
-                    sent.wait().await;
-                    tokio::time::sleep(self.timeout).await;
-                };
+            let exchanged = async {
+                if self.head_by.is_some() {
+                    exchange.await
+                } else {
+                    let head_deadline =
+                        super::deadline::head_due(&sent, self.timeout, self.deadline);
+                    tokio::select! {
+                        biased;
+                        exchanged = exchange => exchanged,
+                        () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
+                    }
+                }
+            };
+            let exchanged = if self.grpc {
+                // A gRPC call whose client left is cancelled: its stream reset at once.
                 tokio::select! {
                     biased;
-                    exchanged = exchange => exchanged,
-                    () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
+                    exchanged = exchanged => exchanged,
+                    () = tx.closed() => return,
                 }
+            } else {
+                exchanged.await
             };
             if let Err((Ok((res, lease)), mut slot)) = tx.send((exchanged, slot)) {
                 // The client left: its slot stays held while the answer is read off.

@@ -4,6 +4,7 @@
 mod balance;
 mod buffered;
 mod check;
+mod deadline;
 mod framing;
 mod health;
 mod held;
@@ -152,6 +153,10 @@ pub async fn send(
             .headers()
             .get(http::header::TE)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    // A gRPC call's deadline, over HTTP/2 where gRPC can go: no lookup for HTTP/1.1.
+    let deadline = (upstream.protocol != Protocol::Http1)
+        .then(|| deadline::of(req.headers(), now))
+        .flatten();
     let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
     let mut at = now;
     // Most upstreams have no cap: no slot to wait for, and no future built to learn that.
@@ -181,6 +186,9 @@ pub async fn send(
         let left = tried.len() <= upstream.retries as usize;
         // Taken before the request goes: once written, hyper keeps it.
         let replay = if replayable && left { copy(&req) } else { None };
+        if let Some(d) = deadline {
+            deadline::propagate(req.headers_mut(), d, at, upstream.timeout);
+        }
         let sent = req.body().sent();
         let in_flight = upstream.enter(target);
         // `timeout` runs from the moment the request is fully sent: until then the route's
@@ -188,7 +196,9 @@ pub async fn send(
         // without a body is sent now, and its connection's task keeps the deadline; one whose
         // body is still streaming gets a timer that starts when the body is done. In this
         // future, not one of its own: the response would be copied once more on its way out.
-        let head_by = sent.is_done().then(|| at + upstream.timeout);
+        let head_by = sent
+            .is_done()
+            .then(|| deadline.map_or(at + upstream.timeout, |d| d.min(at + upstream.timeout)));
         let pool = upstream.pool(down.worker);
         let uri = &upstream.target_uris[target];
         let exchanged = if let Some(held) = slot.take() {
@@ -199,6 +209,9 @@ pub async fn send(
                 at,
                 head_by,
                 timeout: upstream.timeout,
+                deadline,
+                grpc: upstream.protocol != Protocol::Http1
+                    && crate::response::grpc::is_grpc(req.headers()),
             };
             // Boxed: inline, its state would make every forward's future larger.
             let run = crate::boxed(|| attempt.run_holding(req, held));
@@ -211,10 +224,7 @@ pub async fn send(
             if head_by.is_some() {
                 exchange.await
             } else {
-                let head_deadline = async {
-                    sent.wait().await;
-                    tokio::time::sleep(upstream.timeout).await;
-                };
+                let head_deadline = deadline::head_due(&sent, upstream.timeout, deadline);
                 tokio::select! {
                     // The response first: no random draw per poll.
                     biased;

@@ -216,3 +216,34 @@ async fn streams_past_a_connections_bound_open_another_connection() {
     assert_eq!(run["peers"], 2, "{run}");
     assert!(run["took"].as_f64().unwrap() < 1.8, "side by side: {run}");
 }
+
+/// `grpc-timeout` goes upstream as what is left of it, or of the upstream's `timeout` if that
+/// is shorter; a call its client cancels on a capped upstream is cancelled there at once and
+/// frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_are_propagated_and_cancel_the_upstream_call() {
+    let server = GrpcServer::start();
+    let capped = grpc_config(&server, "").replace(
+        "    protocol: h2c\n",
+        "    protocol: h2c\n    timeout: 2s\n    max_in_flight: 1\n    queue: { size: 8, timeout: 10s }\n",
+    );
+    let proxy = TestProxy::start(&capped);
+    // The client allows 10 s, the upstream's timeout 2 s: the server is told 2 s.
+    let left = call(proxy.addr(), "remaining").await["ok"]
+        .as_f64()
+        .unwrap();
+    assert!((1.0..=2.0).contains(&left), "{left}");
+    assert_eq!(call(proxy.addr(), "cancel").await["ok"], true);
+    // The only slot is free at once: the next call does not wait for the slow one's 5 s.
+    let started = std::time::Instant::now();
+    let cancelled = call(proxy.addr(), "cancelled").await;
+    assert_eq!(
+        cancelled["ok"], 1.0,
+        "the server saw the cancellation: {cancelled}"
+    );
+    assert!(
+        started.elapsed().as_secs_f64() < 2.5,
+        "{:?}",
+        started.elapsed()
+    );
+}
