@@ -78,6 +78,13 @@ pub struct RouteLimitLabels {
     pub limit: String,
 }
 
+/// A gRPC call's route and status (`grpc_code` named as grpc-prometheus names it).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    pub route: String,
+    pub grpc_code: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CertLabels {
     /// The listener's configured address.
@@ -163,6 +170,8 @@ pub struct Metrics {
     breaker_open: Gauge,
     /// Requests refused by an operator's ban (`control`), by route.
     pub admin_banned_requests: Family<RouteLabels, Counter>,
+    /// gRPC calls by route and status, counted when the status is known.
+    pub grpc_calls: Family<GrpcLabels, Counter>,
     /// The candidate config's decisions (see `candidate`): for the admin and dashboards.
     pub candidate_decisions: Family<CandidateLabels, sharded::Counter>,
     candidate_loads: Family<ReloadLabels, Counter>,
@@ -184,6 +193,15 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts one gRPC call of `route` when told its status.
+    pub fn grpc_tally(&self, route: &str) -> crate::access_log::GrpcTally {
+        let (calls, route) = (self.grpc_calls.clone(), route.to_owned());
+        crate::access_log::GrpcTally(Box::new(move |code| {
+            let grpc_code = grpc_code_name(code);
+            calls.get_or_create(&GrpcLabels { route, grpc_code }).inc();
+        }))
+    }
+
     pub fn new() -> Self {
         let mut m = Self {
             registry: Registry::default(),
@@ -227,6 +245,7 @@ impl Metrics {
             redis_failovers: Counter::default(),
             breaker_open: Gauge::default(),
             admin_banned_requests: Family::default(),
+            grpc_calls: Family::default(),
             candidate_decisions: Family::default(),
             candidate_loads: Family::default(),
             candidate_ok: Gauge::default(),
@@ -382,4 +401,28 @@ fn set_counter(c: &Counter, total: u64) {
     if total > now {
         c.inc_by(total - now);
     }
+}
+
+/// A gRPC status code's name, as grpc-prometheus labels it.
+fn grpc_code_name(code: u16) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "Canceled",
+        "Unknown",
+        "InvalidArgument",
+        "DeadlineExceeded",
+        "NotFound",
+        "AlreadyExists",
+        "PermissionDenied",
+        "ResourceExhausted",
+        "FailedPrecondition",
+        "Aborted",
+        "OutOfRange",
+        "Unimplemented",
+        "Internal",
+        "Unavailable",
+        "DataLoss",
+        "Unauthenticated",
+    ];
+    NAMES.get(usize::from(code)).copied().unwrap_or("Unknown")
 }

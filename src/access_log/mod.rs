@@ -166,21 +166,39 @@ pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
+/// Told a gRPC call's status once its trailers bring it (for the metrics): `2` (UNKNOWN) for a
+/// body that ended without one, `1` (CANCELLED) for one dropped before its end.
+pub struct GrpcTally(pub Box<dyn FnOnce(u16) + Send + Sync>);
+
+impl std::fmt::Debug for GrpcTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrpcTally")
+    }
+}
+
 /// A response body that writes its request's access-log line when it ends or is dropped,
-/// with the bytes it carried.
+/// with the bytes it carried, and tells a gRPC call's status to its tally.
 #[derive(Debug)]
 pub struct LoggedBody<B> {
     body: B,
     entry: Option<Box<Entry>>,
     sent: u64,
+    grpc: Option<GrpcTally>,
 }
 
 impl<B> LoggedBody<B> {
-    pub fn new(body: B, entry: Option<Box<Entry>>) -> Self {
+    pub fn new(body: B, entry: Option<Box<Entry>>, grpc: Option<GrpcTally>) -> Self {
         Self {
             body,
             entry,
             sent: 0,
+            grpc,
+        }
+    }
+
+    fn tally(&mut self, status: u16) {
+        if let Some(tally) = self.grpc.take() {
+            (tally.0)(status);
         }
     }
 
@@ -200,19 +218,24 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if self.entry.is_some() {
+        if self.entry.is_some() || self.grpc.is_some() {
             match &polled {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
                         self.sent += bytes::Buf::remaining(data) as u64;
                     } else if let Some(trailers) = frame.trailers_ref() {
-                        let status = grpc_status(trailers);
-                        if let (Some(entry), Some(_)) = (self.entry.as_mut(), status) {
-                            entry.grpc_status = status;
+                        if let Some(status) = grpc_status(trailers) {
+                            if let Some(entry) = self.entry.as_mut() {
+                                entry.grpc_status = Some(status);
+                            }
+                            self.tally(status);
                         }
                     }
                 }
-                Poll::Ready(None) => self.write(),
+                Poll::Ready(None) => {
+                    self.tally(2);
+                    self.write();
+                }
                 _ => {}
             }
         }
@@ -230,6 +253,7 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
 
 impl<B> Drop for LoggedBody<B> {
     fn drop(&mut self) {
+        self.tally(1);
         self.write();
     }
 }

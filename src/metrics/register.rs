@@ -158,6 +158,11 @@ impl Metrics {
             "Requests refused by an operator's ban (admin API), by route",
             self.admin_banned_requests.clone(),
         );
+        r.register(
+            "grpc_calls",
+            "gRPC calls by route and gRPC status (the upstream's trailers, or tollgate's own answer)",
+            self.grpc_calls.clone(),
+        );
     }
 
     pub(super) fn register_redis(&mut self) {

@@ -66,6 +66,8 @@ pub struct Handled {
     pub access: Option<Box<Entry>>,
     /// The concurrency slots the request holds until its response (or tunnel) is done.
     pub slots: limiter::concurrency::Guard,
+    /// A gRPC call whose status comes in its trailers: where it is counted then.
+    pub grpc: Option<access_log::GrpcTally>,
 }
 
 /// Why tollgate answered a request itself instead of its upstream, as far as the access log
@@ -159,6 +161,10 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     let slotted = trace.refused == Refused::RateLimited;
     response::add_request_id(res.headers_mut(), id_header, request_id, slotted);
     record(state, &trace, &res, started, &mut entry);
+    let grpc = trace
+        .grpc
+        .then(|| count_grpc(state, &trace, &res))
+        .flatten();
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
     // A WebSocket holds its slots until the tunnel closes.
@@ -170,6 +176,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
         tunnel,
         access: entry,
         slots,
+        grpc,
     }
 }
 
@@ -346,6 +353,25 @@ fn respond(r: &Respond) -> Response<Body> {
         );
     }
     res
+}
+
+/// A gRPC call counted by its status: now for a trailers-only answer, else by the tally
+/// returned, when its trailers come.
+fn count_grpc(
+    state: &State,
+    trace: &Trace<'_>,
+    res: &Response<Body>,
+) -> Option<access_log::GrpcTally> {
+    let calls = state
+        .metrics
+        .grpc_tally(trace.route.map_or("", |r| &*r.name));
+    match access_log::grpc_status(res.headers()) {
+        Some(code) => {
+            (calls.0)(code);
+            None
+        }
+        None => Some(calls),
+    }
 }
 
 /// Count the request and its limit decisions (`metrics`), and complete its access-log entry.

@@ -148,7 +148,7 @@ impl Connection {
                     request.answered = true;
                     // In flight until the response body is sent: a long download is not idle.
                     Ok::<_, Infallible>(res.map(|body| Scoped {
-                        body: LoggedBody::new(body, handled.access),
+                        body: LoggedBody::new(body, handled.access, handled.grpc),
                         _slots: handled.slots,
                         request,
                         waiting: false,

@@ -155,13 +155,15 @@ async fn a_limited_call_is_resource_exhausted_with_pushback() {
     assert_eq!(refused["code"], "UNAVAILABLE", "{refused}");
 }
 
-/// The access log records each call's gRPC status: an upstream's from its trailers, tollgate's
-/// own from its trailers-only answer.
+/// The access log and the metrics record each call's gRPC status: an upstream's from its
+/// trailers, tollgate's own from its trailers-only answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_records_each_calls_grpc_status() {
     let server = GrpcServer::start();
     let limits = "    limits:\n      - { name: calls, rate: 1/min, burst: 1, key: [ip] }\n";
-    let proxy = common::BinaryProxy::start(&grpc_config(&server, limits));
+    let with_admin = grpc_config(&server, limits)
+        .replace("upstreams:", "admin: { address: 127.0.0.1:0 }\nupstreams:");
+    let proxy = common::BinaryProxy::start(&with_admin);
     assert_eq!(call(proxy.addr(), "unary_status").await["ok"], "answered");
     let refused = call(proxy.addr(), "unary_status").await;
     assert_eq!(refused["code"], "RESOURCE_EXHAUSTED");
@@ -176,6 +178,13 @@ async fn the_access_log_records_each_calls_grpc_status() {
         "{:#?}",
         proxy.logs()
     );
+    let metrics = format!("http://{}/metrics", proxy.admin_addr());
+    let scraped = Http::new().get(&metrics).await;
+    let text = scraped.text();
+    for code in ["OK", "ResourceExhausted"] {
+        let sample = format!("tollgate_grpc_calls_total{{route=\"echo\",grpc_code=\"{code}\"}}");
+        assert_eq!(common::find_sample::<u64>(text, &sample), Some(1), "{text}");
+    }
 }
 
 /// A capped HTTP/2 upstream: calls take their slots in turn on the one multiplexed connection,
