@@ -133,6 +133,8 @@ enum Kind {
     /// Received whole before the upstream was contacted (request buffering). Boxed: every
     /// upstream connection's request queue (hyper's channel) holds 32 requests' room at once.
     Held(Box<HeldReader>),
+    /// Bytes of tollgate's own (a gRPC health check's request), sent at once.
+    Fixed(Bytes),
 }
 
 /// `Incoming` with the route's limits applied.
@@ -180,11 +182,20 @@ impl Guarded {
         }
     }
 
+    /// `bytes`, as a body of tollgate's own request.
+    pub fn fixed(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Fixed(bytes),
+            sent: Sent(None),
+        }
+    }
+
     /// The same body again, from its start, for another attempt upstream; `None` when its
     /// bytes were streamed and are gone.
     pub fn replay(&self) -> Option<Self> {
         match &self.kind {
             Kind::Empty => Some(Self::empty()),
+            Kind::Fixed(b) => Some(Self::fixed(b.clone())),
             Kind::Held(r) => Some(Self {
                 kind: Kind::Held(Box::new(r.restart())),
                 sent: Sent(None),
@@ -235,6 +246,8 @@ impl Body for Guarded {
         let this = &mut *self;
         let polled = match &mut this.kind {
             Kind::Empty => return Poll::Ready(None),
+            Kind::Fixed(b) if b.is_empty() => return Poll::Ready(None),
+            Kind::Fixed(b) => return Poll::Ready(Some(Ok(Frame::data(std::mem::take(b))))),
             Kind::Held(r) => {
                 return Pin::new(&mut **r)
                     .poll_frame(cx)
@@ -262,6 +275,7 @@ impl Body for Guarded {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Empty => true,
+            Kind::Fixed(b) => b.is_empty(),
             Kind::Held(r) => r.is_end_stream(),
             Kind::Streaming(s) => s.inner.is_end_stream(),
         }
@@ -270,6 +284,7 @@ impl Body for Guarded {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
+            Kind::Fixed(b) => SizeHint::with_exact(b.len() as u64),
             Kind::Held(r) => r.size_hint(),
             Kind::Streaming(s) => s.inner.size_hint(),
         }

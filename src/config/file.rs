@@ -382,7 +382,10 @@ pub struct Health {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
-    pub path: String,
+    /// What is asked for: `GET path` (or `grpc` instead).
+    pub path: Option<String>,
+    /// gRPC's standard health check (`grpc.health.v1.Health/Check`) instead of `path`.
+    pub grpc: Option<GrpcHealth>,
     #[schemars(pattern(DURATION))]
     pub interval: Option<String>,
     #[schemars(pattern(DURATION))]
@@ -391,6 +394,14 @@ pub struct HealthCheck {
     pub healthy_threshold: Option<u32>,
     /// Consecutive failures that take it out.
     pub unhealthy_threshold: Option<u32>,
+}
+
+/// `upstreams.NAME.health.check.grpc`: the service asked about.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcHealth {
+    /// The service name sent in the check (empty, the default: the server as a whole).
+    pub service: Option<String>,
 }
 
 /// `upstreams.NAME.keepalive`: the pool of idle connections to each target.

@@ -344,8 +344,10 @@ pub struct HealthSpec {
 /// The active health check of an upstream's targets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckSpec {
-    /// What is asked for: `GET path` with `Host: <target>`.
+    /// What is asked for: `GET path` with `Host: <target>`, or gRPC's health check.
     pub path: http::uri::PathAndQuery,
+    /// gRPC's health check of this service (`grpc.health.v1.Health/Check` at `path`).
+    pub grpc: Option<String>,
     pub interval: Duration,
     pub timeout: Duration,
     /// Consecutive passes that take a failing target back.

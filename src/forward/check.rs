@@ -2,6 +2,9 @@
 //! `interval`, and takes a target out of rotation after `unhealthy_threshold` failures in a
 //! row, back after `healthy_threshold` passes.
 //!
+//! A gRPC upstream is asked with gRPC's standard `grpc.health.v1.Health/Check`, encoded here:
+//! one string field in, one enum field out, not worth a protobuf code generator's build time.
+//!
 //! The task runs on the control runtime, never on a worker, and lives exactly as long as its
 //! upstream: it holds the health only weakly, and the upstream aborts it when dropped (a
 //! reload that keeps the upstream keeps its checker and what it learned).
@@ -9,9 +12,10 @@
 use std::sync::{Arc, Weak};
 
 use futures_util::future::join_all;
-use http::header::{CONNECTION, HOST, USER_AGENT};
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, TE, USER_AGENT};
 use http::uri::Authority;
-use http::{HeaderValue, Request, Uri};
+use http::{HeaderValue, Method, Request, Uri};
+use http_body_util::BodyExt;
 use tokio::task::AbortHandle;
 use tokio::time::MissedTickBehavior;
 
@@ -113,10 +117,18 @@ async fn run(probe: Probe, health: Weak<Health>) {
     }
 }
 
-/// One check of one target: `Ok` for a 2xx or 3xx within the timeout, else what went wrong.
+/// One check of one target: `Ok` for a 2xx or 3xx within the timeout (gRPC: `SERVING`), else
+/// what went wrong.
 async fn check(probe: &Probe, (authority, uri): &(Authority, Uri)) -> Result<(), String> {
     let mut req = Request::new(Guarded::empty());
     *req.uri_mut() = Uri::from(probe.spec.path.clone());
+    if let Some(service) = &probe.spec.grpc {
+        *req.method_mut() = Method::POST;
+        *req.body_mut() = Guarded::fixed(grpc_health::request(service));
+        let headers = req.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    }
     let headers = req.headers_mut();
     headers.insert(
         HOST,
@@ -130,12 +142,136 @@ async fn check(probe: &Probe, (authority, uri): &(Authority, Uri)) -> Result<(),
     if probe.protocol == crate::config::settings::Protocol::Http1 {
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    let asked = probe.connector.request_once(uri, req, probe.protocol);
-    match tokio::time::timeout(probe.spec.timeout, asked).await {
-        Err(_) => Err(format!("no response within {:?}", probe.spec.timeout)),
-        Ok(Err(e)) => Err(super::error_chain(e.as_error())),
-        Ok(Ok(res)) if res.status().is_success() || res.status().is_redirection() => Ok(()),
-        Ok(Ok(res)) => Err(format!("status {}", res.status().as_u16())),
+    let grpc = probe.spec.grpc.is_some();
+    let asked = async {
+        let res = probe
+            .connector
+            .request_once(uri, req, probe.protocol)
+            .await
+            .map_err(|e| super::error_chain(e.as_error()))?;
+        let status = res.status();
+        if grpc && status.is_success() {
+            // A trailers-only answer (an error) has its status in the head.
+            let head = res.headers().get("grpc-status").cloned();
+            let answer = res.collect().await.map_err(|e| e.to_string())?;
+            return grpc_health::serving(head.as_ref(), answer);
+        }
+        if status.is_success() || status.is_redirection() {
+            Ok(())
+        } else {
+            Err(format!("status {}", status.as_u16()))
+        }
+    };
+    tokio::time::timeout(probe.spec.timeout, asked)
+        .await
+        .unwrap_or_else(|_| Err(format!("no response within {:?}", probe.spec.timeout)))
+}
+
+/// gRPC's health check, `grpc.health.v1.Health/Check`, in its wire form.
+mod grpc_health {
+    use bytes::{Buf, Bytes};
+    use http_body_util::Collected;
+
+    /// A length-prefixed `HealthCheckRequest { service = 1 }`.
+    pub(super) fn request(service: &str) -> Bytes {
+        let mut message = Vec::new();
+        if !service.is_empty() {
+            message.push(0x0a); // field 1, length-delimited
+            put_varint(&mut message, service.len() as u64);
+            message.extend_from_slice(service.as_bytes());
+        }
+        let mut framed = vec![0]; // not compressed
+        framed.extend_from_slice(&u32::try_from(message.len()).unwrap_or(0).to_be_bytes());
+        framed.extend_from_slice(&message);
+        framed.into()
+    }
+
+    /// `Ok` for `grpc-status: 0` and a `HealthCheckResponse` whose status (field 1) is
+    /// `SERVING` (1).
+    pub(super) fn serving(
+        head: Option<&http::HeaderValue>,
+        answer: Collected<Bytes>,
+    ) -> Result<(), String> {
+        let grpc_status = head
+            .or_else(|| answer.trailers().and_then(|t| t.get("grpc-status")))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        match grpc_status.as_deref() {
+            Some("0") => {}
+            Some(code) => return Err(format!("grpc-status {code}")),
+            None => return Err("no grpc-status".into()),
+        }
+        let mut body = answer.to_bytes();
+        if body.len() < 5 {
+            return Err("no HealthCheckResponse".into());
+        }
+        body.advance(5);
+        let status = field_1(&body).unwrap_or(0);
+        if status == 1 {
+            Ok(())
+        } else {
+            let name = ["UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"];
+            let name = name.get(status as usize).copied().unwrap_or("UNKNOWN");
+            Err(format!("gRPC health status {name}"))
+        }
+    }
+
+    /// The value of varint field 1 of a protobuf message, skipping any other field.
+    fn field_1(mut m: &[u8]) -> Option<u64> {
+        while !m.is_empty() {
+            let key = varint(&mut m)?;
+            match key & 7 {
+                0 if key >> 3 == 1 => return varint(&mut m),
+                0 => {
+                    varint(&mut m)?;
+                }
+                2 => {
+                    let n = usize::try_from(varint(&mut m)?).ok()?;
+                    m = m.get(n..)?;
+                }
+                1 => m = m.get(8..)?,
+                5 => m = m.get(4..)?,
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    fn varint(m: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = m.split_first()?;
+            *m = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn requests_and_answers_in_wire_form() {
+            assert_eq!(&request("")[..], [0, 0, 0, 0, 0]);
+            assert_eq!(
+                &request("a.B")[..],
+                [0, 0, 0, 0, 5, 0x0a, 3, b'a', b'.', b'B']
+            );
+            assert_eq!(field_1(&[0x08, 0x01]), Some(1));
+            assert_eq!(field_1(&[0x12, 0x01, 0xff, 0x08, 0x02]), Some(2));
+            assert_eq!(field_1(&[]), None);
+        }
     }
 }
 
@@ -148,6 +284,7 @@ mod tests {
     fn thresholds_take_a_target_out_and_back() {
         let spec = CheckSpec {
             path: http::uri::PathAndQuery::from_static("/healthz"),
+            grpc: None,
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
             healthy_threshold: 3,

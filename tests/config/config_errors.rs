@@ -44,11 +44,15 @@ macro_rules! fixtures {
 
 fixtures! {
     bad_protocol: "
-{f}: 4 problems
+{f}: 8 problems
   {f}:6:15: upstreams.future.protocol: `h3` is not an upstream protocol (http1, h2c, h2 or auto)
   {f}:9:15: upstreams.plain.protocol: `h2c` is HTTP/2 without TLS, for http:// targets; over TLS write `h2`
   {f}:12:15: upstreams.tls.protocol: `h2` is HTTP/2 over TLS, for https:// targets; without TLS write `h2c`
   {f}:15:15: upstreams.picky.protocol: `auto` picks the version by TLS (ALPN), for https:// targets; for http:// targets write `http1` or `h2c`
+  {f}:19:16: upstreams.checked.health.check.grpc: gRPC's health check needs an HTTP/2 upstream: set `protocol: h2c` (or `h2`)
+  {f}:22:5: upstreams.streams.http2: is for HTTP/2 upstreams: set `protocol: h2c`, `h2` or `auto`
+  {f}:22:38: upstreams.streams.http2.max_concurrent_streams: must be at least 1
+  {f}:27:22: upstreams.both.health.check.path: has both `path` and `grpc`: a check asks one
 ",
     bad_window: r"
 {f}: 7 problems

@@ -256,3 +256,32 @@ async fn deadlines_are_propagated_and_cancel_the_upstream_call() {
         started.elapsed()
     );
 }
+
+/// gRPC's standard health check (`grpc.health.v1.Health/Check`) takes a target that answers
+/// `NOT_SERVING` out of rotation, and back once it serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_checks_follow_the_servers_status() {
+    let (a, b) = (GrpcServer::start(), GrpcServer::start());
+    let checked = grpc_config(&a, "").replace(
+        &format!("    targets: [127.0.0.1:{}]\n    protocol: h2c\n", a.port),
+        &format!(
+            "    targets: [127.0.0.1:{}, 127.0.0.1:{}]\n    protocol: h2c\n    health:\n      check: {{ grpc: {{}}, interval: 100ms, healthy_threshold: 1, unhealthy_threshold: 1 }}\n",
+            a.port, b.port
+        ),
+    );
+    let proxy = TestProxy::start(&checked);
+    let b_direct: std::net::SocketAddr = ([127, 0, 0, 1], b.port).into();
+    let served_by_b = || async { call(b_direct, "count").await["ok"].as_f64().unwrap() as u64 };
+    assert_eq!(call(b_direct, "unhealthy").await["ok"], "0");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    for _ in 0..4 {
+        assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
+    }
+    assert_eq!(served_by_b().await, 0, "NOT_SERVING: out of rotation");
+    assert_eq!(call(b_direct, "healthy").await["ok"], "1");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    for _ in 0..4 {
+        assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
+    }
+    assert!(served_by_b().await >= 1, "SERVING again: back in rotation");
+}

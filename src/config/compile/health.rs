@@ -102,15 +102,24 @@ fn health(h: Option<&file::Health>, path: &str, p: &mut Problems) -> HealthSpec 
     }
 }
 
+/// The path gRPC's health check asks.
+const GRPC_HEALTH: &str = "/grpc.health.v1.Health/Check";
+
 fn check(c: &file::HealthCheck, path: &str, p: &mut Problems) -> Option<CheckSpec> {
-    let target = if c.path.starts_with('/') {
-        c.path
+    let target = match (&c.path, &c.grpc) {
+        (Some(_), Some(_)) => Err("has both `path` and `grpc`: a check asks one".to_owned()),
+        (None, None) => Err("needs `path` (an HTTP check) or `grpc` (gRPC's health check)".into()),
+        (None, Some(_)) => Ok(PathAndQuery::from_static(GRPC_HEALTH)),
+        (Some(raw), None) if raw.starts_with('/') => raw
             .parse::<PathAndQuery>()
-            .map_err(|_| format!("`{}` is not a path (and query) to request", c.path))
-    } else {
-        Err(format!("`{}` must start with `/`", c.path))
+            .map_err(|_| format!("`{raw}` is not a path (and query) to request")),
+        (Some(raw), None) => Err(format!("`{raw}` must start with `/`")),
     };
-    let target = p.take(format!("{path}.path"), target);
+    let key = match c.path {
+        Some(_) => format!("{path}.path"),
+        None => path.to_owned(),
+    };
+    let target = p.take(key, target);
     let interval = positive(
         p,
         format!("{path}.interval"),
@@ -141,6 +150,10 @@ fn check(c: &file::HealthCheck, path: &str, p: &mut Problems) -> Option<CheckSpe
     let unhealthy_threshold = threshold("unhealthy_threshold", c.unhealthy_threshold);
     Some(CheckSpec {
         path: target?,
+        grpc: c
+            .grpc
+            .as_ref()
+            .map(|g| g.service.clone().unwrap_or_default()),
         interval,
         timeout,
         healthy_threshold,

@@ -90,6 +90,12 @@ pub(super) fn upstreams(
         let protocol = protocol(u.protocol.as_deref(), &scheme, &path, p);
         let max_streams = max_streams(u.http2.as_ref(), protocol, &path, p);
         let (balance, retries, health) = health::resilience(u, &path, p);
+        if protocol == Protocol::Http1 && health.check.as_ref().is_some_and(|c| c.grpc.is_some()) {
+            p.add(
+                format!("{path}.health.check.grpc"),
+                "gRPC's health check needs an HTTP/2 upstream: set `protocol: h2c` (or `h2`)",
+            );
+        }
         let (capacity, queue_key) = super::capacity::capacity(u, &path, p);
         // A broken upstream is still known by name, so routes using it get no second error.
         let upstream = tls
