@@ -324,6 +324,19 @@ pub(super) async fn send(
     };
     answered.map_err(|mut e| {
         let unsent = e.take_message();
-        (SendError::Exchange(e.into_error()), unsent)
+        let e = e.into_error();
+        if not_http2(&e) {
+            let why = "the target did not answer in HTTP/2 (an HTTP/1.x answer reads as a frame of invalid size): set the upstream's `protocol` to what the target speaks (`http1`)";
+            return (SendError::Connect(why.into()), unsent);
+        }
+        (SendError::Exchange(e), unsent)
     })
+}
+
+/// The peer sent what cannot be HTTP/2 framing: "HTTP/1.1 400" read as a frame header is a
+/// frame of 4.7 MB, past any peer's size.
+fn not_http2(e: &hyper::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<::h2::Error>())
+        .is_some_and(|h2| h2.reason() == Some(::h2::Reason::FRAME_SIZE_ERROR) && h2.is_go_away())
 }

@@ -7,6 +7,8 @@
 //! - `/hop`: a response carrying hop-by-hop headers, which a proxy must strip.
 //! - `/status/CODE`: an empty response with that status.
 //! - anything else: `200 ok`.
+//!
+//! `MockUpstream::h2c()` serves the same over HTTP/2 only, by prior knowledge.
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -65,6 +67,15 @@ pub struct MockUpstream {
 
 impl MockUpstream {
     pub fn start() -> Self {
+        Self::serving(false)
+    }
+
+    /// The same backend speaking HTTP/2 without TLS (h2c) only.
+    pub fn h2c() -> Self {
+        Self::serving(true)
+    }
+
+    fn serving(h2c: bool) -> Self {
         let std_listener = listen_loopback();
         let addr = std_listener.local_addr().expect("local addr");
         let record = Arc::new(Record::default());
@@ -75,7 +86,7 @@ impl MockUpstream {
                 .enable_all()
                 .build()
                 .expect("mock upstream runtime");
-            rt.block_on(serve(std_listener, shared, stopped));
+            rt.block_on(serve(std_listener, shared, stopped, h2c));
         });
         Self {
             addr,
@@ -164,7 +175,12 @@ pub fn refused_addr() -> SocketAddr {
     addr
 }
 
-async fn serve(listener: StdListener, record: Arc<Record>, mut stopped: oneshot::Receiver<()>) {
+async fn serve(
+    listener: StdListener,
+    record: Arc<Record>,
+    mut stopped: oneshot::Receiver<()>,
+    h2c: bool,
+) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
     loop {
         let (stream, peer) = tokio::select! {
@@ -177,9 +193,16 @@ async fn serve(listener: StdListener, record: Arc<Record>, mut stopped: oneshot:
         let record = record.clone();
         let service = service_fn(move |req| handle(req, peer, record.clone()));
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let io = TokioIo::new(stream);
+            let _ = if h2c {
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(io, service)
+                    .await
+            } else {
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await
+            };
         });
     }
 }

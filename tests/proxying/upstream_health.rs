@@ -2,7 +2,8 @@
 //! a target that fails requests is ejected and one that fails its health check gets no traffic
 //! until it passes again, every target dead is a quick 502 and never "ejected forever",
 //! idempotent requests (only those) are retried after a failure status, and least_request
-//! keeps requests off a slow target.
+//! keeps requests off a slow target; ejection, checks and retries over HTTP/2 (h2c) upstreams
+//! as over HTTP/1.1, and a target that does not speak HTTP/2 a clear 502.
 
 use crate::common;
 
@@ -19,7 +20,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -136,8 +137,9 @@ async fn serve(
         };
         let state = state.clone();
         let service = service_fn(move |req| answer(req, state.clone()));
+        // HTTP/1.1, or HTTP/2 by prior knowledge (h2c), as the client speaks.
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -259,11 +261,27 @@ async fn requests_to_a_dead_target_go_to_another_one_bodies_and_all() {
 
 #[tokio::test]
 async fn a_dead_target_is_ejected_after_max_fails() {
-    let up = MockUpstream::start();
+    dead_target_ejected("").await;
+}
+
+/// The same, and the next tests, with an HTTP/2 upstream (`protocol: h2c`).
+#[tokio::test]
+async fn over_h2c_a_dead_target_is_ejected_after_max_fails() {
+    dead_target_ejected(H2C).await;
+}
+
+const H2C: &str = "    protocol: h2c\n";
+
+async fn dead_target_ejected(protocol: &str) {
+    let up = if protocol.is_empty() {
+        MockUpstream::start()
+    } else {
+        MockUpstream::h2c()
+    };
     let dead = refused_addr();
     let proxy = proxy(
         &format!(
-            "    targets: [{dead}, {}]\n    health: {{ max_fails: 2 }}\n",
+            "    targets: [{dead}, {}]\n    health: {{ max_fails: 2 }}\n{protocol}",
             up.addr()
         ),
         "",
@@ -294,10 +312,26 @@ async fn a_dead_target_is_ejected_after_max_fails() {
         (1.0..=2.0).contains(&retries),
         "ejected after 2 failures, then left alone: {retries} retries"
     );
+    let version = up.last().version;
+    let want = if protocol.is_empty() {
+        http::Version::HTTP_11
+    } else {
+        http::Version::HTTP_2
+    };
+    assert_eq!(version, want);
 }
 
 #[tokio::test]
 async fn a_target_failing_its_health_check_gets_no_traffic_until_it_passes() {
+    health_check_gates_traffic("").await;
+}
+
+#[tokio::test]
+async fn over_h2c_a_target_failing_its_health_check_gets_no_traffic_until_it_passes() {
+    health_check_gates_traffic(H2C).await;
+}
+
+async fn health_check_gates_traffic(protocol: &str) {
     let (good, sick) = (Backend::start(), Backend::start());
     sick.set_healthy(false);
     let proxy = proxy(
@@ -306,7 +340,7 @@ async fn a_target_failing_its_health_check_gets_no_traffic_until_it_passes() {
     health:
       max_fails: 0
       check: {{ path: /healthz, interval: 200ms, timeout: 200ms, healthy_threshold: 2, unhealthy_threshold: 2 }}
-",
+{protocol}",
             good.addr, sick.addr
         ),
         "",
@@ -382,13 +416,22 @@ async fn every_target_dead_is_a_quick_502_and_none_is_ejected_forever() {
 
 #[tokio::test]
 async fn an_idempotent_request_is_retried_after_a_failure_status_and_a_post_never() {
+    idempotent_retried("").await;
+}
+
+#[tokio::test]
+async fn over_h2c_an_idempotent_request_is_retried_after_a_failure_status_and_a_post_never() {
+    idempotent_retried(H2C).await;
+}
+
+async fn idempotent_retried(protocol: &str) {
     let (failing, good) = (Backend::start(), Backend::start());
     failing.answer(503);
     let proxy = proxy(
         &format!(
             "    targets: [{}, {}]
     health: {{ max_fails: 0, failure_statuses: [503] }}
-",
+{protocol}",
             failing.addr, good.addr
         ),
         "    retry_idempotent: true\n",
@@ -557,4 +600,15 @@ routes:
     let checked = new.checks();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(new.checks() > checked, "the new one's runs");
+}
+
+/// `protocol: h2c` to a target that speaks only HTTP/1.1: a 502 at once, never a hang.
+#[tokio::test]
+async fn an_h2c_upstream_that_speaks_only_http1_is_a_502() {
+    let up = MockUpstream::start();
+    let proxy = proxy(&format!("    targets: [{}]\n{H2C}", up.addr()), "");
+    let started = Instant::now();
+    assert_eq!(Http::new().get(&proxy.url("/x")).await.code(), 502);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(up.count(), 0, "nothing reached it as a request");
 }
