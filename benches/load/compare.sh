@@ -26,7 +26,10 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                    token bucket and the local limiter), redis-concurrency (3f: the same with a
                    concurrency limit), redis-leased (3g: the token bucket with `leasing: auto`,
                    one hot client), keys (4: KEYS distinct X-API-Key values), h2 (5: h2c),
-                   fixed (6, 7: HTTP/1.1 at a fixed rate, forwarded and rejected).
+                   h2up (5b: h2c clients to an h2c backend: tollgate `protocol: h2c`,
+                   HAProxy `proto h2`, nginx `grpc_pass`), grpc (5c: the same with gRPC-framed
+                   unary POSTs), fixed (6, 7: HTTP/1.1 at a fixed rate, forwarded and
+                   rejected).
     DURATION [10]  seconds measured per run       WARMUP [2]   seconds of warm-up per run
     CONNECTIONS [64]  client connections          THREADS [2]  wrk/h2load threads
     H2_STREAMS [10]   concurrent streams per h2 connection (h2load -m)
@@ -37,7 +40,7 @@ compare            tollgate against nginx (proxy_pass + limit_req), HAProxy (sti
                       (unset: the binary's default, and no key an older binary would refuse)
     FIXED_RPS [900]   requests per second per connection in scenarios 6 and 7 (h2load --rps)
     SCENARIOS [baseline forwarded candidate rejected redis cluster slots redis-quota
-               redis-concurrency redis-leased keys h2 fixed]
+               redis-concurrency redis-leased keys h2 h2up grpc fixed]
     LOGS [off]        off: every proxy's access log off; file: every proxy logs every request
                       to a file (tollgate --access-log FILE; nginx access_log FILE, and a
                       second nginx with buffer=64k flush=1s; HAProxy option httplog to its
@@ -63,7 +66,7 @@ run_compare() {
     export KEYS # for keys.lua
     TOLLGATE_HEADERS=${TOLLGATE_HEADERS:-true}
     FIXED_RPS=${FIXED_RPS:-900}
-    SCENARIOS=${SCENARIOS:-baseline forwarded candidate rejected redis cluster slots redis-quota redis-concurrency redis-leased keys h2 fixed}
+    SCENARIOS=${SCENARIOS:-baseline forwarded candidate rejected redis cluster slots redis-quota redis-concurrency redis-leased keys h2 h2up grpc fixed}
     # Further limits of tollgate's route, as YAML lines (scenario 3d sets one).
     TOLLGATE_EXTRA=
     # The kind of tollgate's limit in place of its token bucket (scenarios 3e, 3f and 3g set it).
@@ -104,8 +107,11 @@ measure_h2() {
     out_file "$scen" "$target"
     out=$OUT
     log "$scen / $target: ${WARMUP}s warm-up + ${DURATION}s (h2load -t$THREADS -c$CONNECTIONS -m$H2_STREAMS)"
+    url+=${H2_PATH:-}
+    # H2LOAD_EXTRA: more h2load arguments (scenario 5c: the gRPC call's body and headers).
     bounded $((WARMUP + DURATION + 30)) "$out" h2load -t"$THREADS" -c"$CONNECTIONS" -m"$H2_STREAMS" \
-        -D "$DURATION" --warm-up-time "$WARMUP" --log-file "$out.log" "$url" ||
+        -D "$DURATION" --warm-up-time "$WARMUP" --log-file "$out.log" \
+        ${H2LOAD_EXTRA[@]+"${H2LOAD_EXTRA[@]}"} "$url" ||
         die "h2load failed: $(cat "$out")"
     rss=$(rss_kb "$pid" VmHWM)
     probe=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 --http2-prior-knowledge "$url" || echo failed)
@@ -366,6 +372,40 @@ h2_tollgate() {
         measure_h2 "$(sc "5 h2 forwarded")" tollgate
 }
 
+# Scenarios 5b and 5c: h2c from the clients and to the backend's h2c port (tollgate
+# `protocol: h2c`, HAProxy `proto h2`, nginx `grpc_pass`, its only HTTP/2 upstream): GETs (5b),
+# and gRPC-framed POSTs (5c: `content-type: application/grpc`, `te: trailers`, one 5-byte
+# message, as a unary call's, to /bench.Echo/Unary), which tollgate streams both ways, never
+# buffered. Each target runs once.
+# shellcheck disable=SC2034 # start_nginx's, start_haproxy's and tollgate_config's settings
+h2up_nginx() {
+    local BACKEND_PORT=$BACKEND_H2_PORT NGINX_PASS=grpc NGINX_LOG=off
+    [ "$LOGGED" = 0 ] || NGINX_LOG="file"
+    start_nginx nginx-h2up "${FWD_NGINX[@]}"
+    measure_h2 "$H2UP_SCEN" nginx "$NGINX_PID" "http://127.0.0.1:$NGINX_H2_PORT/"
+    stop "$NGINX_PID"
+}
+# shellcheck disable=SC2034
+h2up_haproxy() {
+    local BACKEND_PORT=$BACKEND_H2_PORT HAPROXY_SERVER_OPTS="proto h2"
+    start_haproxy haproxy-h2up "${FWD_HAPROXY[@]}"
+    measure_h2 "$H2UP_SCEN" haproxy "$HAPROXY_PID" "http://127.0.0.1:$HAPROXY_H2_PORT/"
+    stop "$HAPROXY_PID"
+}
+# shellcheck disable=SC2034
+h2up_tollgate() {
+    local BACKEND_PORT=$BACKEND_H2_PORT TOLLGATE_UPSTREAM="    protocol: h2c"
+    tollgate_measures tollgate-h2up "$LOCAL" "${FWD_TOLLGATE[@]}" measure_h2 "$H2UP_SCEN" tollgate
+}
+# h2up_all SCENARIO: scenario 5b or 5c (H2_PATH and H2LOAD_EXTRA set) on every target.
+h2up_all() {
+    local H2UP_SCEN=$1 f
+    for f in h2up_nginx h2up_tollgate; do "$f"; done
+    if peer_wanted haproxy; then h2up_haproxy; fi
+    ratio "$1, tollgate/nginx" "$1" tollgate "$1" nginx
+    if peer_wanted haproxy; then ratio "$1, tollgate/haproxy" "$1" tollgate "$1" haproxy; fi
+}
+
 fixed_nginx_as() {
     nginx_measures nginx-fixed-fwd "$1" "${FWD_NGINX[@]}" measure_fixed "$(sc "6 fixed-rate forwarded")"
     nginx_measures nginx-fixed-rej "$1" "${REJ_NGINX[@]}" measure_fixed "$(sc "7 fixed-rate rejected")"
@@ -468,6 +508,16 @@ compare_pass() {
     if compare_want h2; then
         for r in $(line_up h2); do "$r"; done
         versus "$(sc "5 h2 forwarded")" "$(sc "5 h2 forwarded")" h2
+    fi
+
+    if compare_want h2up; then
+        h2up_all "$(sc "5b h2c to an h2c backend")"
+    fi
+    if compare_want grpc; then
+        printf '\0\0\0\0\5hello' >"$TMP/grpc-call.bin"
+        local H2_PATH=bench.Echo/Unary
+        local H2LOAD_EXTRA=(-d "$TMP/grpc-call.bin" -H "content-type: application/grpc" -H "te: trailers")
+        h2up_all "$(sc "5c gRPC unary to an h2c backend")"
     fi
 
     if compare_want fixed; then

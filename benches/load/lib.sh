@@ -224,7 +224,8 @@ tollgate_config() {
     [ -z "${TOLLGATE_LIMIT:-}" ] || limit="        $TOLLGATE_LIMIT"
     fill "$CONF/tollgate.yaml.in" "$1" PORT="$2" BACKEND_PORT="$BACKEND_PORT" LIMITER="$3" \
         HEADERS="${TOLLGATE_HEADERS:-true}" LIMIT="$limit" KEY="$6" \
-        EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering" TOP="${TOLLGATE_TOP:-}"
+        EXTRA="${TOLLGATE_EXTRA:-}" BUFFERING="$buffering" TOP="${TOLLGATE_TOP:-}" \
+        UPSTREAM="${TOLLGATE_UPSTREAM:-    # protocol: http1 (the default)}"
 }
 
 # --- binaries -------------------------------------------------------------------------------
@@ -294,9 +295,17 @@ start_nginx() {
     esac
     NGINX_PORT=$(free_port)
     NGINX_H2_PORT=$(free_port)
+    # NGINX_PASS=grpc: to the backend over h2c (`grpc_pass`, nginx's only HTTP/2 upstream).
+    local pass="proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+            proxy_set_header Host \$http_host;"
+    [ "${NGINX_PASS:-proxy}" != grpc ] || pass="grpc_pass grpc://backend;
+            grpc_set_header Host \$http_host;"
     fill "$CONF/nginx-proxy.conf.in" "$dir/nginx.conf" DIR="$dir" PORT="$NGINX_PORT" \
         H2_PORT="$NGINX_H2_PORT" BACKEND_PORT="$BACKEND_PORT" ZONE_KEY="$2" ZONE_SIZE="$3" \
-        RATE="$4" BURST="$5" ACCESS_LOG="$access"
+        RATE="$4" BURST="$5" ACCESS_LOG="$access" PASS="$pass" \
+        SET_HEADER="${NGINX_PASS:-proxy}_set_header"
     spawn "$1" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log"
     NGINX_PID=$SPAWNED
     wait_port "$NGINX_PORT" "$NGINX_PID" "nginx ($1)"

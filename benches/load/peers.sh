@@ -36,7 +36,8 @@ start_haproxy() {
     HAPROXY_H2_PORT=$(free_port)
     fill "$CONF/haproxy.cfg.in" "$dir/haproxy.cfg" PORT="$HAPROXY_PORT" \
         H2_PORT="$HAPROXY_H2_PORT" BACKEND_PORT="$BACKEND_PORT" TABLE_TYPE="$2" TRACK="$3" \
-        WINDOW="$4" LIMIT="$5" EXPIRE="$6" LOG_GLOBAL="$global" LOG_DEFAULTS="$defaults"
+        WINDOW="$4" LIMIT="$5" EXPIRE="$6" LOG_GLOBAL="$global" LOG_DEFAULTS="$defaults" \
+        SERVER_OPTS="${HAPROXY_SERVER_OPTS:-}"
     spawn "$1" haproxy -db -f "$dir/haproxy.cfg"
     HAPROXY_PID=$SPAWNED
     wait_port "$HAPROXY_PORT" "$HAPROXY_PID" "haproxy ($1)"

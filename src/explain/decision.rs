@@ -18,6 +18,9 @@ pub struct Decision {
     /// The HTTP status the client would get when the proxy answers itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// For a gRPC call, the gRPC status of that answer (sent with HTTP 200, trailers-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<u8>,
     /// Why, in a sentence.
     pub reason: String,
 }
@@ -48,6 +51,7 @@ impl Decision {
             limit: None,
             retry_after_s: None,
             status: Some(404),
+            grpc_status: None,
             reason: "no route matches the request".into(),
         }
     }
@@ -59,6 +63,7 @@ impl Decision {
             limit: None,
             retry_after_s: None,
             status: Some(e.status().as_u16()),
+            grpc_status: None,
             reason: format!("refused before routing: {e}"),
         }
     }
@@ -70,6 +75,7 @@ impl Decision {
             limit: None,
             retry_after_s: Some(ban.times.ttl_left_s as f64),
             status: Some(403),
+            grpc_status: None,
             reason: format!("refused by an operator's ban {} ({})", ban.id, ban.reason),
         }
     }
@@ -81,6 +87,7 @@ impl Decision {
             limit: None,
             retry_after_s: None,
             status: None,
+            grpc_status: None,
             reason: reason.to_owned(),
         }
     }
@@ -122,6 +129,7 @@ pub(super) fn decide(limits: &[LimitExplained]) -> Decision {
             limit: Some(l.name.clone()),
             retry_after_s: Some(l.retry_after_s),
             status: Some(status),
+            grpc_status: None,
             reason: format!("{why}{others}"),
         };
     }

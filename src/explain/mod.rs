@@ -259,6 +259,12 @@ pub(crate) async fn explain(
     if matches!(out.decision.outcome, Verdict::Admitted | Verdict::Exempt) {
         out.capacity = capacity(route);
     }
+    if crate::response::grpc::is_call(&req) {
+        out.decision.grpc_status = out.decision.status.map(|s| match s {
+            429 => rt.settings.grpc_limited_status,
+            s => http::StatusCode::from_u16(s).map_or(2, crate::response::grpc::code),
+        });
+    }
     Ok(out)
 }
 

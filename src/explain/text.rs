@@ -35,8 +35,14 @@ pub fn render(e: &Explanation) -> String {
     if let Some(s) = d.retry_after_s {
         let _ = write!(out, " (retry after {})", seconds(s));
     }
-    if let Some(status) = d.status {
-        let _ = write!(out, " [{status}]");
+    match (d.status, d.grpc_status) {
+        (Some(status), Some(grpc)) => {
+            let _ = write!(out, " [{status}; gRPC status {grpc}]");
+        }
+        (Some(status), None) => {
+            let _ = write!(out, " [{status}]");
+        }
+        _ => {}
     }
     out.push('\n');
     if let Some(ban) = &e.operator_ban {

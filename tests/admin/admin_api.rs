@@ -209,6 +209,12 @@ async fn explain_shows_each_bucket_and_the_decision_without_taking_tokens() {
         assert_eq!(e["decision"]["status"], 429);
         let retry = e["decision"]["retry_after_s"].as_f64().unwrap();
         assert!(retry > 50.0 && retry <= 60.0, "{retry}");
+        assert!(e["decision"].get("grpc_status").is_none(), "{e:#}");
+        // A gRPC call would get its status in gRPC's form: RESOURCE_EXHAUSTED.
+        let grpc =
+            "method=POST&path=/v1/items&header=X-API-Key:abc&header=Content-Type:application/grpc";
+        let e = explain(&proxy, t, grpc).await;
+        assert_eq!(e["decision"]["grpc_status"], 8, "{e:#}");
         let l = only_limit(&e);
         assert_eq!(
             (l["outcome"].as_str(), l["now"]["remaining"].as_u64()),
