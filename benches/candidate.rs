@@ -7,7 +7,7 @@ use std::sync::Arc;
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::candidate::Candidate;
 use tollgate::limiter::concurrency::Guard;
-use tollgate::limiter::local::Clock;
+use tollgate::limiter::Clock;
 
 const CANDIDATE: &str = "listeners: [{address: 127.0.0.1:0}]
 routes:

@@ -6,8 +6,9 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;
 use tollgate::limiter::ban::Bans;
-use tollgate::limiter::local::{check, wall_us, Buckets, Item, Peer};
-use tollgate::limiter::quota::window;
+use tollgate::limiter::clock::wall_us;
+use tollgate::limiter::local::{check, Buckets, Item, Peer};
+use tollgate::limiter::window::window;
 use tollgate::limiter::{BanSpec, Counting, Period, QuotaSpec, Rate};
 
 fn limit_checks(c: &mut Criterion) {

@@ -228,7 +228,7 @@ mod tests {
             let req = http::Request::get(path).body(()).unwrap();
             candidate.evaluate(
                 &crate::identity::Arrival::of(&req, ip),
-                Moment(0.0),
+                Moment::from_us(0.0),
                 &mut slots,
             );
         }

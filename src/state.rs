@@ -9,7 +9,7 @@ use arc_swap::{ArcSwap, Guard};
 use tokio::sync::watch;
 
 use crate::config::Settings;
-use crate::limiter::local::Clock;
+use crate::limiter::Clock;
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use crate::workers::Workers;

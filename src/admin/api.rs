@@ -72,7 +72,7 @@ fn refused(peer: Option<std::net::SocketAddr>, path: &str) {
     static GATE: std::sync::LazyLock<crate::log_gate::LogGate> = std::sync::LazyLock::new(|| {
         crate::log_gate::LogGate::new(std::time::Duration::from_secs(1))
     });
-    if let Some(held_back) = GATE.open(crate::limiter::local::wall_us() as u64) {
+    if let Some(held_back) = GATE.open(crate::limiter::clock::wall_us() as u64) {
         tracing::warn!(
             peer = %peer.map_or_else(String::new, |p| p.to_string()),
             path,

@@ -81,7 +81,7 @@ fn from_config(config: &Path, query: &Query) -> Result<(Explanation, String), St
             "from the config alone ({}): buckets are full, no bans, nothing in flight",
             config.display()
         );
-        let now = crate::limiter::local::Clock::new().now();
+        let now = crate::limiter::Clock::new().now();
         let mut e = explain(&runtime, None, query, now, source).await?;
         if redis {
             "redis (not asked)".clone_into(&mut e.backend);

@@ -186,7 +186,7 @@ pub(crate) fn log(c: &super::Check<'_>, event: BanEvent) {
     static LIFTED: std::sync::LazyLock<crate::log_gate::LogGate> = std::sync::LazyLock::new(|| {
         crate::log_gate::LogGate::new(std::time::Duration::from_secs(1))
     });
-    let now = super::local::wall_us() as u64;
+    let now = super::clock::wall_us() as u64;
     let mut client = String::with_capacity(32);
     match event {
         BanEvent::Started(length) => {

@@ -13,7 +13,7 @@ use crate::identity::{ClientId, RequestView};
 
 /// An operator's override of one limit for one identity (see `control`). A token bucket keeps
 /// its key and its state, counted at the other rate. A quota's state is its window's share
-/// used (`quota`), so the same key at another count would keep the share, not the count: an
+/// used (`window`), so the same key at another count would keep the share, not the count: an
 /// exhausted quota would stay exhausted however high the count. So a quota override counts in
 /// a bucket of its own (`fresh`, mixed into the identity's digest), from zero, for as long as
 /// it lasts; `rate` is then its count over the period's nominal length, as a quota's is.

@@ -33,7 +33,6 @@ mod peers;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -41,66 +40,11 @@ pub use self::log::Logs;
 pub use self::peek::Counted;
 pub use self::peers::Peer;
 use self::peers::{PeerShard, Peers};
-use super::quota::{self, Window};
+use super::window::{self, Window};
 use super::{step, Counting, QuotaSpec, Rate, Small, Verdict};
 use crate::identity::ClientId;
 
 const SHARDS: usize = 64;
-
-/// A monotonic clock in microseconds, on tokio's clock (so a test that pauses time moves it);
-/// unit tests construct buckets and pass their own `now`.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    origin: Instant,
-}
-
-impl Clock {
-    pub fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-        }
-    }
-
-    /// Now on this clock.
-    pub fn now(&self) -> super::Moment {
-        self.at(Instant::now())
-    }
-
-    /// `at` on this clock (for a caller that has just read the time).
-    pub fn at(&self, at: Instant) -> super::Moment {
-        super::Moment(at.saturating_duration_since(self.origin).as_secs_f64() * 1e6)
-    }
-}
-
-/// Wall-clock microseconds since the UNIX epoch at `at`: the system clock as read once per
-/// process, moved on by tokio's clock since (so a test that pauses time moves it, and every
-/// clock of the process agrees). Calendar quotas take their windows from it.
-pub fn wall_at(at: Instant) -> f64 {
-    static ANCHOR: std::sync::LazyLock<(std::time::Instant, f64)> =
-        std::sync::LazyLock::new(|| {
-            let wall = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64() * 1e6);
-            (std::time::Instant::now(), wall)
-        });
-    let (origin, wall) = *ANCHOR;
-    let at = at.into_std();
-    match at.checked_duration_since(origin) {
-        Some(d) => wall + d.as_secs_f64() * 1e6,
-        None => wall - origin.duration_since(at).as_secs_f64() * 1e6,
-    }
-}
-
-/// `wall_at` now.
-pub fn wall_us() -> f64 {
-    wall_at(Instant::now())
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// The client digest is already uniformly random: hash it by taking its first eight bytes.
 #[derive(Default)]
@@ -158,7 +102,7 @@ pub struct Item<'a> {
     pub peer: Peer,
     pub rate: &'a Rate,
     pub cost: u32,
-    /// A quota's window: counted by `quota::step` instead of the token bucket's.
+    /// A quota's window: counted by `window::step` instead of the token bucket's.
     pub window: Option<Window>,
 }
 
@@ -168,7 +112,7 @@ impl Item<'_> {
     /// shard, taken from the high bits, is the same).
     fn key(&self) -> ClientId {
         match &self.window {
-            Some(w) if w.counting == Counting::Sliding && quota::odd(w) => {
+            Some(w) if w.counting == Counting::Sliding && window::odd(w) => {
                 ClientId(self.client.0 ^ 1)
             }
             _ => self.client,
@@ -315,7 +259,7 @@ impl Buckets {
         let Some(q) = &self.quota else {
             return self.sweep_below(now);
         };
-        let w = quota::window(q, wall_us(), q.count);
+        let w = window::window(q, super::clock::wall_us(), q.count);
         match &self.logs {
             Some(logs) => logs.sweep(w.now, w.len()),
             None => self.sweep_below(w.floor()),
@@ -475,7 +419,7 @@ fn judge_stored(
     if let (Slot::Log(counted), Some(w)) = (&mut *slot, &item.window) {
         let mut empty = std::collections::VecDeque::new();
         let log = Logs::times_mut(counted, &mut empty);
-        return (quota::exact(log, w, item.cost), w.now);
+        return (window::exact(log, w, item.cost), w.now);
     }
     match &item.window {
         Some(w) if w.counting == Counting::Sliding => {
@@ -485,9 +429,9 @@ fn judge_stored(
                 Slot::Map(m, _, key) => m.get(&ClientId(key.0 ^ 1)).map(|e| e.tat),
                 _ => None,
             };
-            quota::slide(tat, prev, w, item.cost)
+            window::slide(tat, prev, w, item.cost)
         }
-        Some(w) => quota::step(tat, w, item.cost),
+        Some(w) => window::step(tat, w, item.cost),
         None => step(tat, now, item.rate, item.cost),
     }
 }

@@ -17,15 +17,17 @@
 //! `tat`, the moment the bucket is full again and forgetting it grants nothing.
 
 pub mod ban;
+pub mod clock;
 pub mod concurrency;
 pub(crate) mod decide;
 pub mod leasing;
 pub mod local;
 pub mod peek;
-pub mod quota;
 pub mod redis;
 pub mod store;
+pub mod window;
 
+pub use clock::{Clock, Moment};
 pub use decide::{decide, decide_in_process, decide_known, decide_tuned, Tuning};
 
 use std::sync::Arc;
@@ -52,7 +54,7 @@ pub struct Limit {
     pub local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
     pub fallback: Rate,
-    /// A calendar quota instead of a token bucket (see `quota`).
+    /// A calendar quota instead of a token bucket (see `window`).
     pub quota: Option<QuotaSpec>,
     /// `ban:` in microseconds, as both stores take it.
     pub ban: Option<ban::BanArgs>,
@@ -160,19 +162,6 @@ impl Limit {
             }
         }
         self
-    }
-}
-
-/// A time on the limiter's clock (or, for quotas and replays, the wall clock), in
-/// microseconds. The bucket arithmetic and the Redis scripts work in `f64` microseconds; the
-/// type keeps a time from being passed where a duration or a count is meant.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
-pub struct Moment(pub f64);
-
-impl Moment {
-    /// Microseconds since the clock's origin (the Unix epoch for the wall clock).
-    pub fn us(self) -> f64 {
-        self.0
     }
 }
 

@@ -2,8 +2,8 @@
 //! and its requests in flight, in process or in Redis, taking, counting and holding nothing.
 
 use super::ban::Standing;
-use super::local::{self, Counted, Peer};
-use super::quota::{self, Window};
+use super::local::{Counted, Peer};
+use super::window::{self, Window};
 use super::{step, Counting, Limit, Rate, Verdict};
 use crate::identity::ClientId;
 
@@ -34,19 +34,19 @@ impl Peeked {
     pub fn bucket(&self, rate: &Rate, cost: u32) -> (Verdict, Verdict) {
         match &self.window {
             Some(w) if w.counting == Counting::Sliding => (
-                quota::slide(self.tat, self.prev, w, 0).0,
-                quota::slide(self.tat, self.prev, w, cost).0,
+                window::slide(self.tat, self.prev, w, 0).0,
+                window::slide(self.tat, self.prev, w, cost).0,
             ),
             Some(w) if w.counting == Counting::Exact => {
                 let mut log = self.log.iter().copied().collect();
                 (
-                    quota::exact(&mut log, w, 0),
-                    quota::exact(&mut log, w, cost),
+                    window::exact(&mut log, w, 0),
+                    window::exact(&mut log, w, cost),
                 )
             }
             Some(w) => (
-                quota::step(self.tat, w, 0).0,
-                quota::step(self.tat, w, cost).0,
+                window::step(self.tat, w, 0).0,
+                window::step(self.tat, w, cost).0,
             ),
             None => (
                 step(self.tat, self.now, rate, 0).0,
@@ -62,12 +62,12 @@ pub fn in_process(limit: &Limit, client: ClientId, peer: Peer, now: f64, fallbac
     // Quotas count on the wall clock, in calendar windows.
     let window = limit.quota.as_ref().map(|q| {
         let count = if fallback { q.fallback_count } else { q.count };
-        quota::window(q, local::wall_us(), count)
+        window::window(q, super::clock::wall_us(), count)
     });
     let floor = window.map_or(now, |w| w.floor());
     let sliding = window.filter(|w| w.counting == Counting::Sliding);
     let key = match sliding {
-        Some(w) if quota::odd(&w) => ClientId(client.0 ^ 1),
+        Some(w) if window::odd(&w) => ClientId(client.0 ^ 1),
         _ => client,
     };
     let (counted, tat) = limit.local.peek(key, peer, floor);

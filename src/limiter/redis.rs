@@ -56,7 +56,7 @@ use self::negative::NegativeCache;
 pub use self::stats::RedisStats;
 use self::stats::{bump, Counters};
 use super::ban::BanEvent;
-use super::local::Clock;
+use super::Clock;
 use super::{Check, Rate, Small, Verdict};
 pub use crate::config::settings::RedisConfig;
 use crate::log_gate::LogGate;

@@ -10,7 +10,7 @@ use std::future::Future;
 
 use super::ban::BanEvent;
 use super::redis::{RedisLimiter, Unavailable};
-use super::{local, quota, Check, Moment, Small, Tuning, Verdict};
+use super::{local, window, Check, Moment, Small, Tuning, Verdict};
 use crate::config::settings::Rate;
 
 /// One request's checks as a store is asked them: aligned slices, one entry per bucket.
@@ -122,7 +122,7 @@ impl Local {
         // Quotas count in calendar windows, on the wall clock (read once, and only for them).
         let wall = (asked.checks.iter())
             .any(|c| c.limit.quota.is_some())
-            .then(|| asked.wall.map_or_else(local::wall_us, Moment::us));
+            .then(|| asked.wall.map_or_else(super::clock::wall_us, Moment::us));
         let items: Small<local::Item<'_>> = (asked.checks.iter())
             .enumerate()
             .map(|(i, c)| {
@@ -141,7 +141,7 @@ impl Local {
                             None if self.fallback => q.fallback_count,
                             None => q.count,
                         };
-                        quota::window(q, wall, count)
+                        window::window(q, wall, count)
                     }),
                 }
             })

@@ -357,7 +357,7 @@ fn decide(limits: &[Arc<Limit>], known: &Known<'_>, stats: &mut RouteStats) -> b
         limits,
         &clients,
         peer,
-        limiter::Moment(rec.arrival_us as f64),
+        limiter::Moment::from_us(rec.arrival_us as f64),
     );
     count(limits, known, &decision, &alts, stats);
     true

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use redis_helpers::{free_port, limit, one, RedisServer, PREFIX};
 use tollgate::identity::{ClientId, KeySpec};
-use tollgate::limiter::local::{self, Clock, Item};
+use tollgate::limiter::local::{self, Item};
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
+use tollgate::limiter::Clock;
 use tollgate::limiter::{Check, Limit, Verdict};
 
 fn limiter(url: String, timeout: Duration) -> RedisLimiter {

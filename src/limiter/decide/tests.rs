@@ -87,7 +87,7 @@ fn decide(store: &impl Store, limits: &[Arc<Limit>], who: u128, now: f64) -> Sma
         enforced: &enforced,
         tuned: &[],
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
-        now: Moment(now),
+        now: Moment::from_us(now),
         wall: None,
     };
     settle(&mut results, store, asked)
@@ -210,7 +210,7 @@ fn exempt_limits_are_not_asked_of_any_store() {
         enforced: &[],
         tuned: &[],
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
-        now: Moment(0.0),
+        now: Moment::from_us(0.0),
         wall: None,
     };
     settle(&mut results, &Failing(Unavailable::Error), asked)

@@ -61,7 +61,7 @@ impl RedisLimiter {
         let wall = checks
             .iter()
             .any(|c| c.limit.quota.is_some())
-            .then(crate::limiter::local::wall_us);
+            .then(crate::limiter::clock::wall_us);
         checks
             .iter()
             .enumerate()

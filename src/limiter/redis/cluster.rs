@@ -23,7 +23,7 @@ use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
 use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
 use crate::limiter::ban::BanEvent;
-use crate::limiter::local::Clock;
+use crate::limiter::Clock;
 use crate::limiter::{Rate, Small, Verdict};
 use crate::log_gate::LogGate;
 

@@ -326,7 +326,7 @@ impl QuotaArgs {
         };
         Self {
             count: q.count,
-            bounds: crate::limiter::quota::around(q, wall_us).map(|b| b - SCRIPT_EPOCH_US),
+            bounds: crate::limiter::window::around(q, wall_us).map(|b| b - SCRIPT_EPOCH_US),
             slides,
         }
     }

@@ -11,7 +11,7 @@ use crate::identity::ClientId;
 use crate::limiter::ban::Standing;
 use crate::limiter::local::Counted;
 use crate::limiter::peek::Peeked;
-use crate::limiter::{quota, Counting, Limit};
+use crate::limiter::{window, Counting, Limit};
 
 static PEEK_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../peek.lua")));
 
@@ -51,9 +51,9 @@ fn parse(reply: &Value, limit: &Limit) -> Option<Peeked> {
     // The scripts' clock: microseconds since their epoch (`bucket.lua`).
     let now = wall - SCRIPT_EPOCH_US as f64;
     let window = limit.quota.as_ref().map(|q| {
-        let w = quota::window(q, wall, q.count);
+        let w = window::window(q, wall, q.count);
         let shift = SCRIPT_EPOCH_US as f64;
-        quota::Window {
+        window::Window {
             start: w.start - shift,
             end: w.end - shift,
             now,
@@ -90,13 +90,13 @@ fn parse(reply: &Value, limit: &Limit) -> Option<Peeked> {
 /// The bucket's `tat` and, for a sliding window, the last window's: a sliding window counts
 /// under `<key>:0` and `<key>:1` by the window's parity (`bucket.lua`).
 fn counters(
-    window: Option<&quota::Window>,
+    window: Option<&window::Window>,
     num: &impl Fn(usize) -> Option<f64>,
 ) -> (Option<f64>, Option<f64>) {
     match window {
         Some(w) if w.counting == Counting::Sliding => {
             let (even, odd) = (num(9), num(10));
-            if quota::odd(w) {
+            if window::odd(w) {
                 (odd, even)
             } else {
                 (even, odd)
