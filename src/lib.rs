@@ -38,8 +38,8 @@
 //!   and Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
 //!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
 //!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), a Sentinel failover followed at the
-//!   promotion (`limiter::redis::watch`), slots of requests in
-//!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::lease`) held by a guard
+//!   promotion (`limiter::redis::sentinel`), slots of requests in
+//!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::slots`) held by a guard
 //!   the response body carries; keep-alive upstream connections (a capped upstream's shared
 //!   by the workers and counted against its cap, `pool::open`; HTTP/2 ones multiplexed,
 //!   `pool::h2`); target choice (load

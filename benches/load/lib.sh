@@ -362,7 +362,7 @@ start_redis() {
 # "ALL SCRIPTS CPU TAKES DROPS": commands Redis has processed, and of those the script calls
 # (EVAL, EVALSHA and their _RO forms), the CPU time the servers used (user + system,
 # microseconds), and the ZADD and ZREM commands run (one each by a concurrency lease's take and
-# its release, both inside lease.lua; its renewals, a few a minute, count as takes), summed over the servers of REDIS_PORTS. Commands a
+# its release, both inside slots.lua; its renewals, a few a minute, count as takes), summed over the servers of REDIS_PORTS. Commands a
 # script runs inside Redis (TIME, GET, SET) count in ALL too, so SCRIPTS per request is the
 # number of round trips a request costs.
 redis_commands() {

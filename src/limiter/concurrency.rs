@@ -3,7 +3,7 @@
 //!
 //! In process a slot is a count in a sharded map whose entries exist only while their identity
 //! has requests in flight (so it holds at most one entry per request in flight); over Redis
-//! it is a lease (`redis::lease`). Either way the request holds a `Guard` that gives its slots
+//! it is a lease (`redis::slots`). Either way the request holds a `Guard` that gives its slots
 //! back when dropped: body sent, client gone, error, upstream failure or tunnel closed.
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::redis::lease::{Lease, Leases, Taken};
+use super::redis::slots::{SlotLease, SlotLeases, Taken};
 use super::redis::RedisLimiter;
 use super::{FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
 use crate::identity::{ClientId, RequestView};
@@ -33,7 +33,7 @@ const FULL: Verdict = Verdict {
 pub struct Slots {
     shards: Box<[Mutex<HashMap<u128, u32>>]>,
     /// This limit's live Redis leases, renewed by one task; made on the first Redis take.
-    leases: OnceLock<Arc<Leases>>,
+    leases: OnceLock<Arc<SlotLeases>>,
 }
 
 impl Slots {
@@ -115,7 +115,7 @@ impl Drop for Slot {
 #[derive(Debug)]
 enum SlotHeld {
     Local(#[allow(dead_code)] Slot),
-    Lease(#[allow(dead_code)] Lease),
+    SlotLease(#[allow(dead_code)] SlotLease),
 }
 
 /// The slots one request holds, given back when it is dropped. A `Vec`, not a list kept
@@ -193,7 +193,7 @@ pub async fn acquire(
                     .take_lease(worker, leases, limit, client, cap(spec.max))
                     .await
                 {
-                    Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::Lease(lease), n))),
+                    Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::SlotLease(lease), n))),
                     Ok(Taken::Full(n)) => Some(Err(n)),
                     Err(_) => {
                         result.fallback = true;

@@ -32,13 +32,14 @@ mod cluster;
 mod conn;
 mod entries;
 mod failure;
-pub(crate) mod lease;
 mod link;
 mod managed;
 mod negative;
 mod peek;
+mod sentinel;
+pub(crate) mod slots;
 mod stats;
-mod watch;
+mod wire;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -48,13 +49,13 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use self::breaker::Breaker;
-use self::conn::{parse_reply, Mode, Reply, BUCKET_LUA};
 pub use self::failure::Unavailable;
 use self::failure::{by_deadline, Failure};
 use self::link::{Current, Link};
 use self::negative::NegativeCache;
 pub use self::stats::RedisStats;
 use self::stats::{bump, Counters};
+use self::wire::{parse_reply, Mode, Reply, BUCKET_LUA};
 use super::ban::BanEvent;
 use super::Clock;
 use super::{Check, Rate, Small, Verdict};
@@ -83,7 +84,7 @@ struct Bucket<'a> {
     lease: u32,
     enforced: bool,
     /// A calendar quota's count and windows, as the script takes them.
-    quota: Option<conn::QuotaArgs>,
+    quota: Option<wire::QuotaArgs>,
     /// The limit's ban, if it has one.
     ban: Option<super::ban::BanArgs>,
 }
@@ -93,7 +94,7 @@ struct Bucket<'a> {
 struct Worker {
     link: Arc<Link>,
     batcher: batch::Batcher,
-    leases: lease::Batcher,
+    leases: slots::Batcher,
 }
 
 /// The worker whose connection and batcher a check uses; `None`: the shared connection.
@@ -113,7 +114,7 @@ pub struct RedisLimiter {
     /// another thread.
     per_worker: Vec<std::sync::OnceLock<Worker>>,
     /// The concurrency-lease batcher of the shared connection, started on first use.
-    shared_leases: std::sync::OnceLock<lease::Batcher>,
+    shared_leases: std::sync::OnceLock<slots::Batcher>,
     cfg: RedisConfig,
     timeout: Duration,
     key_prefix: String,
@@ -381,7 +382,7 @@ impl RedisLimiter {
         }
         let link = Arc::new(Link::open(&self.cfg).ok()?);
         let batcher = batch::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
-        let leases = lease::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
+        let leases = slots::Batcher::start(link.clone(), self.counters.clone(), self.timeout);
         Some(cell.get_or_init(|| Worker {
             link,
             batcher,

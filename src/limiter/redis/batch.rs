@@ -29,8 +29,8 @@ use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::conn::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
 use super::link::Link;
+use super::wire::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::ban::BanArgs;
 use crate::limiter::Rate;

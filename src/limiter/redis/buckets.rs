@@ -1,7 +1,7 @@
 //! A request's checks as the bucket script's buckets: their keys, slots, numbers and lease
 //! asks; and a lease's unused tokens handed back.
 
-use super::{cluster, conn, Bucket, RedisLimiter};
+use super::{cluster, Bucket, RedisLimiter};
 use crate::identity::ClientId;
 use crate::limiter::{Check, Limit, Rate, Small};
 
@@ -84,7 +84,7 @@ impl RedisLimiter {
                     lease: ask.tokens,
                     enforced: enforced.get(i).copied().unwrap_or(true),
                     quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
-                        let mut args = conn::QuotaArgs::of(q, wall);
+                        let mut args = super::wire::QuotaArgs::of(q, wall);
                         if let Some(count) = tuning.and_then(|t| t.quota) {
                             args.count = count;
                         }

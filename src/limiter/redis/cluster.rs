@@ -19,8 +19,8 @@
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use super::conn::{Mode, Reply};
 use super::negative::NegativeCache;
+use super::wire::{Mode, Reply};
 use super::{bump, Bucket, Counters, Failure, RedisLimiter, Unavailable, Via, BUCKET_SCRIPT};
 use crate::limiter::ban::BanEvent;
 use crate::limiter::Clock;
@@ -149,7 +149,7 @@ impl RedisLimiter {
 
     /// Send a refund from a task of its own, with a deadline of its own.
     pub(super) fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
-        let owned: Vec<(String, u16, Rate, u32, Option<super::conn::QuotaArgs>)> = group
+        let owned: Vec<(String, u16, Rate, u32, Option<super::wire::QuotaArgs>)> = group
             .iter()
             .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost, b.quota))
             .collect();

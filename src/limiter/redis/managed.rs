@@ -107,7 +107,7 @@ impl Managed {
         name: String,
         config: AsyncConnectionConfig,
         resolve_timeout: Duration,
-        watch: Option<super::watch::Watch>,
+        watch: Option<super::sentinel::Watch>,
     ) -> Self {
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let first = connect(weak.clone());
@@ -364,7 +364,7 @@ fn last_master(inner: &Inner) -> Option<Client> {
 /// Whether the server of `conn` still answers `ROLE` as a master (an error if not).
 async fn still_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
     let role: Value = ::redis::cmd("ROLE").query_async(conn).await?;
-    if super::watch::is_master(&role) {
+    if super::sentinel::is_master(&role) {
         Ok(())
     } else {
         Err(RedisError::from((
@@ -374,7 +374,7 @@ async fn still_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError
     }
 }
 
-impl super::watch::Follower for Inner {
+impl super::sentinel::Follower for Inner {
     fn named(self: Arc<Self>, addr: &str, announced: bool) {
         {
             let mut promoted = self

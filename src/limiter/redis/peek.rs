@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use ::redis::{Script, Value};
 
-use super::conn::SCRIPT_EPOCH_US;
+use super::wire::SCRIPT_EPOCH_US;
 use super::RedisLimiter;
 use crate::identity::ClientId;
 use crate::limiter::ban::Standing;
@@ -13,7 +13,7 @@ use crate::limiter::local::Counted;
 use crate::limiter::peek::Peeked;
 use crate::limiter::{window, Counting, Limit};
 
-static PEEK_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../peek.lua")));
+static PEEK_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("peek.lua")));
 
 impl RedisLimiter {
     /// `client`'s state under `limit` in Redis now, or why Redis did not say. One script call

@@ -1,8 +1,8 @@
-//! Concurrency slots in Redis: leases in a sorted set per limit and identity (`lease.lua`),
+//! Concurrency slots in Redis: leases in a sorted set per limit and identity (`slots.lua`),
 //! renewed in one batch per interval by one task per limit while held, released by ZREM.
 //!
 //! Takes and releases waiting at the same moment on one worker go to Redis as one script call
-//! (`lease.lua`'s "batch" mode), gathered as `batch` gathers bucket checks: under load a call
+//! (`slots.lua`'s "batch" mode), gathered as `batch` gathers bucket checks: under load a call
 //! carries many requests' takes and the releases of those that ended, on the worker's own
 //! connection.
 //!
@@ -26,12 +26,12 @@ use super::{bump, Counters, RedisLimiter};
 use crate::identity::ClientId;
 use crate::limiter::Limit;
 
-static LEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lease.lua")));
+static LEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("slots.lua")));
 
 /// One limit's live leases in this replica, for its renewal task.
 #[derive(Debug)]
-pub struct Leases {
-    /// Lease ID -> its set's key.
+pub struct SlotLeases {
+    /// SlotLease ID -> its set's key.
     live: Mutex<HashMap<u128, Arc<str>>>,
     link: Arc<Link>,
     lease: Duration,
@@ -39,8 +39,8 @@ pub struct Leases {
 
 /// A lease held by a request; released when dropped.
 #[derive(Debug)]
-pub struct Lease {
-    leases: Arc<Leases>,
+pub struct SlotLease {
+    leases: Arc<SlotLeases>,
     id: u128,
     key: Arc<str>,
     /// The batcher of the worker that took it, which sends its release.
@@ -51,7 +51,7 @@ pub struct Lease {
 #[derive(Debug)]
 pub enum Taken {
     /// A slot, and the count in flight with it.
-    Slot(Lease, u32),
+    Slot(SlotLease, u32),
     /// Every slot taken: the count in flight.
     Full(u32),
 }
@@ -60,7 +60,7 @@ fn member(id: u128) -> String {
     format!("{id:032x}")
 }
 
-impl Drop for Lease {
+impl Drop for SlotLease {
     fn drop(&mut self) {
         self.leases.live.lock().remove(&self.id);
         // Into the next batch; if the batcher is gone (shutdown), the lease expires unrenewed.
@@ -187,8 +187,8 @@ async fn send(link: Arc<Link>, mut ops: Vec<Op>, counters: Arc<Counters>, timeou
 
 impl RedisLimiter {
     /// A limit's lease registry, with its renewal task (which ends once the registry is gone).
-    pub(crate) fn leases(&self, lease: Duration) -> Arc<Leases> {
-        let leases = Arc::new(Leases {
+    pub(crate) fn leases(&self, lease: Duration) -> Arc<SlotLeases> {
+        let leases = Arc::new(SlotLeases {
             live: Mutex::default(),
             link: self.shared.clone(),
             lease,
@@ -224,7 +224,7 @@ impl RedisLimiter {
     pub(crate) async fn take_lease(
         &self,
         worker: Option<usize>,
-        leases: &Arc<Leases>,
+        leases: &Arc<SlotLeases>,
         limit: &Limit,
         client: ClientId,
         max: u32,
@@ -250,7 +250,7 @@ impl RedisLimiter {
         };
         match taken {
             Ok((true, n)) => Ok(Taken::Slot(
-                Lease {
+                SlotLease {
                     leases: leases.clone(),
                     id,
                     key,
@@ -278,7 +278,7 @@ fn stopped() -> Failure {
     )
 }
 
-/// `lease.lua`'s "batch" call of `ops`, each set's key sent once.
+/// `slots.lua`'s "batch" call of `ops`, each set's key sent once.
 fn batch_call(ops: &[Op]) -> ::redis::ScriptInvocation<'static> {
     let mut call = LEASE_SCRIPT.prepare_invoke();
     call.arg("batch");
@@ -318,7 +318,7 @@ fn parse(items: &[Value]) -> Option<(bool, u32)> {
 }
 
 /// Every third of the lease, renew all live leases of the registry: one call per set.
-async fn renew(leases: Weak<Leases>) {
+async fn renew(leases: Weak<SlotLeases>) {
     let period = match leases.upgrade() {
         Some(l) => l.lease / 3,
         None => return,

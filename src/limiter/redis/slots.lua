@@ -54,7 +54,7 @@ if mode == 'batch' then
       end
       i = i + 3
     else
-      return redis.error_reply('lease.lua: unknown op ' .. tostring(ARGV[i]))
+      return redis.error_reply('slots.lua: unknown op ' .. tostring(ARGV[i]))
     end
   end
   for key, lease in pairs(expire) do
@@ -73,4 +73,4 @@ elseif mode == 'renew' then
   end
   return held
 end
-return redis.error_reply('lease.lua: unknown mode ' .. tostring(mode))
+return redis.error_reply('slots.lua: unknown mode ' .. tostring(mode))

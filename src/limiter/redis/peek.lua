@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the bucket key  `<key_prefix><limit>:{<client hex>}` (its `tat`, see bucket.lua)
 -- KEYS[2]  its ban hash    `<bucket key>:ban` (u, l, lu, s, su, see bucket.lua "Bans")
--- KEYS[3]  its lease set   `<key_prefix><limit>:c:{<client hex>}` (see lease.lua)
+-- KEYS[3]  its lease set   `<key_prefix><limit>:c:{<client hex>}` (see slots.lua)
 -- All three share the hash tag, so one slot on a Redis Cluster.
 --
 -- Returns {TIME seconds, TIME microseconds, tat or nil, u, l, lu, s, su (each or nil),
