@@ -32,14 +32,16 @@
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
-//! - `limiter`, `pool`, `forward`, `metrics`, `response`: token-bucket arithmetic, calendar
-//!   quotas and window limits (`quota`: fixed, sliding and exact windows, the exact logs in
-//!   `local::log`) and escalating bans (`ban`), the per-request `Decision`, the in-process
-//!   and Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
+//! - `limiter`, `pool`, `forward`, `metrics`, `response`: the limiter by concept, then by
+//!   store: the token-bucket arithmetic (`limiter::gcra`), its time (`limiter::clock`),
+//!   calendar quotas and fixed, sliding and exact windows (`limiter::window`; the exact logs
+//!   in `local::log`), escalating bans (`ban`), the per-request `Decision`, the in-process and
+//!   Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
 //!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
-//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), a Sentinel failover followed at the
-//!   promotion (`limiter::redis::sentinel`), slots of requests in
-//!   flight (`limiter::concurrency`, Redis leases in `limiter::redis::slots`) held by a guard
+//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`); in `limiter::redis`
+//!   the connection (`conn`), the bucket script's wire format (`wire`, beside `bucket.lua`),
+//!   a Sentinel failover followed at the promotion (`sentinel`); slots of requests in flight
+//!   (`limiter::concurrency`, their Redis leases in `limiter::redis::slots`) held by a guard
 //!   the response body carries; keep-alive upstream connections (a capped upstream's shared
 //!   by the workers and counted against its cap, `pool::open`; HTTP/2 ones multiplexed,
 //!   `pool::h2`); target choice (load
