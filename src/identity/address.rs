@@ -57,9 +57,19 @@ pub fn client_ip_from(
     trusted: &[IpNet],
     header: ForwardedHeader,
 ) -> IpAddr {
+    client_ip_behind((peer, is_trusted(peer, trusted)), headers, trusted, header)
+}
+
+/// `client_ip_from`, for a caller that knows whether the peer is trusted.
+pub fn client_ip_behind(
+    (peer, peer_trusted): (IpAddr, bool),
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    header: ForwardedHeader,
+) -> IpAddr {
     let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| is_trusted(*ip, trusted);
-    if !is_trusted(&peer) {
+    if !peer_trusted {
         return peer;
     }
     let name = match header {

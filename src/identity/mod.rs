@@ -16,7 +16,9 @@ mod digest;
 pub mod jwt;
 pub mod logged;
 mod view;
-pub use address::{client_ip, client_ip_from, host, is_trusted, peer_key, ForwardedHeader};
+pub use address::{
+    client_ip, client_ip_behind, client_ip_from, host, is_trusted, peer_key, ForwardedHeader,
+};
 pub(crate) use view::form_decoded;
 pub use view::{bearer, fold_path, Arrival, RequestView};
 

@@ -3,77 +3,76 @@
 
 use http::Response;
 
-use super::{ClientConn, Trace};
-use crate::access_log;
+use super::Ctx;
 use crate::error::ProxyError;
 use crate::identity::{Arrival, RequestView};
 use crate::limiter::{self, Outcome};
 use crate::response::{self, Body};
 use crate::runtime::{Route, Runtime};
-use crate::state::State;
 use tokio::time::Instant;
 
-/// Decide the route's limits (into `trace`); returns the instant they were decided at, on the
-/// limiter's clock, for the candidate config to decide at too.
+/// Decide the route's limits for the request, and the candidate config's beside them (at the
+/// same instant on the limiter's clock).
 pub(super) async fn limits(
-    state: &State,
-    rt: &Runtime,
-    conn: &ClientConn,
+    cx: &mut Ctx<'_>,
     route: &Route,
     asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    started: Instant,
-    trace: &mut Trace<'_>,
-) -> limiter::Moment {
+    arrival: &Arrival<'_>,
+) -> limiter::Decision {
+    let (decision, now) = if cx.rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
+        in_process(cx, route, asked)
+    } else {
+        // Boxed: inline, its state would make every request's pipeline future larger.
+        crate::boxed(|| shared(cx, route, asked)).await
+    };
+    if let Some(c) = &cx.rt.candidate {
+        c.evaluate(arrival, now, &mut cx.trace.slots);
+    }
+    decision
+}
+
+/// The route's limits over Redis, or with concurrency slots: the decision, and the instant it
+/// was made at.
+async fn shared(
+    cx: &mut Ctx<'_>,
+    route: &Route,
+    asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
+) -> (limiter::Decision, limiter::Moment) {
+    let (state, rt) = (cx.state, cx.rt);
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let sent = redis.is_some().then(Instant::now);
-    let now = state.clock.at(sent.unwrap_or(started));
-    let decision = decide(conn, route, asked, now, &mut trace.slots, rt).await;
+    let now = state.clock.at(sent.unwrap_or(cx.started));
+    let decision = decide(cx.conn.worker, route, asked, now, &mut cx.trace.slots, rt).await;
     if let (Some(sent), false) = (sent, route.limits.is_empty()) {
         let took = sent.elapsed().as_secs_f64();
         state.metrics.backend_seconds.observe(took);
     }
-    noted(route, asked.0, decision, trace);
-    now
+    (decision, now)
 }
 
-/// `limits` for a route without concurrency limits, without Redis: nothing to wait for, so
-/// no future to build and move (`limits`, `decide` and the store's, some 4 KB a request).
-pub(super) fn in_process(
-    state: &State,
+/// `shared` for a route without concurrency limits, without Redis: nothing to wait for, so
+/// no future to build and move (`shared`, `decide` and the store's, some 4 KB a request).
+fn in_process(
+    cx: &Ctx<'_>,
     route: &Route,
     (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    started: Instant,
-    trace: &mut Trace<'_>,
-) -> limiter::Moment {
+) -> (limiter::Decision, limiter::Moment) {
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
-    let now = state.clock.at(started);
-    let decision = limiter::decide_in_process(&route.limits, view, now, tuned);
-    noted(route, view, decision, trace);
-    now
-}
-
-/// Keep the decision in `trace`, with the identities' digests for replay (`tollgate
-/// simulate`, only with a JSON access log).
-fn noted(
-    route: &Route,
-    view: &RequestView<'_>,
-    decision: limiter::Decision,
-    trace: &mut Trace<'_>,
-) {
-    trace.decision = Some(decision);
-    if !route.logged_keys.is_empty() && access_log::json() {
-        trace.keys = route.logged_keys.digests(view);
-    }
+    let now = cx.state.clock.at(cx.started);
+    (
+        limiter::decide_in_process(&route.limits, view, now, tuned),
+        now,
+    )
 }
 
 /// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
 /// The request's concurrency slots are given back at once.
 pub(super) fn refusal(
-    rt: &Runtime,
+    cx: &mut Ctx<'_>,
     route: &Route,
-    trace: &mut super::Trace<'_>,
 ) -> Option<Result<Response<Body>, ProxyError>> {
+    let (rt, trace) = (cx.rt, &mut cx.trace);
     let decision = trace.decision.as_ref()?;
     let rejected = decision.rejected_by()?;
     trace.slots = limiter::concurrency::Guard::default();
@@ -107,31 +106,17 @@ pub(super) fn add_limit_headers(
     }
 }
 
-/// The candidate config's decision of the request (see `candidate`), beside the live one,
-/// whatever that was; it never changes the answer. Its slots join `slots`, the request's.
-#[inline]
-pub(super) fn beside(
-    rt: &Runtime,
-    arrival: &Arrival<'_>,
-    now: limiter::Moment,
-    slots: &mut limiter::concurrency::Guard,
-) {
-    if let Some(c) = &rt.candidate {
-        c.evaluate(arrival, now, slots);
-    }
-}
-
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a
 /// request they refuse takes no token from a rate limit, then the rate limits.
 async fn decide(
-    conn: &ClientConn,
+    worker: usize,
     route: &Route,
     (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
     now: limiter::Moment,
     slots: &mut limiter::concurrency::Guard,
     rt: &Runtime,
 ) -> limiter::Decision {
-    let (worker, redis) = (conn.worker, rt.redis.as_deref());
+    let redis = rt.redis.as_deref();
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
         let acquire = crate::boxed(|| {
@@ -155,11 +140,10 @@ async fn decide(
 /// The operators' entries for one request (`control`): the numbers of its limits' overrides,
 /// or the answer of a ban that refuses it (counted). One atomic load while there are none.
 pub(super) fn operators<'t>(
-    state: &State,
+    cx: &mut Ctx<'_>,
     table: Option<&'t crate::control::InForce>,
     view: &RequestView<'_>,
     route: &Route,
-    trace: &mut Trace<'_>,
 ) -> Result<limiter::Small<Option<&'t limiter::Tuning>>, Box<Response<Body>>> {
     let Some(table) = table else {
         return Ok(limiter::Small::new());
@@ -168,9 +152,9 @@ pub(super) fn operators<'t>(
         let labels = crate::metrics::RouteLabels {
             route: route.name.to_string(),
         };
-        let banned = &state.metrics.admin_banned_requests;
+        let banned = &cx.state.metrics.admin_banned_requests;
         banned.get_or_create(&labels).inc();
-        trace.refused = super::Refused::OperatorBan;
+        cx.trace.refused = super::Refused::OperatorBan;
         return Err(Box::new(refused));
     }
     Ok(table.tunings(view, &route.limits))

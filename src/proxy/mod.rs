@@ -24,8 +24,8 @@ use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
-use limits::{add_limit_headers, beside, limits, operators, refusal};
-use upstream::{downstream, forward_to, queue_key};
+use limits::{add_limit_headers, limits, operators, refusal};
+use upstream::{forward_to, queue_key};
 
 /// The downstream connection a request arrived on.
 #[derive(Debug)]
@@ -114,16 +114,39 @@ struct Trace<'a> {
     grpc: bool,
 }
 
+impl Trace<'_> {
+    /// Keep the route's decision, with the identities' digests for replay (`tollgate
+    /// simulate`, only with a JSON access log).
+    fn decided(&mut self, route: &Route, view: &identity::RequestView<'_>, d: limiter::Decision) {
+        if !route.logged_keys.is_empty() && access_log::json() {
+            self.keys = route.logged_keys.digests(view);
+        }
+        self.decision = Some(d);
+    }
+}
+
+/// One request's context through the stages (as pingora's `CTX`): what every stage reads, fixed
+/// when the request arrives, and what the stages learned (`trace`).
+struct Ctx<'a> {
+    state: &'a State,
+    rt: &'a Runtime,
+    conn: &'a ClientConn,
+    started: Instant,
+    request_id: http::HeaderValue,
+    /// The peer is one of `trusted_proxies`: asked once per request.
+    peer_trusted: bool,
+    trace: Trace<'a>,
+}
+
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
 /// here and nowhere else.
 pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>>) -> Handled {
     let started = Instant::now();
     let runtime = state.current();
+    let peer_trusted = identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies);
     let id_header = &runtime.settings.request_id_header;
-    let request_id = request_id::resolve(req.headers(), id_header, || {
-        identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies)
-    });
-    let mut entry = access_log::enabled().then(|| {
+    let request_id = request_id::resolve(req.headers(), id_header, || peer_trusted);
+    let entry = access_log::enabled().then(|| {
         Box::new(Entry::begin(
             &req,
             (conn.peer.ip(), &conn.peer_value),
@@ -134,20 +157,32 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     });
     let version = req.version();
     let has_body = !req.body().is_end_stream();
-    let mut trace = Trace {
-        grpc: response::grpc::is_call(&req),
-        ..Trace::default()
+    let grpc_call = response::grpc::is_call(&req);
+    let mut cx = Ctx {
+        state,
+        rt: &runtime,
+        conn,
+        started,
+        request_id,
+        peer_trusted,
+        trace: Trace {
+            grpc: grpc_call,
+            ..Trace::default()
+        },
     };
-    // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
-    let grpc_answer = trace.grpc && version >= Version::HTTP_2;
     let admitted = Admission::enter(state, runtime.settings.max_inflight);
     let outcome = if admitted.is_none() {
         Err(ProxyError::Overloaded)
-    } else if trace.grpc && version < Version::HTTP_2 {
+    } else if grpc_call && version < Version::HTTP_2 {
         Err(ProxyError::GrpcOverHttp1)
     } else {
-        pipeline(state, &runtime, conn, req, started, &request_id, &mut trace).await
+        pipeline(&mut cx, req).await
     };
+    let Ctx {
+        trace, request_id, ..
+    } = cx;
+    // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
+    let grpc_answer = grpc_call && version >= Version::HTTP_2;
     let grpc = grpc_answer.then_some(runtime.settings.grpc_limited_status);
     let (mut res, close) = answer(outcome, grpc, trace.refused);
     // An unread request body must never be parsed as the next request: close instead.
@@ -160,10 +195,22 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     // Every answer carries the ID, tollgate's own included.
     let slotted = trace.refused == Refused::RateLimited;
     response::add_request_id(res.headers_mut(), id_header, request_id, slotted);
-    record(state, &trace, &res, started, &mut entry);
+    hand_over(state, trace, res, started, entry)
+}
+
+/// The answer as the connection takes it: the request counted and its log entry completed,
+/// with the slots and the tunnel it holds.
+fn hand_over(
+    state: &State,
+    mut trace: Trace<'_>,
+    response: Response<Body>,
+    started: Instant,
+    mut access: Option<Box<Entry>>,
+) -> Handled {
+    record(state, &trace, &response, started, &mut access);
     let grpc = trace
         .grpc
-        .then(|| count_grpc(state, &trace, &res))
+        .then(|| count_grpc(state, &trace, &response))
         .flatten();
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -172,9 +219,9 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
         t.slots = std::mem::take(&mut slots);
     }
     Handled {
-        response: res,
+        response,
         tunnel,
-        access: entry,
+        access,
         slots,
         grpc,
     }
@@ -231,74 +278,59 @@ impl Drop for Admission<'_> {
 /// The stages in order: screen, route, client, operators' entries, limits (and the candidate
 /// config's beside them), then forward or answer. Each stage returns a value or an error; none
 /// writes to the socket.
-async fn pipeline<'a>(
-    state: &State,
-    rt: &'a Runtime,
-    conn: &ClientConn,
+async fn pipeline(
+    cx: &mut Ctx<'_>,
     mut req: Box<Request<Incoming>>,
-    started: Instant,
-    request_id: &http::HeaderValue,
-    trace: &mut Trace<'a>,
 ) -> Result<Response<Body>, ProxyError> {
     let body = !req.body().is_end_stream();
-    screen::screen(&mut req, conn.max_uri_bytes, body)?;
-    let route = route(state, rt, conn, &req, started, trace)?;
-    let client_ip = client(&rt.settings, conn, &req, trace);
+    screen::screen(&mut req, cx.conn.max_uri_bytes, body)?;
+    let route = route(cx, &req)?;
+    let client_ip = client(cx, &req);
     // The request's view and its limits in a block of their own: what is alive when the
     // upstream is awaited is kept in this future, and they are not needed then.
     let queue = {
         let arrival = Arrival::of(&req, client_ip);
         // Verified on first use by a `jwt:` source, once for all the route's limits.
-        let jwt = rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+        let jwt = cx.rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
         let view = arrival.view(route.fold_path, jwt.as_ref());
-        let control = state.control.active();
-        let tuned = match operators(state, control.as_deref(), &view, route, trace) {
+        let control = cx.state.control.active();
+        let tuned = match operators(cx, control.as_deref(), &view, route) {
             Ok(tuned) => tuned,
             Err(refused) => return Ok(*refused),
         };
-        let asked = (&view, &tuned[..]);
-        let now = if rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
-            limits::in_process(state, route, asked, started, trace)
-        } else {
-            // Boxed: inline, its state would make every request's pipeline future larger.
-            crate::boxed(|| limits(state, rt, conn, route, asked, started, trace)).await
-        };
-        beside(rt, &arrival, now, &mut trace.slots);
-        if let Some(refused) = refusal(rt, route, trace) {
+        let decision = limits(cx, route, (&view, &tuned[..]), &arrival).await;
+        cx.trace.decided(route, &view, decision);
+        if let Some(refused) = refusal(cx, route) {
             return refused;
         }
-        queue_key(&route.action, &view, trace.decision.as_ref(), client_ip)
+        queue_key(&route.action, &view, cx.trace.decision.as_ref(), client_ip)
     };
     let mut res = match &route.action {
         Action::Forward(upstream) => {
-            let down = downstream(conn, &rt.settings, route, (client_ip, queue), request_id);
-            forward_to(state, rt, route, upstream, req, &down, started, trace).await?
+            forward_to(cx, route, upstream, req, (client_ip, queue)).await?
         }
         Action::Respond(r) => respond(r),
     };
-    add_limit_headers(rt, route, trace.decision.as_ref(), &mut res);
+    add_limit_headers(cx.rt, route, cx.trace.decision.as_ref(), &mut res);
     Ok(res)
 }
 
 /// The live route of the request, or `NoRoute` (the candidate config decides it anyway); a
 /// declared body over the route's `max_body` is refused here, before anything is read.
 fn route<'a, B: http_body::Body>(
-    state: &State,
-    rt: &'a Runtime,
-    conn: &ClientConn,
+    cx: &mut Ctx<'a>,
     req: &Request<B>,
-    started: Instant,
-    trace: &mut Trace<'a>,
 ) -> Result<&'a Route, ProxyError> {
+    let rt = cx.rt;
     let Some(route) = rt.find(req) else {
         if let Some(c) = &rt.candidate {
-            let client_ip = client_ip(&rt.settings, conn, req);
+            let client_ip = client_ip(cx, req);
             let arrival = Arrival::of(req, client_ip);
-            c.evaluate(&arrival, state.clock.at(started), &mut trace.slots);
+            c.evaluate(&arrival, cx.state.clock.at(cx.started), &mut cx.trace.slots);
         }
         return Err(ProxyError::NoRoute);
     };
-    trace.route = Some(route);
+    cx.trace.route = Some(route);
     // A request without a body (every GET) declares nothing worth a header lookup.
     if !req.body().is_end_stream() && declared_length(req).is_some_and(|n| n > route.body.max_bytes)
     {
@@ -308,24 +340,16 @@ fn route<'a, B: http_body::Body>(
 }
 
 /// The client address, through the trusted proxies.
-fn client<B>(
-    settings: &crate::config::Settings,
-    conn: &ClientConn,
-    req: &Request<B>,
-    trace: &mut Trace<'_>,
-) -> std::net::IpAddr {
-    let ip = client_ip(settings, conn, req);
-    trace.client_ip = Some(ip);
+fn client<B>(cx: &mut Ctx<'_>, req: &Request<B>) -> std::net::IpAddr {
+    let ip = client_ip(cx, req);
+    cx.trace.client_ip = Some(ip);
     ip
 }
 
-fn client_ip<B>(
-    settings: &crate::config::Settings,
-    conn: &ClientConn,
-    req: &Request<B>,
-) -> std::net::IpAddr {
-    identity::client_ip_from(
-        conn.peer.ip(),
+fn client_ip<B>(cx: &Ctx<'_>, req: &Request<B>) -> std::net::IpAddr {
+    let settings = &cx.rt.settings;
+    identity::client_ip_behind(
+        (cx.conn.peer.ip(), cx.peer_trusted),
         req.headers(),
         &settings.trusted_proxies,
         settings.client_ip_header,

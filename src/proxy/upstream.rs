@@ -6,7 +6,7 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use super::{ClientConn, Trace};
+use super::{ClientConn, Ctx};
 use crate::body::Guarded;
 use crate::error::ProxyError;
 use crate::forward::{self, Downstream};
@@ -14,21 +14,29 @@ use crate::identity;
 use crate::limiter;
 use crate::response::Body;
 use crate::runtime::{Action, Route, Runtime};
-use crate::state::State;
+use http::HeaderValue;
 
 /// Forward the request upstream (its body received whole first where the route buffers it)
 /// and make the answer ready for the client.
-#[allow(clippy::too_many_arguments)] // the request, where it goes, and what it is traced into
+/// `who`: the client's address and the identity a capped upstream's queue serves it by.
 pub(super) async fn forward_to(
-    state: &State,
-    rt: &Runtime,
+    cx: &mut Ctx<'_>,
     route: &Route,
     upstream: &forward::Upstream,
     req: Box<Request<Incoming>>,
-    down: &Downstream<'_>,
-    started: Instant,
-    trace: &mut Trace<'_>,
+    who: (std::net::IpAddr, u128),
 ) -> Result<Response<Body>, ProxyError> {
+    let Ctx {
+        state,
+        rt,
+        conn,
+        started,
+        request_id,
+        peer_trusted,
+        trace,
+    } = cx;
+    let (state, rt, started) = (*state, *rt, *started);
+    let down = &downstream((conn, rt, request_id, *peer_trusted), route, who);
     // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
     // future while the upstream is awaited.
     let grpc = trace.grpc;
@@ -106,19 +114,18 @@ pub(super) fn queue_key(
     )
 }
 
-/// What forwarding needs to know about the client and the route.
-pub(super) fn downstream<'a>(
-    conn: &'a ClientConn,
-    settings: &'a crate::config::Settings,
+/// What forwarding needs to know about the client (its connection, the config, the request's
+/// ID, whether the peer is trusted) and the route.
+fn downstream<'a>(
+    (conn, rt, request_id, peer_trusted): (&'a ClientConn, &'a Runtime, &'a HeaderValue, bool),
     route: &'a Route,
     (client_ip, queue): (std::net::IpAddr, u128),
-    request_id: &'a http::HeaderValue,
 ) -> Downstream<'a> {
-    let peer = conn.peer.ip().to_canonical();
+    let settings = &rt.settings;
     Downstream {
-        peer,
+        peer: conn.peer.ip().to_canonical(),
         peer_value: &conn.peer_value,
-        peer_trusted: identity::is_trusted(peer, &settings.trusted_proxies),
+        peer_trusted,
         tls: conn.tls,
         client_ip,
         websocket_allowed: route.websocket,
