@@ -4,8 +4,8 @@
 #
 # Starts on 127.0.0.1 only the backend of `compare`, then, ROUNDS times and alternating which
 # goes first, each binary on scenario 1 (forwarded, the limit never reached) and scenario 2
-# (rejected, every request answered 429). For the figures of docs/performance.md, "Before and
-# after". About ROUNDS * 4 * (WARMUP + DURATION + 1) seconds.
+# (rejected, every request answered 429): whether a change costs throughput. About
+# ROUNDS * 4 * (WARMUP + DURATION + 1) seconds.
 
 help_ab() {
     cat <<'TXT'
