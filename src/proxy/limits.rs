@@ -11,65 +11,67 @@ use crate::response::{self, Body};
 use crate::runtime::{Route, Runtime};
 use tokio::time::Instant;
 
-/// Decide the route's limits for the request, and the candidate config's beside them (at the
-/// same instant on the limiter's clock).
-pub(super) async fn limits(
-    cx: &mut Ctx<'_>,
+/// What the limits are asked about: the request's view, the operators' overrides of each limit,
+/// and the request as it arrived (for the candidate config).
+type Asked<'r, 't> = (
+    &'r RequestView<'r>,
+    &'r [Option<&'t limiter::Tuning>],
+    &'r Arrival<'r>,
+);
+
+/// The route's limits decided at once where nothing can wait (in process, no concurrency
+/// slots), and the candidate config's beside them; `None` otherwise, for `shared`. No future is
+/// built for this path (`shared`, `decide` and the store's, some 4 KB a request).
+pub(super) fn in_process(
+    cx: &mut Ctx<'_, '_>,
     route: &Route,
-    asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-    arrival: &Arrival<'_>,
-) -> limiter::Decision {
-    let (decision, now) = if cx.rt.redis.is_none() && !limiter::concurrency::any(&route.limits) {
-        in_process(cx, route, asked)
-    } else {
-        // Boxed: inline, its state would make every request's pipeline future larger.
-        crate::boxed(|| shared(cx, route, asked)).await
-    };
-    if let Some(c) = &cx.rt.candidate {
-        c.evaluate(arrival, now, &mut cx.trace.slots);
+    (view, tuned, arrival): Asked<'_, '_>,
+) -> Option<limiter::Decision> {
+    if cx.rt.redis.is_some() || limiter::concurrency::any(&route.limits) {
+        return None;
     }
-    decision
+    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
+    let now = cx.state.clock.at(cx.started);
+    let decision = limiter::decide_in_process(&route.limits, view, now, tuned);
+    beside(cx, arrival, now);
+    Some(decision)
 }
 
-/// The route's limits over Redis, or with concurrency slots: the decision, and the instant it
-/// was made at.
-async fn shared(
-    cx: &mut Ctx<'_>,
+/// The route's limits over Redis, or with concurrency slots, and the candidate config's beside
+/// them (at the same instant on the limiter's clock). The caller boxes this future: inline, its
+/// state would make every request's pipeline future larger.
+pub(super) async fn shared(
+    cx: &mut Ctx<'_, '_>,
     route: &Route,
-    asked: (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-) -> (limiter::Decision, limiter::Moment) {
+    (view, tuned, arrival): Asked<'_, '_>,
+) -> limiter::Decision {
     let (state, rt) = (cx.state, cx.rt);
     let redis = rt.redis.as_deref();
     // The request's arrival is "now" for the in-process limiter: one clock read fewer.
     let sent = redis.is_some().then(Instant::now);
     let now = state.clock.at(sent.unwrap_or(cx.started));
+    let asked = (view, tuned);
     let decision = decide(cx.conn.worker, route, asked, now, &mut cx.trace.slots, rt).await;
     if let (Some(sent), false) = (sent, route.limits.is_empty()) {
         let took = sent.elapsed().as_secs_f64();
         state.metrics.backend_seconds.observe(took);
     }
-    (decision, now)
+    beside(cx, arrival, now);
+    decision
 }
 
-/// `shared` for a route without concurrency limits, without Redis: nothing to wait for, so
-/// no future to build and move (`shared`, `decide` and the store's, some 4 KB a request).
-fn in_process(
-    cx: &Ctx<'_>,
-    route: &Route,
-    (view, tuned): (&RequestView<'_>, &[Option<&limiter::Tuning>]),
-) -> (limiter::Decision, limiter::Moment) {
-    // The request's arrival is "now" for the in-process limiter: one clock read fewer.
-    let now = cx.state.clock.at(cx.started);
-    (
-        limiter::decide_in_process(&route.limits, view, now, tuned),
-        now,
-    )
+/// The candidate config's decision of the request (see `candidate`), beside the live one,
+/// whatever that was; it never changes the answer. Its slots join the request's.
+fn beside(cx: &mut Ctx<'_, '_>, arrival: &Arrival<'_>, now: limiter::Moment) {
+    if let Some(c) = &cx.rt.candidate {
+        c.evaluate(arrival, now, &mut cx.trace.slots);
+    }
 }
 
 /// The answer to a request a limit refused: 429, or 503 when a `closed` limit's store is away.
 /// The request's concurrency slots are given back at once.
 pub(super) fn refusal(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx<'_, '_>,
     route: &Route,
 ) -> Option<Result<Response<Body>, ProxyError>> {
     let (rt, trace) = (cx.rt, &mut cx.trace);
@@ -140,7 +142,7 @@ async fn decide(
 /// The operators' entries for one request (`control`): the numbers of its limits' overrides,
 /// or the answer of a ban that refuses it (counted). One atomic load while there are none.
 pub(super) fn operators<'t>(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx<'_, '_>,
     table: Option<&'t crate::control::InForce>,
     view: &RequestView<'_>,
     route: &Route,

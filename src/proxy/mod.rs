@@ -24,7 +24,7 @@ use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
-use limits::{add_limit_headers, limits, operators, refusal};
+use limits::{add_limit_headers, operators, refusal};
 use upstream::{forward_to, queue_key};
 
 /// The downstream connection a request arrived on.
@@ -127,15 +127,17 @@ impl Trace<'_> {
 
 /// One request's context through the stages (as pingora's `CTX`): what every stage reads, fixed
 /// when the request arrives, and what the stages learned (`trace`).
-struct Ctx<'a> {
+/// `'a`: the request's config, connection and state; `'c`: the request's own locals, borrowed
+/// by the stages (the trace is the request's, read after the stages to log and count it).
+struct Ctx<'a, 'c> {
     state: &'a State,
     rt: &'a Runtime,
     conn: &'a ClientConn,
     started: Instant,
-    request_id: http::HeaderValue,
+    request_id: &'c http::HeaderValue,
     /// The peer is one of `trusted_proxies`: asked once per request.
     peer_trusted: bool,
-    trace: Trace<'a>,
+    trace: &'c mut Trace<'a>,
 }
 
 /// Serve one request. Loads the config snapshot exactly once; every error becomes its response
@@ -158,17 +160,18 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     let version = req.version();
     let has_body = !req.body().is_end_stream();
     let grpc_call = response::grpc::is_call(&req);
+    let mut trace = Trace {
+        grpc: grpc_call,
+        ..Trace::default()
+    };
     let mut cx = Ctx {
         state,
         rt: &runtime,
         conn,
         started,
-        request_id,
+        request_id: &request_id,
         peer_trusted,
-        trace: Trace {
-            grpc: grpc_call,
-            ..Trace::default()
-        },
+        trace: &mut trace,
     };
     let admitted = Admission::enter(state, runtime.settings.max_inflight);
     let outcome = if admitted.is_none() {
@@ -178,9 +181,6 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     } else {
         pipeline(&mut cx, req).await
     };
-    let Ctx {
-        trace, request_id, ..
-    } = cx;
     // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
     let grpc_answer = grpc_call && version >= Version::HTTP_2;
     let grpc = grpc_answer.then_some(runtime.settings.grpc_limited_status);
@@ -195,22 +195,22 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     // Every answer carries the ID, tollgate's own included.
     let slotted = trace.refused == Refused::RateLimited;
     response::add_request_id(res.headers_mut(), id_header, request_id, slotted);
-    hand_over(state, trace, res, started, entry)
+    hand_over(state, &mut trace, res, started, entry)
 }
 
 /// The answer as the connection takes it: the request counted and its log entry completed,
 /// with the slots and the tunnel it holds.
 fn hand_over(
     state: &State,
-    mut trace: Trace<'_>,
+    trace: &mut Trace<'_>,
     response: Response<Body>,
     started: Instant,
     mut access: Option<Box<Entry>>,
 ) -> Handled {
-    record(state, &trace, &response, started, &mut access);
+    record(state, trace, &response, started, &mut access);
     let grpc = trace
         .grpc
-        .then(|| count_grpc(state, &trace, &response))
+        .then(|| count_grpc(state, trace, &response))
         .flatten();
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -279,7 +279,7 @@ impl Drop for Admission<'_> {
 /// config's beside them), then forward or answer. Each stage returns a value or an error; none
 /// writes to the socket.
 async fn pipeline(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx<'_, '_>,
     mut req: Box<Request<Incoming>>,
 ) -> Result<Response<Body>, ProxyError> {
     let body = !req.body().is_end_stream();
@@ -290,15 +290,18 @@ async fn pipeline(
     // upstream is awaited is kept in this future, and they are not needed then.
     let queue = {
         let arrival = Arrival::of(&req, client_ip);
-        // Verified on first use by a `jwt:` source, once for all the route's limits.
-        let jwt = cx.rt.settings.jwt.as_deref().map(|v| arrival.jwt(v));
+        let jwt = cx.rt.settings.jwt.as_deref().map(|v| arrival.jwt(v)); // checked on first use
         let view = arrival.view(route.fold_path, jwt.as_ref());
         let control = cx.state.control.active();
         let tuned = match operators(cx, control.as_deref(), &view, route) {
             Ok(tuned) => tuned,
             Err(refused) => return Ok(*refused),
         };
-        let decision = limits(cx, route, (&view, &tuned[..]), &arrival).await;
+        let asked = (&view, &tuned[..], &arrival);
+        let decision = match limits::in_process(cx, route, asked) {
+            Some(decision) => decision,
+            None => crate::boxed(|| limits::shared(cx, route, asked)).await,
+        };
         cx.trace.decided(route, &view, decision);
         if let Some(refused) = refusal(cx, route) {
             return refused;
@@ -318,7 +321,7 @@ async fn pipeline(
 /// The live route of the request, or `NoRoute` (the candidate config decides it anyway); a
 /// declared body over the route's `max_body` is refused here, before anything is read.
 fn route<'a, B: http_body::Body>(
-    cx: &mut Ctx<'a>,
+    cx: &mut Ctx<'a, '_>,
     req: &Request<B>,
 ) -> Result<&'a Route, ProxyError> {
     let rt = cx.rt;
@@ -340,13 +343,13 @@ fn route<'a, B: http_body::Body>(
 }
 
 /// The client address, through the trusted proxies.
-fn client<B>(cx: &mut Ctx<'_>, req: &Request<B>) -> std::net::IpAddr {
+fn client<B>(cx: &mut Ctx<'_, '_>, req: &Request<B>) -> std::net::IpAddr {
     let ip = client_ip(cx, req);
     cx.trace.client_ip = Some(ip);
     ip
 }
 
-fn client_ip<B>(cx: &Ctx<'_>, req: &Request<B>) -> std::net::IpAddr {
+fn client_ip<B>(cx: &Ctx<'_, '_>, req: &Request<B>) -> std::net::IpAddr {
     let settings = &cx.rt.settings;
     identity::client_ip_behind(
         (cx.conn.peer.ip(), cx.peer_trusted),

@@ -20,7 +20,7 @@ use http::HeaderValue;
 /// and make the answer ready for the client.
 /// `who`: the client's address and the identity a capped upstream's queue serves it by.
 pub(super) async fn forward_to(
-    cx: &mut Ctx<'_>,
+    cx: &mut Ctx<'_, '_>,
     route: &Route,
     upstream: &forward::Upstream,
     req: Box<Request<Incoming>>,
