@@ -1,6 +1,7 @@
 //! What `tollgate.keys` costs a request with a JSON access log: the digests of the identity
 //! sources its route's limits read, rendered for the line (one header key, and a header key
 //! with a cookie the request does not carry), against the resolve the limit does anyway.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method, Uri};

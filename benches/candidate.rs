@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the candidate config's part of a request: route lookup, identities and
 //! the in-process decision of its limits, counted (`Candidate::evaluate`), and a request that
 //! matches no candidate route.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use std::sync::Arc;
 

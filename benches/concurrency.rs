@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the in-process concurrency check: a slot taken and given back, for one
 //! hot identity and among 100k identities with requests in flight.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;

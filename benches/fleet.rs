@@ -12,6 +12,8 @@
 //! 800 shows a hot tenant within its limit), FLEET_HOLD [unset: `leasing: auto`, held 1 s]:
 //! the leases' hold in seconds (`leasing: { hold: ... }`, sized as `auto`).
 //! Everything runs on 127.0.0.1 and stops when the run ends.
+#![allow(clippy::disallowed_types)]
+// std's Instant: tests and benchmarks time the real world
 
 // A load run is one scenario read top to bottom: its length is the scenario's.
 #![allow(clippy::too_many_lines)]

@@ -2,6 +2,7 @@
 //! a calendar quota's check (its window computed per check, as a request does); window limits
 //! (sliding, fixed, exact at N = 10, 100, 1,000) against the token bucket; a ban's look-up and
 //! strike.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::ClientId;

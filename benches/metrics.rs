@@ -2,6 +2,7 @@
 //! prometheus-client `Counter` (an atomic) or `Histogram` (a mutex) shared by all threads,
 //! against `tollgate::sharded`'s per-thread lines. Two threads write at once, as tollgate's two
 //! workers do on a 2-core machine; each iteration is one write per thread.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,7 @@
 //! The Redis check round trip, against a `redis-server` this bench starts on a free loopback
 //! port (and stops): one EVALSHA of the bucket script per check, one and two buckets, and one
 //! sliding and one fixed window limit.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

@@ -1,4 +1,5 @@
 //! Micro-benchmarks of the request path's other pure stages: screening, route lookup, identity.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use std::fmt::Write as _;
 

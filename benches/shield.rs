@@ -8,6 +8,8 @@
 //! `cargo bench --bench shield` (benches/load.sh shield builds the release binary first).
 //! Settings: TOLLGATE_BIN [target/release/tollgate], SHIELD_SECONDS [10], PEERS [haproxy].
 //! Everything runs on 127.0.0.1 and stops when the run ends.
+#![allow(clippy::disallowed_types)]
+// std's Instant: tests and benchmarks time the real world
 
 // A load run is one scenario read top to bottom: its length is the scenario's.
 #![allow(clippy::too_many_lines)]

@@ -10,6 +10,7 @@
 //! `SO_REUSEPORT` listener, mimalloc, and upstream connections driven by tasks of their own on
 //! the same worker. Simpler than any real pool: each client connection opens one upstream
 //! connection of its own. Errors become `502`; nothing else is handled.
+#![allow(clippy::disallowed_types)] // std's Instant: tests and benchmarks time the real world
 
 use std::net::SocketAddr;
 

@@ -15,20 +15,24 @@
 //! Modules in layers, from the bottom up: a module uses only modules of its own layer and of
 //! the layers above it in this list, and no two modules use each other (`tests/structure`
 //! checks both, inline `crate::` paths included).
-//! - `error`, `buffer`, `body`, `identity`, `tls`, `proxy_protocol`, `sharded`, `io`, `workers`, `screen`, `probe`, `log_gate`, `header_value`, `intern`, `request_id`, `access_log`, `capacity`:
-//!   leaves. Request-path errors; bodies held in memory and temporary files (request
-//!   buffering, response read-ahead); request bodies with their limits; the client address and
-//!   the identity digest a limit counts under (`identity::Arrival`: one request's parts, made
-//!   once and read by the live limits, the candidate's and `explain`; `identity::jwt`: claims
-//!   of a verified bearer JWT); rustls configs; the PROXY header; per-thread counters; socket wrappers; the worker
-//!   set; request screening (`host`: Host and `:authority` validated and canonicalised,
-//!   `path`: the path normalised and the spellings backends read differently refused); the
-//!   container health probe; one log line a second for a failure that repeats; header
-//!   values made in one allocation of their size; text kept for the process's life, once per
-//!   value, for header values every request clones; the `X-Request-Id` kept or made; the
-//!   access log (lines formatted per worker thread, written by a thread of its own); an
-//!   upstream's capacity (`capacity`: per-target caps, fixed or learned from latency, and the
-//!   queue fair across identities and priorities).
+//! - `log_gate`, `sharded`, `io`, `workers`, `probe`, `header_value`, `intern`, `tls`, `proxy_protocol`, `capacity`:
+//!   leaves, using no other module. One log line a second for a
+//!   failure that repeats; per-thread counters; socket wrappers; the worker set; the container
+//!   health probe; header values made in one allocation of their size; text kept for the
+//!   process's life, once per value, for header values every request clones; rustls configs;
+//!   the PROXY header; an upstream's capacity (`capacity`: per-target caps, fixed or learned
+//!   from latency, and the queue fair across identities and priorities).
+//! - `buffer`, `request_id`: bodies held in memory and temporary files (request buffering,
+//!   response read-ahead); the `X-Request-Id` kept or made.
+//! - `body`: request bodies with their limits.
+//! - `error`: request-path errors.
+//! - `screen`: request screening (`host`: Host and `:authority` validated and canonicalised,
+//!   `path`: the path normalised and the spellings backends read differently refused).
+//! - `identity`: the client address and the identity digest a limit counts under
+//!   (`identity::Arrival`: one request's parts, made once and read by the live limits, the
+//!   candidate's and `explain`; `identity::jwt`: claims of a verified bearer JWT).
+//! - `access_log`: the access log (lines formatted per worker thread, written by a thread of
+//!   its own).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.

@@ -1,4 +1,6 @@
 //! The per-thread line buffers and the writer thread they are handed to.
+// The writer is a thread of its own, outside tokio: it keeps time by std's clock.
+#![allow(clippy::disallowed_types)]
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};

@@ -82,7 +82,8 @@ pub struct Spill {
     pub(super) unwritable: Counter,
     pub(super) capped: Counter,
     log: crate::log_gate::LogGate,
-    /// The log gate's clock.
+    /// The log gate's clock: std's, as files are written from blocking threads too.
+    #[allow(clippy::disallowed_types)]
     origin: std::time::Instant,
 }
 
@@ -94,6 +95,7 @@ impl Spill {
             unwritable: handles.unwritable,
             capped: handles.capped,
             log: crate::log_gate::LogGate::new(std::time::Duration::from_secs(10)),
+            #[allow(clippy::disallowed_types)]
             origin: std::time::Instant::now(),
         }
     }

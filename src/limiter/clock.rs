@@ -49,6 +49,8 @@ impl Clock {
 /// Wall-clock microseconds since the UNIX epoch at `at`: the system clock as read once per
 /// process, moved on by tokio's clock since (so a test that pauses time moves it, and every
 /// clock of the process agrees). Calendar quotas take their windows from it.
+// Anchored on std's clock: the system clock is read against it once per process.
+#[allow(clippy::disallowed_types)]
 pub fn wall_at(at: Instant) -> f64 {
     static ANCHOR: std::sync::LazyLock<(std::time::Instant, f64)> =
         std::sync::LazyLock::new(|| {

@@ -59,18 +59,55 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The file up to its unit-test module (`#[cfg(test)]` then `mod tests`), which comes last.
+/// The file up to its unit-test module, which comes last: `mod tests` (or `pub(super) mod
+/// tests`) under a `#[cfg(...)]` that names `test` (`#[cfg(test)]`, `#[cfg(all(test, ...))]`).
 pub fn without_tests(text: &str) -> &str {
     let mut at = 0;
-    while let Some(i) = text[at..].find("#[cfg(test)]") {
+    while let Some(i) = text[at..].find("#[cfg(") {
         let start = at + i;
-        let rest = text[start + "#[cfg(test)]".len()..].trim_start();
-        if rest.starts_with("mod tests") {
+        at = start + 1;
+        let Some(len) = text[start..].find(']') else {
+            break;
+        };
+        let cfg = &text[start + "#[cfg(".len()..start + len];
+        let names_test = cfg
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .any(|w| w == "test");
+        let rest = text[start + len + 1..].trim_start();
+        let rest = ["pub(super) ", "pub(crate) ", "pub "]
+            .iter()
+            .find_map(|v| rest.strip_prefix(v))
+            .unwrap_or(rest);
+        if names_test && rest.starts_with("mod tests") {
             return &text[..start];
         }
-        at = start + 1;
     }
     text
+}
+
+#[test]
+fn every_form_of_test_module_is_cut() {
+    for (text, kept) in [
+        ("fn a() {}\n#[cfg(test)]\nmod tests {}\n", "fn a() {}\n"),
+        (
+            "fn a() {}\n#[cfg(test)]\npub(super) mod tests {}\n",
+            "fn a() {}\n",
+        ),
+        (
+            "fn a() {}\n#[cfg(all(test, target_os = \"linux\"))]\nmod tests {}",
+            "fn a() {}\n",
+        ),
+        (
+            "#[cfg(unix)]\nmod tests {}\n#[cfg(test)]\nmod tests {}",
+            "#[cfg(unix)]\nmod tests {}\n",
+        ),
+        (
+            "#[cfg(test)]\nconst X: u8 = 1;\nfn b() {}",
+            "#[cfg(test)]\nconst X: u8 = 1;\nfn b() {}",
+        ),
+    ] {
+        assert_eq!(without_tests(text), kept, "{text:?}");
+    }
 }
 
 /// `code` with comments removed and string and char literals emptied, so that paths in docs
