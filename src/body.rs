@@ -133,8 +133,9 @@ enum Kind {
     /// Received whole before the upstream was contacted (request buffering). Boxed: every
     /// upstream connection's request queue (hyper's channel) holds 32 requests' room at once.
     Held(Box<HeldReader>),
-    /// Bytes of tollgate's own (a gRPC health check's request), sent at once.
-    Fixed(Bytes),
+    /// Bytes of tollgate's own (a gRPC health check's request), sent at once. Boxed: every
+    /// upstream request carries a body, and hyper's request queue moves it whole.
+    Fixed(Box<Bytes>),
 }
 
 /// `Incoming` with the route's limits applied.
@@ -185,7 +186,7 @@ impl Guarded {
     /// `bytes`, as a body of tollgate's own request.
     pub fn fixed(bytes: Bytes) -> Self {
         Self {
-            kind: Kind::Fixed(bytes),
+            kind: Kind::Fixed(Box::new(bytes)),
             sent: Sent(None),
         }
     }
@@ -195,7 +196,7 @@ impl Guarded {
     pub fn replay(&self) -> Option<Self> {
         match &self.kind {
             Kind::Empty => Some(Self::empty()),
-            Kind::Fixed(b) => Some(Self::fixed(b.clone())),
+            Kind::Fixed(b) => Some(Self::fixed((**b).clone())),
             Kind::Held(r) => Some(Self {
                 kind: Kind::Held(Box::new(r.restart())),
                 sent: Sent(None),
@@ -247,7 +248,7 @@ impl Body for Guarded {
         let polled = match &mut this.kind {
             Kind::Empty => return Poll::Ready(None),
             Kind::Fixed(b) if b.is_empty() => return Poll::Ready(None),
-            Kind::Fixed(b) => return Poll::Ready(Some(Ok(Frame::data(std::mem::take(b))))),
+            Kind::Fixed(b) => return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut **b))))),
             Kind::Held(r) => {
                 return Pin::new(&mut **r)
                     .poll_frame(cx)

@@ -168,7 +168,8 @@ pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
 
 /// Told a gRPC call's status once its trailers bring it (for the metrics): `2` (UNKNOWN) for a
 /// body that ended without one, `1` (CANCELLED) for one dropped before its end.
-pub struct GrpcTally(pub Box<dyn FnOnce(u16) + Send + Sync>);
+/// Boxed twice: a thin pointer, as every response body carries the field.
+pub struct GrpcTally(pub Box<Box<dyn FnOnce(u16) + Send + Sync>>);
 
 impl std::fmt::Debug for GrpcTally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
