@@ -6,8 +6,8 @@ use prometheus_client::metrics::info::Info;
 use super::Metrics;
 
 impl Metrics {
-    // A table of registrations, each metric's name and help text, read top to bottom.
-    #[allow(clippy::too_many_lines)]
+    /// Requests, limits, upstreams and the config's series (and, through the calls at the
+    /// end, the rest).
     pub(super) fn register(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
         r.register(
@@ -41,6 +41,35 @@ impl Metrics {
             self.upstream_errors.clone(),
         );
         r.register(
+            "local_buckets",
+            "In-process buckets held, by limit",
+            self.buckets.clone(),
+        );
+        r.register(
+            "local_bucket_overflows",
+            "Checks counted in a limit's overflow bucket because its map was full",
+            self.overflowed.clone(),
+        );
+        r.register(
+            "local_bucket_peer_overflows",
+            "New identities counted in their address's overflow bucket (at its cap, or the map full)",
+            self.peer_overflowed.clone(),
+        );
+        r.register(
+            "decided_without_backend",
+            "Requests whose limits were decided without the shared store",
+            self.without_backend.clone(),
+        );
+        self.targets.register(r);
+        self.register_serving();
+        self.register_redis();
+        self.register_config();
+    }
+
+    /// Connections, overload, memory, buffering and the access log.
+    fn register_serving(&mut self) {
+        let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
             "open_connections",
             "Open downstream connections",
             self.open_connections.clone(),
@@ -59,11 +88,6 @@ impl Metrics {
             "overloaded",
             "Requests answered 503 because max_inflight requests were in flight",
             self.overloaded.clone(),
-        );
-        r.register(
-            "redis_evicted_keys",
-            "Keys Redis evicted since it started (INFO stats evicted_keys, read every 5 s)",
-            self.redis_evicted_keys.clone(),
         );
         r.register(
             "memory_over_budget",
@@ -100,39 +124,6 @@ impl Metrics {
             "Access-log lines dropped because the writer could not keep up",
             crate::access_log::dropped_lines(),
         );
-        r.register(
-            "config_reloads",
-            "Config reloads by result",
-            self.reloads.clone(),
-        );
-        r.register(
-            "config_generation",
-            "Generation of the live config (1 = as started)",
-            self.generation.clone(),
-        );
-        r.register(
-            "local_buckets",
-            "In-process buckets held, by limit",
-            self.buckets.clone(),
-        );
-        r.register(
-            "local_bucket_overflows",
-            "Checks counted in a limit's overflow bucket because its map was full",
-            self.overflowed.clone(),
-        );
-        r.register(
-            "local_bucket_peer_overflows",
-            "New identities counted in their address's overflow bucket (at its cap, or the map full)",
-            self.peer_overflowed.clone(),
-        );
-        r.register(
-            "decided_without_backend",
-            "Requests whose limits were decided without the shared store",
-            self.without_backend.clone(),
-        );
-        self.targets.register(r);
-        self.register_redis();
-        self.register_config();
     }
 
     /// The Redis client's series.
@@ -167,6 +158,11 @@ impl Metrics {
 
     pub(super) fn register_redis(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
+            "redis_evicted_keys",
+            "Keys Redis evicted since it started (INFO stats evicted_keys, read every 5 s)",
+            self.redis_evicted_keys.clone(),
+        );
         r.register(
             "redis_check_duration_seconds",
             "Time of limit checks sent to Redis, until answered or failed",
@@ -222,6 +218,16 @@ impl Metrics {
     /// The build's and the live config's series.
     pub(super) fn register_config(&mut self) {
         let r = self.registry.sub_registry_with_prefix("tollgate");
+        r.register(
+            "config_reloads",
+            "Config reloads by result",
+            self.reloads.clone(),
+        );
+        r.register(
+            "config_generation",
+            "Generation of the live config (1 = as started)",
+            self.generation.clone(),
+        );
         let version = env!("CARGO_PKG_VERSION").to_owned();
         let commit = env!("TOLLGATE_COMMIT").to_owned();
         r.register(

@@ -16,8 +16,6 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Every upstream by name; `None` for one with problems (still known, so routes naming it get
 /// no second error).
-// Every upstream key with its default and check, in the file's order.
-#[allow(clippy::too_many_lines)]
 pub(super) fn upstreams(
     raw: &std::collections::BTreeMap<String, file::Upstream>,
     p: &mut Problems,
@@ -25,26 +23,7 @@ pub(super) fn upstreams(
     let mut out = HashMap::new();
     for (name, u) in raw {
         let path = format!("upstreams.{name}");
-        if u.targets.is_empty() {
-            p.add(
-                format!("{path}.targets"),
-                "needs at least one target, as in `[127.0.0.1:8080]`",
-            );
-        }
-        let parsed: Vec<(Scheme, Authority)> = u
-            .targets
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| p.take(format!("{path}.targets[{i}]"), target(t)))
-            .collect();
-        let scheme = parsed.first().map_or(Scheme::HTTP, |(s, _)| s.clone());
-        if parsed.iter().any(|(s, _)| *s != scheme) {
-            p.add(
-                format!("{path}.targets"),
-                "mixes http and https targets: use one scheme per upstream",
-            );
-        }
-        let targets: Vec<Authority> = parsed.into_iter().map(|(_, a)| a).collect();
+        let (scheme, targets) = targets(u, &path, p);
         let ca = u
             .tls
             .as_ref()
@@ -58,35 +37,8 @@ pub(super) fn upstreams(
         } else {
             Some(plain_tls())
         };
-        let connect = duration_or(
-            p,
-            format!("{path}.connect_timeout"),
-            u.connect_timeout.as_ref(),
-            Duration::from_secs(5),
-        );
-        let timeout = duration_or(
-            p,
-            format!("{path}.timeout"),
-            u.timeout.as_ref(),
-            Duration::from_secs(30),
-        );
-        let keepalive = u.keepalive.as_ref();
-        let idle_timeout = duration_or(
-            p,
-            format!("{path}.keepalive.idle_timeout"),
-            keepalive.and_then(|k| k.idle_timeout.as_ref()),
-            DEFAULT_IDLE_TIMEOUT,
-        );
-        let max_idle = keepalive.and_then(|k| k.max_idle);
-        for (field, d) in [
-            ("connect_timeout", connect),
-            ("timeout", timeout),
-            ("keepalive.idle_timeout", idle_timeout),
-        ] {
-            if d.is_zero() {
-                p.add(format!("{path}.{field}"), "must be longer than zero");
-            }
-        }
+        let (connect, timeout, idle_timeout) = timeouts(u, &path, p);
+        let max_idle = u.keepalive.as_ref().and_then(|k| k.max_idle);
         let protocol = protocol(u.protocol.as_deref(), &scheme, &path, p);
         let max_streams = max_streams(u.http2.as_ref(), protocol, &path, p);
         let (balance, retries, health) = health::resilience(u, &path, p);
@@ -125,6 +77,63 @@ pub(super) fn upstreams(
         out.insert(name.clone(), upstream);
     }
     out
+}
+
+/// `targets`, parsed, with the one scheme they share.
+fn targets(u: &file::Upstream, path: &str, p: &mut Problems) -> (Scheme, Vec<Authority>) {
+    if u.targets.is_empty() {
+        p.add(
+            format!("{path}.targets"),
+            "needs at least one target, as in `[127.0.0.1:8080]`",
+        );
+    }
+    let parsed: Vec<(Scheme, Authority)> = u
+        .targets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| p.take(format!("{path}.targets[{i}]"), target(t)))
+        .collect();
+    let scheme = parsed.first().map_or(Scheme::HTTP, |(s, _)| s.clone());
+    if parsed.iter().any(|(s, _)| *s != scheme) {
+        p.add(
+            format!("{path}.targets"),
+            "mixes http and https targets: use one scheme per upstream",
+        );
+    }
+    (scheme, parsed.into_iter().map(|(_, a)| a).collect())
+}
+
+/// `connect_timeout`, `timeout` and `keepalive.idle_timeout`, each longer than zero.
+fn timeouts(u: &file::Upstream, path: &str, p: &mut Problems) -> (Duration, Duration, Duration) {
+    let connect = duration_or(
+        p,
+        format!("{path}.connect_timeout"),
+        u.connect_timeout.as_ref(),
+        Duration::from_secs(5),
+    );
+    let timeout = duration_or(
+        p,
+        format!("{path}.timeout"),
+        u.timeout.as_ref(),
+        Duration::from_secs(30),
+    );
+    let keepalive = u.keepalive.as_ref();
+    let idle_timeout = duration_or(
+        p,
+        format!("{path}.keepalive.idle_timeout"),
+        keepalive.and_then(|k| k.idle_timeout.as_ref()),
+        DEFAULT_IDLE_TIMEOUT,
+    );
+    for (field, d) in [
+        ("connect_timeout", connect),
+        ("timeout", timeout),
+        ("keepalive.idle_timeout", idle_timeout),
+    ] {
+        if d.is_zero() {
+            p.add(format!("{path}.{field}"), "must be longer than zero");
+        }
+    }
+    (connect, timeout, idle_timeout)
 }
 
 /// `protocol`, checked against the targets' scheme.
