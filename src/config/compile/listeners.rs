@@ -39,10 +39,13 @@ pub(super) fn listeners(
         .collect()
 }
 
-// Every listener key with its default and check, in the file's order.
-#[allow(clippy::too_many_lines)]
-fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> ListenerSettings {
-    let defaults = ListenerSettings::default();
+/// The listener's `timeouts` (header read, idle, TLS handshake, send), each longer than zero.
+fn timeouts(
+    l: &file::Listener,
+    path: &str,
+    p: &mut Problems,
+    defaults: &ListenerSettings,
+) -> [Duration; 4] {
     let timeouts = l.timeouts.as_ref();
     let mut timeout = |key: &str, raw: Option<&String>, default: Duration| {
         let value = duration_or(p, format!("{path}.timeouts.{key}"), raw, default);
@@ -71,9 +74,22 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
         timeouts.and_then(|t| t.send.as_ref()),
         defaults.send_timeout,
     );
+    [
+        header_read_timeout,
+        idle_timeout,
+        tls_handshake_timeout,
+        send_timeout,
+    ]
+}
+
+// Every listener key with its default and check, in the file's order.
+#[allow(clippy::too_many_lines)]
+fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> ListenerSettings {
+    let defaults = ListenerSettings::default();
+    let [header_read_timeout, idle_timeout, tls_handshake_timeout, send_timeout] =
+        timeouts(l, path, p, &defaults);
     let mut sizes = Sizes { path, p };
     let h2 = l.http2.as_ref();
-    let window = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
     ListenerSettings {
         header_read_timeout,
         idle_timeout,
@@ -106,11 +122,12 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
             defaults.max_uri_bytes as u64,
             64,
         ) as usize,
-        h2_max_concurrent_streams: window(sizes.count(
+        h2_max_concurrent_streams: u32::try_from(sizes.count(
             "http2.max_concurrent_streams",
             h2.and_then(|h| h.max_concurrent_streams).map(u64::from),
             u64::from(defaults.h2_max_concurrent_streams),
-        )),
+        ))
+        .unwrap_or(u32::MAX),
         h2_stream_window: sizes.window(
             "http2.stream_window",
             h2.and_then(|h| h.stream_window.as_ref()),
