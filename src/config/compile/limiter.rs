@@ -91,10 +91,10 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
     }
 }
 
-// Every `redis:` key (url, cluster, sentinel, TLS) with its check, in the file's order.
-#[allow(clippy::too_many_lines)]
-fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
-    let (url, cluster) = match (&r.url, &r.cluster, &r.sentinel) {
+/// Where the Redis servers are: one `url`, a `cluster`'s nodes, or none (a Sentinel's); `None`
+/// (with the problem) for no choice or several.
+fn servers(r: &file::Redis, p: &mut Problems) -> Option<(Option<String>, Vec<String>)> {
+    Some(match (&r.url, &r.cluster, &r.sentinel) {
         (Some(url), None, None) => (Some(url.clone()), Vec::new()),
         (None, Some(nodes), None) if !nodes.is_empty() => (None, nodes.clone()),
         (None, None, Some(_)) => (None, Vec::new()),
@@ -116,11 +116,21 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
             );
             return None;
         }
-    };
+    })
+}
+
+/// Every server URL parsed, and the password, username and TLS settings checked against them;
+/// `false` when any is wrong.
+fn urls_and_credentials(
+    r: &file::Redis,
+    url: Option<&str>,
+    cluster: &[String],
+    p: &mut Problems,
+) -> bool {
     let mut ok = true;
     // Every server URL: parsed, and whether it asks for TLS and carries a password.
     let mut urls = Vec::new();
-    if let Some(u) = url.as_deref() {
+    if let Some(u) = url {
         urls.push(redis_url("limiter.redis.url".into(), u, p));
     }
     for (i, node) in cluster.iter().enumerate() {
@@ -150,6 +160,12 @@ fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
         );
         ok = false;
     }
+    ok
+}
+
+fn redis(r: &file::Redis, p: &mut Problems) -> Option<RedisConfig> {
+    let (url, cluster) = servers(r, p)?;
+    let mut ok = urls_and_credentials(r, url.as_deref(), &cluster, p);
     let sentinel = r.sentinel.as_ref().and_then(|s| sentinel(s, p));
     ok &= r.sentinel.is_none() || sentinel.is_some();
     let tls = r.tls.as_ref().and_then(|t| tls(t, p));
