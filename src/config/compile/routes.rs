@@ -145,8 +145,50 @@ fn body_limits(r: &file::Route, path: &str, p: &mut Problems) -> BodyLimits {
     }
 }
 
-// Every `match:` key compiled with its check, in the file's order.
-#[allow(clippy::too_many_lines)]
+/// `methods` and `headers`, parsed (a header's value compared without surrounding
+/// whitespace, as a request's arrives).
+fn methods_and_headers(
+    m: &file::Match,
+    path: &str,
+    p: &mut Problems,
+) -> (Option<Vec<Method>>, Vec<(HeaderName, HeaderValue)>) {
+    if m.methods.as_ref().is_some_and(Vec::is_empty) {
+        p.add(
+            format!("{path}.methods"),
+            "is empty, so the route could never match: list methods or remove the key",
+        );
+    }
+    let methods = m.methods.as_ref().map(|ms| {
+        ms.iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let r = Method::from_bytes(s.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| format!("`{s}` is not an HTTP method"));
+                p.take(format!("{path}.methods[{i}]"), r)
+            })
+            .collect()
+    });
+    let headers = m
+        .headers
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderName::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("`{k}` is not a valid header name")),
+            );
+            // A request's field value arrives without surrounding whitespace: compared so.
+            let value = p.take(
+                format!("{path}.headers.{k}"),
+                HeaderValue::from_str(v.trim_matches([' ', '\t']))
+                    .map_err(|_| format!("`{v}` is not a valid header value")),
+            );
+            Some((name?, value?))
+        })
+        .collect();
+    (methods, headers)
+}
+
 fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
     let host = m
         .host
@@ -187,40 +229,7 @@ fn matcher(m: &file::Match, path: &str, p: &mut Problems) -> Option<Matcher> {
             "only applies with an exact `path`",
         );
     }
-    if m.methods.as_ref().is_some_and(Vec::is_empty) {
-        p.add(
-            format!("{path}.methods"),
-            "is empty, so the route could never match: list methods or remove the key",
-        );
-    }
-    let methods = m.methods.as_ref().map(|ms| {
-        ms.iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                let r = Method::from_bytes(s.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| format!("`{s}` is not an HTTP method"));
-                p.take(format!("{path}.methods[{i}]"), r)
-            })
-            .collect()
-    });
-    let headers = m
-        .headers
-        .iter()
-        .filter_map(|(k, v)| {
-            let name = p.take(
-                format!("{path}.headers.{k}"),
-                HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| format!("`{k}` is not a valid header name")),
-            );
-            // A request's field value arrives without surrounding whitespace: compared so.
-            let value = p.take(
-                format!("{path}.headers.{k}"),
-                HeaderValue::from_str(v.trim_matches([' ', '\t']))
-                    .map_err(|_| format!("`{v}` is not a valid header value")),
-            );
-            Some((name?, value?))
-        })
-        .collect();
+    let (methods, headers) = methods_and_headers(m, path, p);
     Some(Matcher {
         host,
         path: path_pattern,
@@ -281,8 +290,47 @@ fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<Act
     })))
 }
 
-// Every key of a limit compiled with its check, in the file's order; the checks read each other.
-#[allow(clippy::too_many_lines)]
+/// `cost`: at least 1, and no more than `burst` (or no request could pass).
+fn cost(l: &file::Limit, burst: Option<u32>, path: &str, p: &mut Problems) -> u32 {
+    let cost = l.cost.unwrap_or(1);
+    if cost == 0 {
+        p.add(format!("{path}.cost"), "must be at least 1");
+    }
+    if let Some(b) = burst {
+        if cost > b {
+            p.add(
+                format!("{path}.cost"),
+                format!("cost {cost} is larger than burst {b}: no request could ever pass"),
+            );
+        }
+    }
+    cost
+}
+
+/// Whom a limit counts and whom it lets through: `key` and `exempt`, parsed.
+fn who(l: &file::Limit, path: &str, p: &mut Problems) -> (KeySpec, Vec<Exemption>) {
+    if l.key.is_empty() {
+        p.add(
+            format!("{path}.key"),
+            "needs at least one source, as in `[ip]`",
+        );
+    }
+    let key = KeySpec(
+        l.key
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| p.take(format!("{path}.key[{i}]"), Alternative::parse(k)))
+            .collect(),
+    );
+    let exempt = l
+        .exempt
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| p.take(format!("{path}.exempt[{i}]"), Exemption::parse(e)))
+        .collect();
+    (key, exempt)
+}
+
 fn limit(
     l: &file::Limit,
     path: &str,
@@ -314,37 +362,8 @@ fn limit(
             (c.map(super::concurrency::as_rate), c.map(|c| c.max), None)
         }
     };
-    let cost = l.cost.unwrap_or(1);
-    if cost == 0 {
-        p.add(format!("{path}.cost"), "must be at least 1");
-    }
-    if let Some(b) = burst {
-        if cost > b {
-            p.add(
-                format!("{path}.cost"),
-                format!("cost {cost} is larger than burst {b}: no request could ever pass"),
-            );
-        }
-    }
-    if l.key.is_empty() {
-        p.add(
-            format!("{path}.key"),
-            "needs at least one source, as in `[ip]`",
-        );
-    }
-    let key = KeySpec(
-        l.key
-            .iter()
-            .enumerate()
-            .filter_map(|(i, k)| p.take(format!("{path}.key[{i}]"), Alternative::parse(k)))
-            .collect(),
-    );
-    let exempt = l
-        .exempt
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| p.take(format!("{path}.exempt[{i}]"), Exemption::parse(e)))
-        .collect();
+    let cost = cost(l, burst, path, p);
+    let (key, exempt) = who(l, path, p);
     let on_failure = match &l.on_failure {
         Some(s) => p.take(format!("{path}.on_failure"), super::limiter::policy(s))?,
         None => ctx.limiter.on_failure,
