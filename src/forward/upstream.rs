@@ -74,30 +74,65 @@ const HEARD_HTTP10: u8 = 2;
 /// only bounds what a burst leaves behind (docs/performance.md has the measurement).
 pub const DEFAULT_MAX_IDLE_PER_WORKER: usize = 1024;
 
+/// How new connections to `spec`'s targets are made: plain sockets for `http://` (no
+/// TLS-or-not wrapper on every read), TLS offering by ALPN what the protocol may speak.
+fn connector(spec: &UpstreamSpec) -> Connector {
+    let mut tcp = HttpConnector::new();
+    tcp.set_connect_timeout(Some(spec.connect_timeout));
+    tcp.set_nodelay(true);
+    tcp.enforce_http(false);
+    if spec.scheme == Scheme::HTTPS {
+        let tls = HttpsConnectorBuilder::new()
+            .with_tls_config((*spec.tls).clone())
+            .https_only();
+        // ALPN offers what the protocol may speak: `h2` alone, both, or HTTP/1.1.
+        Connector::Tls(match spec.protocol {
+            Protocol::H2 => tls.enable_http2().wrap_connector(tcp),
+            Protocol::Auto => tls.enable_all_versions().wrap_connector(tcp),
+            Protocol::Http1 | Protocol::H2c => tls.enable_http1().wrap_connector(tcp),
+        })
+    } else {
+        Connector::Plain(tcp)
+    }
+}
+
+/// The upstream's connection pools: one per worker, each keeping its share of the idle
+/// connections (rounded up); a capped upstream's one, shared by every worker, whose
+/// connections are counted against its cap.
+fn pools(
+    spec: &UpstreamSpec,
+    connector: &Connector,
+    gate: Option<&Arc<Gate>>,
+    workers: usize,
+) -> Vec<Arc<Pool>> {
+    let (pools, max_idle) = if gate.is_some() {
+        (1, spec.max_idle.unwrap_or(DEFAULT_MAX_IDLE_PER_WORKER))
+    } else {
+        let share = spec
+            .max_idle
+            .map_or(DEFAULT_MAX_IDLE_PER_WORKER, |n| n.div_ceil(workers));
+        (workers, share)
+    };
+    (0..pools)
+        .map(|_| {
+            Arc::new(Pool::new(
+                connector.clone(),
+                spec.targets.len(),
+                max_idle,
+                spec.idle_timeout,
+                gate.cloned(),
+                spec.protocol,
+                spec.max_streams,
+            ))
+        })
+        .collect()
+}
+
 impl Upstream {
     /// The live upstream of `spec`: one connection pool per worker of `workers`, counting in
     /// `metrics`; its active health check (if any) starts on the current tokio runtime.
-    // An upstream's connector, TLS, pools and health check set up in order from one spec.
-    #[allow(clippy::too_many_lines)]
     pub fn new(spec: &UpstreamSpec, workers: usize, metrics: UpstreamHandles) -> Self {
-        let mut tcp = HttpConnector::new();
-        tcp.set_connect_timeout(Some(spec.connect_timeout));
-        tcp.set_nodelay(true);
-        tcp.enforce_http(false);
-        // A plain-text upstream gets plain sockets: no TLS-or-not wrapper on every read.
-        let connector = if spec.scheme == Scheme::HTTPS {
-            let tls = HttpsConnectorBuilder::new()
-                .with_tls_config((*spec.tls).clone())
-                .https_only();
-            // ALPN offers what the protocol may speak: `h2` alone, both, or HTTP/1.1.
-            Connector::Tls(match spec.protocol {
-                Protocol::H2 => tls.enable_http2().wrap_connector(tcp),
-                Protocol::Auto => tls.enable_all_versions().wrap_connector(tcp),
-                Protocol::Http1 | Protocol::H2c => tls.enable_http1().wrap_connector(tcp),
-            })
-        } else {
-            Connector::Plain(tcp)
-        };
+        let connector = connector(spec);
         let workers = workers.max(1);
         let health = Arc::new(Health::new(&spec.health, metrics.ejections, Instant::now()));
         let gate = spec.capacity.as_ref().map(|c| {
@@ -105,30 +140,7 @@ impl Upstream {
             let healthy = Box::new(move |t| health.is_healthy(t, health.ms(Instant::now())));
             Gate::new(c, spec.targets.len(), healthy, metrics.capacity)
         });
-        // A capped upstream's connections are counted against its cap: one pool, shared by
-        // every worker. Otherwise each worker keeps its share of the idle connections,
-        // rounded up, in a pool of its own.
-        let (pools, max_idle) = if gate.is_some() {
-            (1, spec.max_idle.unwrap_or(DEFAULT_MAX_IDLE_PER_WORKER))
-        } else {
-            let share = spec
-                .max_idle
-                .map_or(DEFAULT_MAX_IDLE_PER_WORKER, |n| n.div_ceil(workers));
-            (workers, share)
-        };
-        let pools = (0..pools)
-            .map(|_| {
-                Arc::new(Pool::new(
-                    connector.clone(),
-                    spec.targets.len(),
-                    max_idle,
-                    spec.idle_timeout,
-                    gate.clone(),
-                    spec.protocol,
-                    spec.max_streams,
-                ))
-            })
-            .collect();
+        let pools = pools(spec, &connector, gate.as_ref(), workers);
         let target_uris = spec
             .targets
             .iter()
