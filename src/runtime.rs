@@ -15,7 +15,7 @@ use http::Request;
 
 use crate::body::BodyLimits;
 use crate::buffer::{Budget, Spill, Store};
-use crate::config::settings::{ActionSpec, Backend, Respond, Settings};
+use crate::config::settings::{ActionSpec, Backend, Respond, RouteSpec, Settings};
 use crate::forward::Upstream;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limit;
@@ -93,8 +93,6 @@ pub enum Action {
 impl Runtime {
     /// The runtime of `settings`, reusing what `previous` runs for unchanged specs. Needs a
     /// tokio runtime when the limiter is Redis (its client connects in the background).
-    // The runtime's parts built in order from the previous runtime; they share its reuse maps.
-    #[allow(clippy::too_many_lines)]
     pub fn build(
         settings: Settings,
         previous: Option<&Runtime>,
@@ -102,20 +100,7 @@ impl Runtime {
         metrics: &Metrics,
     ) -> Result<Self, BuildError> {
         let redis = redis(&settings, previous, workers, metrics).map_err(BuildError::Redis)?;
-        let old_upstreams: HashMap<&str, &Arc<Upstream>> = previous
-            .map(|p| p.upstreams.iter().map(|u| (&*u.name, u)).collect())
-            .unwrap_or_default();
-        let upstreams: Vec<Arc<Upstream>> = settings
-            .upstreams
-            .iter()
-            .map(|spec| match old_upstreams.get(&*spec.name) {
-                Some(kept) if kept.fingerprint == spec.fingerprint => {
-                    kept.respec(spec);
-                    Arc::clone(kept)
-                }
-                _ => Arc::new(Upstream::new(spec, workers.count(), metrics.upstream(spec))),
-            })
-            .collect();
+        let upstreams = upstreams(&settings, previous, workers, metrics);
         let by_name: HashMap<&str, &Arc<Upstream>> =
             upstreams.iter().map(|u| (&*u.name, u)).collect();
         let old_limits: HashMap<&str, &Arc<Limit>> = previous
@@ -134,17 +119,7 @@ impl Runtime {
                     )
                 })
                 .collect();
-            let action = match &spec.action {
-                ActionSpec::Forward(u) => {
-                    Action::Forward(by_name.get(&*u.name).map(|u| Arc::clone(u)).ok_or_else(
-                        || BuildError::MissingUpstream {
-                            route: spec.name.clone(),
-                            upstream: u.name.clone(),
-                        },
-                    )?)
-                }
-                ActionSpec::Respond(r) => Action::Respond(r.clone()),
-            };
+            let action = action(spec, &by_name)?;
             routes.push(Route {
                 name: spec.name.clone(),
                 action,
@@ -199,6 +174,46 @@ fn logged_keys(limits: &[Arc<Limit>]) -> crate::access_log::KeySources {
         });
         l.key.0.iter().flat_map(|alt| alt.0.iter()).chain(exempt)
     }))
+}
+
+/// What a route does: forward to its upstream (live in `by_name`), or answer itself.
+fn action(spec: &RouteSpec, by_name: &HashMap<&str, &Arc<Upstream>>) -> Result<Action, BuildError> {
+    Ok(match &spec.action {
+        ActionSpec::Forward(u) => Action::Forward(
+            by_name
+                .get(&*u.name)
+                .map(|u| Arc::clone(u))
+                .ok_or_else(|| BuildError::MissingUpstream {
+                    route: spec.name.clone(),
+                    upstream: u.name.clone(),
+                })?,
+        ),
+        ActionSpec::Respond(r) => Action::Respond(r.clone()),
+    })
+}
+
+/// The live upstreams of `settings`: `previous`'s where their fingerprint is the same (their
+/// warm connections, health and queue kept, their caps changed in place), new ones otherwise.
+fn upstreams(
+    settings: &Settings,
+    previous: Option<&Runtime>,
+    workers: &Workers,
+    metrics: &Metrics,
+) -> Vec<Arc<Upstream>> {
+    let old_upstreams: HashMap<&str, &Arc<Upstream>> = previous
+        .map(|p| p.upstreams.iter().map(|u| (&*u.name, u)).collect())
+        .unwrap_or_default();
+    settings
+        .upstreams
+        .iter()
+        .map(|spec| match old_upstreams.get(&*spec.name) {
+            Some(kept) if kept.fingerprint == spec.fingerprint => {
+                kept.respec(spec);
+                Arc::clone(kept)
+            }
+            _ => Arc::new(Upstream::new(spec, workers.count(), metrics.upstream(spec))),
+        })
+        .collect()
 }
 
 /// Where `settings` buffer bodies. The memory budget is `previous`'s when its cap is the same:
