@@ -5,14 +5,12 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use tollgate::identity::{Alternative, ClientId, KeySpec};
-use tollgate::limiter::local::Buckets;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
-use tollgate::limiter::{Check, Counting, FailurePolicy, Limit, Period, QuotaSpec, Rate};
+use tollgate::limiter::{test_util, Check, Counting, Limit, Period, QuotaSpec, Rate};
 
 struct Server(Child);
 
@@ -55,29 +53,11 @@ fn start_redis() -> Option<(Server, u16)> {
 }
 
 fn limit(name: &str) -> Limit {
-    Limit {
-        name: name.into(),
-        rate: Rate {
-            per_sec: 1e6,
-            burst: 1_000_000,
-        },
-        cost: 1,
-        shadow: false,
-        key: KeySpec(vec![Alternative::parse("ip").expect("a source")]),
-        exempt: Vec::new(),
-        on_failure: FailurePolicy::Open,
-        local: Arc::new(Buckets::new(16)),
-        fallback: Rate {
-            per_sec: 1e6,
-            burst: 1_000_000,
-        },
-        quota: None,
-        ban: None,
-        bans: None,
-        concurrency: None,
-        slots: None,
-        leases: None,
-    }
+    let key = KeySpec(vec![Alternative::parse("ip").expect("a source")]);
+    test_util::limit(name, (1e6, 1_000_000), 1, key).with_fallback(Rate {
+        per_sec: 1e6,
+        burst: 1_000_000,
+    })
 }
 
 fn redis_round_trip(c: &mut Criterion) {
@@ -136,11 +116,7 @@ fn windows(c: &mut Criterion, rt: &tokio::runtime::Runtime, limiter: &RedisLimit
             counting,
         };
         let name = format!("{}-{count}", counting.as_str());
-        let window = Limit {
-            quota: Some(spec.clone()),
-            local: Arc::new(Buckets::new(16).with_quota(Some(spec))),
-            ..limit(&name)
-        };
+        let window = limit(&name).with_quota(spec);
         let one = [Check {
             limit: &window,
             client: ClientId(9),

@@ -15,6 +15,8 @@ pub mod local;
 pub mod peek;
 pub mod redis;
 pub mod store;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 pub mod window;
 
 pub use clock::{Clock, Moment};

@@ -387,27 +387,8 @@ fn ping(port: u16) -> bool {
 
 /// A limit with the given numbers, for tests that drive `RedisLimiter` directly (no config).
 pub fn limit(name: &str, per_sec: f64, burst: u32, cost: u32) -> tollgate::limiter::Limit {
-    use tollgate::limiter::{FailurePolicy, Limit, Rate};
-    Limit {
-        name: name.into(),
-        rate: Rate { per_sec, burst },
-        cost,
-        shadow: false,
-        key: tollgate::identity::KeySpec(Vec::new()),
-        exempt: Vec::new(),
-        on_failure: FailurePolicy::Open,
-        local: std::sync::Arc::new(tollgate::limiter::local::Buckets::new(1000)),
-        fallback: Rate {
-            per_sec: 1.0,
-            burst: 1,
-        },
-        quota: None,
-        ban: None,
-        bans: None,
-        concurrency: None,
-        slots: None,
-        leases: None,
-    }
+    let key = tollgate::identity::KeySpec(Vec::new());
+    tollgate::limiter::test_util::limit(name, (per_sec, burst), cost, key)
 }
 
 /// The key prefix of the limiter tests.

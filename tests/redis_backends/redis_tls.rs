@@ -5,14 +5,12 @@
 
 use crate::common::redis as redis_helpers;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis_helpers::{free_port, make_certs, RedisServer};
 use tollgate::identity::{ClientId, KeySpec};
-use tollgate::limiter::local::Buckets;
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter};
-use tollgate::limiter::{Check, FailurePolicy, Limit, Rate};
+use tollgate::limiter::Check;
 
 fn limiter(url: String) -> RedisLimiter {
     let cfg = RedisConfig {
@@ -64,29 +62,7 @@ async fn rediss_with_an_acl_user() {
         "~tg-tls:*",
         "+@all",
     ]);
-    let lim = Limit {
-        name: "tls".into(),
-        rate: Rate {
-            per_sec: 0.01,
-            burst: 2,
-        },
-        cost: 1,
-        shadow: false,
-        key: KeySpec(Vec::new()),
-        exempt: Vec::new(),
-        on_failure: FailurePolicy::Open,
-        local: Arc::new(Buckets::new(10)),
-        fallback: Rate {
-            per_sec: 1.0,
-            burst: 1,
-        },
-        quota: None,
-        ban: None,
-        bans: None,
-        concurrency: None,
-        slots: None,
-        leases: None,
-    };
+    let lim = tollgate::limiter::test_util::limit("tls", (0.01, 2), 1, KeySpec(Vec::new()));
     let checks = [Check {
         limit: &lim,
         client: ClientId(1),
