@@ -42,7 +42,8 @@
 //!   in `local::log`), escalating bans (`ban`), the per-request `Decision`, the in-process and
 //!   Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
 //!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
-//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`); in `limiter::redis`
+//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), limits built without
+//!   a config for tests (`limiter::test_util`); in `limiter::redis`
 //!   the connection (`conn`), the bucket script's wire format (`wire`, beside `bucket.lua`),
 //!   a Sentinel failover followed at the promotion (`sentinel`); slots of requests in flight
 //!   (`limiter::concurrency`, their Redis leases in `limiter::redis::slots`) held by a guard
