@@ -1,6 +1,7 @@
 //! Forwarding upstream: target choice, retries, the request rewrite, a pooled keep-alive
 //! client, streaming.
 
+mod attempt;
 mod balance;
 mod buffered;
 mod check;
@@ -13,27 +14,23 @@ pub mod tunnel;
 mod upstream;
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{CONNECTION, HOST, UPGRADE};
+use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::body::Guarded;
 use crate::capacity::{Priority, Slot, Ticket};
-use crate::config::settings::Protocol;
 use crate::error::ProxyError;
 use crate::identity::peer_key;
 use crate::metrics::{AttemptResult, Metrics, RetryReason, UpstreamErrorKind, UpstreamErrorLabels};
 use crate::pool::{Failed, Lease, Pooled, SendError};
 use crate::Small;
 pub use buffered::{body_out, hold};
-use held::Attempt;
 use rewrite::rewrite;
 pub use rewrite::strip_hop_by_hop;
-use tunnel::is_websocket_upgrade;
 pub use tunnel::Tunnel;
 pub use upstream::Upstream;
 
@@ -144,41 +141,19 @@ pub async fn send(
     down: &Downstream<'_>,
     now: Instant,
 ) -> Result<Forwarded, ProxyError> {
-    // Taken before the rewrite strips the headers that ask for it.
-    let websocket = down.websocket_allowed && is_websocket_upgrade(req.headers());
-    // `te: trailers` goes on over HTTP/2, where gRPC servers require it (it is hop-by-hop
-    // to an HTTP/1.1 one).
-    let te_trailers = upstream.protocol != Protocol::Http1
-        && req
-            .headers()
-            .get(http::header::TE)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    // A gRPC call's deadline, over HTTP/2 where gRPC can go: no lookup for HTTP/1.1.
-    let deadline = (upstream.protocol != Protocol::Http1)
-        .then(|| deadline::of(req.headers(), now))
-        .flatten();
-    let mut client_side = websocket.then(|| hyper::upgrade::on(&mut *req));
+    let asks = attempt::Asks::of(upstream, &req, down, now);
+    let deadline = asks.deadline;
+    let mut client_side = asks.websocket.then(|| hyper::upgrade::on(&mut *req));
     let mut at = now;
     // Most upstreams have no cap: no slot to wait for, and no future built to learn that.
     let mut slot = if upstream.gate.is_some() {
-        admit(upstream, down.queue, peer_key(down.client_ip), &[], &mut at).await?
+        admit(upstream, down, &[], &mut at).await?
     } else {
         None
     };
     let mut waited = slot.as_ref().map_or(Duration::ZERO, |s| s.waited);
-    let mut target = slot
-        .as_ref()
-        .map_or_else(|| upstream.pick(now, &[]), |s| s.target);
-    let host_is_target = rewrite(&mut req, &upstream.targets[target], down)?;
-    if te_trailers {
-        req.headers_mut()
-            .insert(http::header::TE, HeaderValue::from_static("trailers"));
-    }
-    if websocket {
-        let headers = req.headers_mut();
-        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
-    }
+    let mut target = target_of(upstream, slot.as_ref(), now, &[]);
+    let host_is_target = asks.rewrite(&mut req, &upstream.targets[target], down)?;
     let replayable = down.retry_idempotent && upstream.retries > 0 && idempotent(req.method());
     let mut tried: Small<usize> = Small::new();
     loop {
@@ -186,80 +161,20 @@ pub async fn send(
         let left = tried.len() <= upstream.retries as usize;
         // Taken before the request goes: once written, hyper keeps it.
         let replay = if replayable && left { copy(&req) } else { None };
-        if let Some(d) = deadline {
-            deadline::propagate(req.headers_mut(), d, at, upstream.timeout);
-        }
         let sent = req.body().sent();
         let in_flight = upstream.enter(target);
-        // `timeout` runs from the moment the request is fully sent: until then the route's
-        // body limits judge the client, and the connect timeout the connection. A request
-        // without a body is sent now, and its connection's task keeps the deadline; one whose
-        // body is still streaming gets a timer that starts when the body is done. In this
-        // future, not one of its own: the response would be copied once more on its way out.
-        let head_by = sent
-            .is_done()
-            .then(|| deadline.map_or(at + upstream.timeout, |d| d.min(at + upstream.timeout)));
-        let pool = upstream.pool(down.worker);
-        let uri = &upstream.target_uris[target];
-        let exchanged = if let Some(held) = slot.take() {
-            let attempt = Attempt {
-                pool: Arc::clone(pool),
-                target,
-                uri: uri.clone(),
-                at,
-                head_by,
-                timeout: upstream.timeout,
-                deadline,
-                grpc: upstream.protocol != Protocol::Http1
-                    && crate::response::grpc::is_grpc(req.headers()),
-            };
-            // Boxed: inline, its state would make every forward's future larger.
-            let run = crate::boxed(|| attempt.run_holding(req, held));
-            let (exchanged, held) = run.await;
-            slot = held;
-            exchanged
-        } else {
-            // Pinned in place: awaited in one of two ways below, it has one slot in this future.
-            let mut exchange = std::pin::pin!(pool.send(target, uri, req, at, head_by));
-            if head_by.is_some() {
-                exchange.await
-            } else {
-                let head_deadline = deadline::head_due(&sent, upstream.timeout, deadline);
-                tokio::select! {
-                    // The response first: no random draw per poll.
-                    biased;
-                    exchanged = &mut exchange => exchanged,
-                    () = head_deadline => Err(Failed { error: SendError::HeadTimeout, unsent: None }),
-                }
-            }
-        };
+        let on = (target, at, deadline, down.worker);
+        let exchanged = attempt::exchange(upstream, on, req, &sent, &mut slot).await;
         let (retry, next) = match exchanged {
             // One arm for every answer, the response made ready in place and returned from
             // here: each move of the response on its way out is a copy of it.
             Ok((mut res, mut lease)) => {
-                if let Some(slot) = &mut slot {
-                    slot.answered();
-                }
-                // Refused whole, its connection dropped: nothing of it reaches the client.
-                framing::check_response(&res, client_side.is_some())
-                    .inspect_err(|_| upstream.attempted(target, AttemptResult::unreachable))?;
-                upstream.answered(target, res.status());
-                upstream.heard(res.version());
-                let failure = upstream.is_failure(res.status());
-                if failure {
-                    upstream.failed(target, at);
-                } else {
-                    upstream.succeeded(target);
-                }
+                let tunnel = client_side.is_some();
+                let failure = attempt::judged(upstream, (target, at), &res, slot.as_mut(), tunnel)?;
                 if let Some(next) = replay.filter(|_| failure) {
                     (RetryReason::idempotent, next)
                 } else {
-                    let tunnel = prepare(
-                        &mut res,
-                        &mut lease,
-                        client_side.take(),
-                        down.websocket_idle,
-                    );
+                    let tunnel = prepare(&mut res, &mut lease, client_side.take(), down);
                     let answered = Instant::now();
                     let in_flight = (in_flight, slot.map(Box::new));
                     return Ok(Forwarded {
@@ -271,30 +186,17 @@ pub async fn send(
                     });
                 }
             }
-            Err(failed) => {
+            Err(Failed { error, unsent }) => {
                 // A request whose own body failed is the client's fault, not the target's: the
                 // answer is the body's.
                 if let Some(why) = sent.failure() {
                     return Err(why.into());
                 }
-                upstream.attempted(target, attempt_result(&failed.error));
-                upstream.failed(target, at);
-                // A timeout is latency the adaptive cap must see; a refused connection is not.
-                if let (Some(slot), SendError::HeadTimeout) = (&mut slot, &failed.error) {
-                    slot.answered();
-                }
-                match (failed.unsent, replay) {
+                attempt::failed(upstream, (target, at), &error, slot.as_mut());
+                match (unsent, replay) {
                     (Some(unsent), _) if left => (RetryReason::unreached, unsent),
                     (None, Some(next)) => (RetryReason::idempotent, next),
-                    _ => {
-                        return Err(given_up(
-                            upstream,
-                            target,
-                            &failed.error,
-                            down.route,
-                            &tried,
-                        ))
-                    }
+                    _ => return Err(given_up(upstream, target, &error, down.route, &tried)),
                 }
             }
         };
@@ -302,22 +204,11 @@ pub async fn send(
         at = Instant::now();
         // The cap counts attempts: the failed one's slot goes, the next one takes its own.
         drop(slot.take());
-        slot = admit(
-            upstream,
-            down.queue,
-            peer_key(down.client_ip),
-            &tried,
-            &mut at,
-        )
-        .await?;
+        slot = admit(upstream, down, &tried, &mut at).await?;
         waited += slot.as_ref().map_or(Duration::ZERO, |s| s.waited);
-        target = slot
-            .as_ref()
-            .map_or_else(|| upstream.pick(at, &tried), |s| s.target);
+        target = target_of(upstream, slot.as_ref(), at, &tried);
         if host_is_target {
-            if let Ok(host) = HeaderValue::from_str(upstream.targets[target].as_str()) {
-                req.headers_mut().insert(HOST, host);
-            }
+            attempt::host(&mut req, &upstream.targets[target]);
         }
         upstream.retried(retry);
     }
@@ -327,17 +218,17 @@ pub async fn send(
 /// moves to when it came if the request waited.
 async fn admit(
     upstream: &Upstream,
-    (key, priority): (u128, Priority),
-    peer: u64,
+    down: &Downstream<'_>,
     tried: &[usize],
     at: &mut Instant,
 ) -> Result<Option<Slot>, ProxyError> {
     let Some(gate) = &upstream.gate else {
         return Ok(None);
     };
+    let (key, priority) = down.queue;
     let ticket = Ticket {
         key,
-        peer,
+        peer: peer_key(down.client_ip),
         priority,
         tried,
     };
@@ -355,14 +246,21 @@ async fn admit(
     }
 }
 
+/// The target a capped upstream's slot was given, else the balancer's pick (not one of
+/// `tried` where it can).
+fn target_of(upstream: &Upstream, slot: Option<&Slot>, at: Instant, tried: &[usize]) -> usize {
+    slot.map_or_else(|| upstream.pick(at, tried), |s| s.target)
+}
+
 /// The upstream's answer made ready for the client, in place: hop-by-hop headers gone, and
 /// on `101` the WebSocket tunnel set up (returned) and the connection kept from the pool.
 fn prepare(
     res: &mut Response<Incoming>,
     lease: &mut Option<Lease>,
     client_side: Option<hyper::upgrade::OnUpgrade>,
-    websocket_idle: Duration,
+    down: &Downstream<'_>,
 ) -> Option<Box<Tunnel>> {
+    let websocket_idle = down.websocket_idle;
     // Only a switch of protocols needs the upstream's `Upgrade` after the strip.
     let upgrade = (res.status() == StatusCode::SWITCHING_PROTOCOLS)
         .then(|| res.headers().get(UPGRADE).cloned())
