@@ -98,6 +98,32 @@ impl Connection {
         }
     }
 
+    /// `io` watched for the connection of `shared`: bytes arriving mark a request head in
+    /// progress for the watchdog, writes are watched for a client that takes none, and the
+    /// request lines of heads for their length (414).
+    fn watched<I>(
+        &self,
+        io: I,
+        shared: &Arc<Shared>,
+    ) -> impl AsyncRead + AsyncWrite + Unpin + Send + 'static
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let watched = WriteWatched {
+            inner: io,
+            shared: shared.clone(),
+            shut: false,
+            linger: None,
+        };
+        let noting = shared.clone();
+        let noted = ReadNoted::new(watched, move || noting.activity.bytes_read());
+        let between = shared.clone();
+        let max_line = self.settings.max_header_bytes.max(super::MIN_READ_BUFFER);
+        LineGuard::new(noted, self.settings.max_uri_bytes, max_line, move || {
+            between.activity.between_requests()
+        })
+    }
+
     // The connection's whole life in one future: split, its state would move between futures.
     #[allow(clippy::too_many_lines)]
     async fn serve<I>(self, io: I, tls: bool)
@@ -113,66 +139,9 @@ impl Connection {
         let service = {
             let shared = shared.clone();
             let max_requests = self.settings.max_requests_per_connection;
-            service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                // One reference count per request, on this connection's own allocation.
-                let mut request = ActiveRequest::begin(shared.clone());
-                // Boxed once here: each stage takes the request by value, and an async
-                // function keeps its argument twice (captured, then as a local), so a request
-                // moved whole would be copied into every stage's future twice.
-                let req = Box::new(req);
-                // Boxed: hyper keeps a slot for the service's future in every connection's
-                // state, in use or not, so an idle keep-alive connection would hold a whole
-                // request's future inline. One allocation per request instead.
-                crate::boxed(|| async move {
-                    if req.version() == http::Version::HTTP_2 {
-                        request.shared.activity.http2.store(true, Ordering::Release);
-                        request.http2 = true;
-                    }
-                    let s = &*request.shared;
-                    let handled = proxy::handle(&s.state, &s.conn, req).await;
-                    if let Some(tunnel) = handled.tunnel {
-                        // HTTP/1.1 only, one request at a time: at most one per connection.
-                        *s.tunnel.lock() = Some(tunnel);
-                    }
-                    let mut res = handled.response;
-                    let retiring = request.served >= max_requests;
-                    if retiring || s.activity.stopping() {
-                        // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY (the
-                        // watchdog's close; hyper drops this header from HTTP/2 responses).
-                        res.headers_mut()
-                            .insert(CONNECTION, HeaderValue::from_static("close"));
-                    }
-                    if retiring {
-                        s.activity.retire.notify_one();
-                    }
-                    request.answered = true;
-                    // In flight until the response body is sent: a long download is not idle.
-                    Ok::<_, Infallible>(res.map(|body| Scoped {
-                        body: LoggedBody::new(body, handled.access, handled.grpc),
-                        _slots: handled.slots,
-                        request,
-                        waiting: false,
-                    }))
-                })
-            })
+            service_fn(move |req| answer(&shared, max_requests, req))
         };
-        // Bytes arriving mark a request head in progress for the watchdog; the request lines
-        // of heads are watched for their length (414).
-        let io = {
-            let watched = WriteWatched {
-                inner: io,
-                shared: shared.clone(),
-                shut: false,
-                linger: None,
-            };
-            let noting = shared.clone();
-            let noted = ReadNoted::new(watched, move || noting.activity.bytes_read());
-            let between = shared.clone();
-            let max_line = self.settings.max_header_bytes.max(super::MIN_READ_BUFFER);
-            LineGuard::new(noted, self.settings.max_uri_bytes, max_line, move || {
-                between.activity.between_requests()
-            })
-        };
+        let io = self.watched(io, &shared);
         let connection = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), service);
@@ -225,6 +194,59 @@ impl Connection {
         }
         open.dec();
     }
+}
+
+/// A request's answer as hyper takes it.
+type Answered = Result<http::Response<Scoped<LoggedBody<crate::response::Body>>>, Infallible>;
+
+/// One request on the connection of `shared` answered: the proxy's answer, the connection told
+/// to close after it when it has served `max_requests` or is stopping, and the response body
+/// counted in flight until it is sent.
+fn answer(
+    shared: &Arc<Shared>,
+    max_requests: u64,
+    req: http::Request<hyper::body::Incoming>,
+) -> std::pin::Pin<Box<impl std::future::Future<Output = Answered>>> {
+    // One reference count per request, on this connection's own allocation.
+    let mut request = ActiveRequest::begin(Arc::clone(shared));
+    // Boxed once here: each stage takes the request by value, and an async
+    // function keeps its argument twice (captured, then as a local), so a request
+    // moved whole would be copied into every stage's future twice.
+    let req = Box::new(req);
+    // Boxed: hyper keeps a slot for the service's future in every connection's
+    // state, in use or not, so an idle keep-alive connection would hold a whole
+    // request's future inline. One allocation per request instead.
+    crate::boxed(|| async move {
+        if req.version() == http::Version::HTTP_2 {
+            request.shared.activity.http2.store(true, Ordering::Release);
+            request.http2 = true;
+        }
+        let s = &*request.shared;
+        let handled = proxy::handle(&s.state, &s.conn, req).await;
+        if let Some(tunnel) = handled.tunnel {
+            // HTTP/1.1 only, one request at a time: at most one per connection.
+            *s.tunnel.lock() = Some(tunnel);
+        }
+        let mut res = handled.response;
+        let retiring = request.served >= max_requests;
+        if retiring || s.activity.stopping() {
+            // HTTP/1.1 closes after this response; HTTP/2 gets a GOAWAY (the
+            // watchdog's close; hyper drops this header from HTTP/2 responses).
+            res.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        if retiring {
+            s.activity.retire.notify_one();
+        }
+        request.answered = true;
+        // In flight until the response body is sent: a long download is not idle.
+        Ok::<_, Infallible>(res.map(|body| Scoped {
+            body: LoggedBody::new(body, handled.access, handled.grpc),
+            _slots: handled.slots,
+            request,
+            waiting: false,
+        }))
+    })
 }
 
 /// One request on a connection (its `Activity`), from its head until its response body is sent. Dropped
