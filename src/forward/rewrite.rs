@@ -16,57 +16,64 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
+/// The request made origin-form, as upstream requests are: the path and query only (a path
+/// whose parameters routing left out goes with them: screening kept it as `ForwardPath`).
+/// The authority an absolute-form request carried.
+fn origin_form(req: &mut Request<Guarded>) -> Option<Authority> {
+    let forward = req.extensions_mut().remove::<ForwardPath>();
+    let absolute = req.uri().scheme().is_some() || req.uri().authority().is_some();
+    if !absolute && forward.is_none() {
+        return None;
+    }
+    let authority = req.uri().authority().cloned();
+    let path = forward
+        .map(|f| f.0)
+        .or_else(|| req.uri().path_and_query().cloned())
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::from(path);
+    authority
+}
+
+/// The request's `Host`, set where it had none: HTTP/2 carries the host in `:authority`
+/// (`authority`), HTTP/1.1 upstreams need it as `Host`, and an HTTP/1.0 request without either
+/// still needs one (the target's). The client's host (`None`: it sent none), and whether the
+/// `Host` is the target's.
+fn host(
+    headers: &mut http::HeaderMap,
+    authority: Option<Authority>,
+    target: &Authority,
+) -> Result<(Option<HeaderValue>, bool), ProxyError> {
+    if let Some(host) = headers.get(HOST) {
+        return Ok((Some(host.clone()), false));
+    }
+    let from_authority = authority
+        .map(|a| HeaderValue::from_str(a.as_str()))
+        .transpose()
+        .map_err(|_| ProxyError::BadRequest)?;
+    let host = match &from_authority {
+        Some(host) => host.clone(),
+        None => HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?,
+    };
+    headers.insert(HOST, host);
+    let is_target = from_authority.is_none();
+    Ok((from_authority, is_target))
+}
+
 /// Rewrite `req` for `target`; `true` when its `Host` is the target's (the client sent none),
 /// so a retry on another target sets that one's.
-// The upstream request's headers in one pass: split, the header map would be walked once per part.
-#[allow(clippy::too_many_lines)]
 pub(super) fn rewrite(
     req: &mut Request<Guarded>,
     target: &Authority,
     down: &Downstream<'_>,
 ) -> Result<bool, ProxyError> {
-    // Upstream requests are origin-form: the path and query only. A path whose parameters
-    // routing left out goes with them (screening kept it as `ForwardPath`).
-    let forward = req.extensions_mut().remove::<ForwardPath>();
-    let absolute = req.uri().scheme().is_some() || req.uri().authority().is_some();
-    let authority = if absolute || forward.is_some() {
-        let authority = req.uri().authority().cloned();
-        let path = forward
-            .map(|f| f.0)
-            .or_else(|| req.uri().path_and_query().cloned())
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        *req.uri_mut() = Uri::from(path);
-        authority
-    } else {
-        None
-    };
+    let authority = origin_form(req);
     let from_h2 = req.version() == Version::HTTP_2;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     if from_h2 {
         join_cookies(headers)?;
     }
-    // HTTP/2 carries the host in `:authority`; HTTP/1.1 upstreams need it as `Host`; an
-    // HTTP/1.0 request without either still needs one (the target's).
-    let mut host_is_target = false;
-    let original_host = match headers.get(HOST) {
-        Some(host) => Some(host.clone()),
-        None => {
-            let from_authority = authority
-                .map(|a| HeaderValue::from_str(a.as_str()))
-                .transpose()
-                .map_err(|_| ProxyError::BadRequest)?;
-            let host = match &from_authority {
-                Some(host) => host.clone(),
-                None => {
-                    host_is_target = true;
-                    HeaderValue::from_str(target.as_str()).map_err(|_| ProxyError::BadRequest)?
-                }
-            };
-            headers.insert(HOST, host);
-            from_authority
-        }
-    };
+    let (original_host, host_is_target) = host(headers, authority, target)?;
     // One pass over the names finds everything to drop; most requests have nothing.
     let has_length = strip_hop_by_hop_and(headers, |k| {
         // Backends that fold `_` into `-` (CGI, PHP-FPM, many frameworks: both become
