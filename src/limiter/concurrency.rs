@@ -179,41 +179,27 @@ pub async fn acquire(
         }
         let client = view.resolve(&limit.key);
         result.client = Some(client);
-        // A shadow limit always takes its slot, and reports when it would have been over.
-        let cap = |max: u32| if limit.shadow { u32::MAX } else { max };
         let taken = match redis {
-            None => Some(
-                slots
-                    .try_take(client, cap(spec.max))
-                    .map(|(s, n)| (SlotHeld::Local(s), n)),
-            ),
-            Some(r) => {
-                let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
-                match r
-                    .take_lease(worker, leases, limit, client, cap(spec.max))
-                    .await
-                {
-                    Ok(Taken::Slot(lease, n)) => Some(Ok((SlotHeld::SlotLease(lease), n))),
-                    Ok(Taken::Full(n)) => Some(Err(n)),
-                    Err(_) => {
-                        result.fallback = true;
-                        match limit.on_failure {
-                            FailurePolicy::Open => None,
-                            FailurePolicy::Closed if limit.shadow => None,
-                            FailurePolicy::Closed => {
-                                result.outcome = Outcome::FailedClosed;
-                                results.push(result);
-                                return (Guard::default(), results);
-                            }
-                            FailurePolicy::Local => Some(
-                                slots
-                                    .try_take(client, cap(spec.fallback))
-                                    .map(|(s, n)| (SlotHeld::Local(s), n)),
-                            ),
+            None => Some(slots.try_take(client, cap(limit, spec.max)).map(held_here)),
+            Some(r) => match take_shared((r, worker), limit, (spec, slots), client).await {
+                Shared::Taken(taken) => Some(taken),
+                Shared::Failed(policy) => {
+                    result.fallback = true;
+                    match policy {
+                        FailurePolicy::Open => None,
+                        FailurePolicy::Closed => {
+                            result.outcome = Outcome::FailedClosed;
+                            results.push(result);
+                            return (Guard::default(), results);
                         }
+                        FailurePolicy::Local => Some(
+                            slots
+                                .try_take(client, cap(limit, spec.fallback))
+                                .map(held_here),
+                        ),
                     }
                 }
-            }
+            },
         };
         let max = if result.fallback {
             spec.fallback
@@ -240,6 +226,49 @@ pub async fn acquire(
         results.push(result);
     }
     (guard, results)
+}
+
+/// A limit's slot asked of Redis: taken (with the count now) or full (with the count), or the
+/// failure policy that applies since Redis did not answer (`Closed` only where it refuses: a
+/// shadow limit fails open).
+enum Shared {
+    Taken(Result<(SlotHeld, u32), u32>),
+    Failed(FailurePolicy),
+}
+
+async fn take_shared(
+    (r, worker): (&RedisLimiter, Option<usize>),
+    limit: &Limit,
+    (spec, slots): (super::ConcurrencySpec, &Slots),
+    client: ClientId,
+) -> Shared {
+    let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
+    match r
+        .take_lease(worker, leases, limit, client, cap(limit, spec.max))
+        .await
+    {
+        Ok(Taken::Slot(lease, n)) => Shared::Taken(Ok((SlotHeld::SlotLease(lease), n))),
+        Ok(Taken::Full(n)) => Shared::Taken(Err(n)),
+        Err(_) if limit.shadow && limit.on_failure == FailurePolicy::Closed => {
+            Shared::Failed(FailurePolicy::Open)
+        }
+        Err(_) => Shared::Failed(limit.on_failure),
+    }
+}
+
+/// The cap a limit takes a slot under: a shadow limit always takes its slot, and reports when
+/// it would have been over.
+fn cap(limit: &Limit, max: u32) -> u32 {
+    if limit.shadow {
+        u32::MAX
+    } else {
+        max
+    }
+}
+
+/// A slot taken in process, as the guard holds it.
+fn held_here((slot, n): (Slot, u32)) -> (SlotHeld, u32) {
+    (SlotHeld::Local(slot), n)
 }
 
 #[cfg(test)]
