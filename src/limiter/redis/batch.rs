@@ -240,10 +240,19 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             return;
         }
     };
+    hand_out(&groups, &args, items, &mut replies);
+}
+
+/// Each check's part of the reply `items` handed to it: a group's checks are identical, and
+/// each reply is one bucket reply per bucket of its first.
+fn hand_out(
+    groups: &[SmallVec<[usize; 4]>],
+    args: &[PerBucket<Args>],
+    items: &[u8],
+    replies: &mut [Option<oneshot::Sender<Result<Reply, Failure>>>],
+) {
     let mut at = 0;
-    for members in &groups {
-        // A group's checks are identical: each reply is one bucket reply per bucket of its
-        // first.
+    for members in groups {
         let bucket_args = &args[members[0]];
         let n = BUCKET_REPLY * bucket_args.len();
         for &member in members {
