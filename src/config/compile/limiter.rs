@@ -19,16 +19,10 @@ pub(super) fn policy(s: &str) -> Result<FailurePolicy, String> {
     }
 }
 
-// Every `limiter:` key with its default and check, in the file's order.
-#[allow(clippy::too_many_lines)]
-pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings {
-    let on_failure = raw
-        .on_failure
-        .as_deref()
-        .and_then(|s| p.take("limiter.on_failure", policy(s)))
-        .unwrap_or(FailurePolicy::Open);
+/// `backend`, with its `redis:` block: Redis where asked and its block is valid, else local.
+fn backend(raw: &file::Limiter, p: &mut Problems) -> Backend {
     let redis = raw.redis.as_ref().and_then(|r| redis(r, p));
-    let backend = match raw.backend.as_deref() {
+    match raw.backend.as_deref() {
         None | Some("local") => {
             if raw.redis.is_some() {
                 p.add("limiter.redis", "is set but `limiter.backend` is `local`: set `backend: redis` to use it, or remove the block");
@@ -54,7 +48,16 @@ pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings 
             );
             Backend::Local
         }
-    };
+    }
+}
+
+pub(super) fn limiter(raw: &file::Limiter, p: &mut Problems) -> LimiterSettings {
+    let on_failure = raw
+        .on_failure
+        .as_deref()
+        .and_then(|s| p.take("limiter.on_failure", policy(s)))
+        .unwrap_or(FailurePolicy::Open);
+    let backend = backend(raw, p);
     let divide_by = raw
         .local_fallback
         .as_ref()
