@@ -82,14 +82,42 @@ fn timeouts(
     ]
 }
 
-// Every listener key with its default and check, in the file's order.
-#[allow(clippy::too_many_lines)]
+/// The listener's `http2` settings: the streams per connection, the stream and connection
+/// windows, and the header list's size.
+fn http2(l: &file::Listener, sizes: &mut Sizes<'_, '_>, defaults: &ListenerSettings) -> [u32; 4] {
+    let h2 = l.http2.as_ref();
+    [
+        u32::try_from(sizes.count(
+            "http2.max_concurrent_streams",
+            h2.and_then(|h| h.max_concurrent_streams).map(u64::from),
+            u64::from(defaults.h2_max_concurrent_streams),
+        ))
+        .unwrap_or(u32::MAX),
+        sizes.window(
+            "http2.stream_window",
+            h2.and_then(|h| h.stream_window.as_ref()),
+            u64::from(defaults.h2_stream_window),
+        ),
+        sizes.window(
+            "http2.connection_window",
+            h2.and_then(|h| h.connection_window.as_ref()),
+            u64::from(defaults.h2_connection_window),
+        ),
+        sizes.window(
+            "http2.max_header_list",
+            h2.and_then(|h| h.max_header_list.as_ref()),
+            u64::from(defaults.h2_max_header_list),
+        ),
+    ]
+}
+
 fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> ListenerSettings {
     let defaults = ListenerSettings::default();
     let [header_read_timeout, idle_timeout, tls_handshake_timeout, send_timeout] =
         timeouts(l, path, p, &defaults);
+    let [h2_max_concurrent_streams, h2_stream_window, h2_connection_window, h2_max_header_list] =
+        http2(l, &mut Sizes { path, p }, &defaults);
     let mut sizes = Sizes { path, p };
-    let h2 = l.http2.as_ref();
     ListenerSettings {
         header_read_timeout,
         idle_timeout,
@@ -122,29 +150,12 @@ fn listener_settings(l: &file::Listener, path: &str, p: &mut Problems) -> Listen
             defaults.max_uri_bytes as u64,
             64,
         ) as usize,
-        h2_max_concurrent_streams: u32::try_from(sizes.count(
-            "http2.max_concurrent_streams",
-            h2.and_then(|h| h.max_concurrent_streams).map(u64::from),
-            u64::from(defaults.h2_max_concurrent_streams),
-        ))
-        .unwrap_or(u32::MAX),
-        h2_stream_window: sizes.window(
-            "http2.stream_window",
-            h2.and_then(|h| h.stream_window.as_ref()),
-            u64::from(defaults.h2_stream_window),
-        ),
-        h2_connection_window: sizes.window(
-            "http2.connection_window",
-            h2.and_then(|h| h.connection_window.as_ref()),
-            u64::from(defaults.h2_connection_window),
-        ),
+        h2_max_concurrent_streams,
+        h2_stream_window,
+        h2_connection_window,
         proxy_protocol: l.proxy_protocol,
         share_port: l.share_port,
-        h2_max_header_list: sizes.window(
-            "http2.max_header_list",
-            h2.and_then(|h| h.max_header_list.as_ref()),
-            u64::from(defaults.h2_max_header_list),
-        ),
+        h2_max_header_list,
     }
 }
 
