@@ -299,8 +299,6 @@ mod tests {
         found.map(|i| routes.0[i].as_str())
     }
 
-    /// The index must pick exactly the route the scan picks, for every kind of path pattern,
-    /// with host and method conditions mixed in and routes shadowing each other.
     /// Routes of every kind the index sorts: exact paths, prefixes with and without a
     /// trailing `/`, none, with and without a host, a method or case folding.
     fn mixed_routes() -> Vec<Matcher> {
@@ -330,6 +328,8 @@ mod tests {
         routes
     }
 
+    /// The index must pick exactly the route the scan picks, for every kind of path pattern,
+    /// with host and method conditions mixed in and routes shadowing each other.
     #[test]
     fn the_index_agrees_with_the_scan() {
         let table = Table::new(mixed_routes());

@@ -208,10 +208,27 @@ fn type_message(message: &str, found: &Value) -> Option<String> {
     Some(format!("invalid type: {found}, expected {expected}"))
 }
 
+/// The indentation levels above a line, nearest first: each line (1-based) that starts a
+/// shallower level than the one before it, with its column, up to the top level.
+fn levels(above: &[&str], column: impl Fn(&str) -> usize) -> Vec<(usize, usize)> {
+    let mut levels: Vec<(usize, usize)> = Vec::new();
+    for (i, l) in above.iter().enumerate().rev() {
+        if l.trim().is_empty() || l.trim_start().starts_with('#') {
+            continue;
+        }
+        let n = column(l);
+        if levels.last().is_none_or(|&(last, _)| n < last) {
+            levels.push((n, i + 1));
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    levels
+}
+
 /// For the errors a misplaced line typically causes, the key columns of the lines above the
 /// failing one that it could line up with (the block it follows and the blocks around it).
-// The hint's heuristics in order, each a few lines over the same text and columns.
-#[allow(clippy::too_many_lines)]
 fn indentation_hint(text: &str, line: usize, message: &str) -> Option<String> {
     const SIGNS: [&str; 3] = [
         "mapping values are not allowed",
@@ -241,19 +258,7 @@ fn indentation_hint(text: &str, line: usize, message: &str) -> Option<String> {
             "a value containing `: ` must be quoted, as in `{key}: \"{value}\"`"
         ));
     }
-    let mut levels: Vec<(usize, usize)> = Vec::new(); // (key column, 1-based line)
-    for (i, l) in lines[..line - 1].iter().enumerate().rev() {
-        if l.trim().is_empty() || l.trim_start().starts_with('#') {
-            continue;
-        }
-        let n = column(l);
-        if levels.last().is_none_or(|&(last, _)| n < last) {
-            levels.push((n, i + 1));
-        }
-        if n == 0 {
-            break;
-        }
-    }
+    let levels = levels(&lines[..line - 1], column);
     let &(above, above_line) = levels.first()?;
     let mut choices: Vec<String> = levels
         .iter()
