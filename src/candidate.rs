@@ -179,8 +179,8 @@ fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard)
             results: taken.into_iter().collect(),
         };
         if !refused {
-            let rates = limiter::decide(None, None, limits, view, now).now_or_never();
-            decision.results.extend(rates.unwrap_or_default().results);
+            let rates = limiter::decide_in_process(limits, view, now, &[]);
+            decision.results.extend(rates.results);
         }
         route.counters.decided(&decision);
         // Refused: the slots taken are given back at once, as the live ones are.
@@ -189,9 +189,8 @@ fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard)
         }
         return;
     }
-    if let Some(decision) = limiter::decide(None, None, limits, view, now).now_or_never() {
-        route.counters.decided(&decision);
-    }
+    let decision = limiter::decide_in_process(limits, view, now, &[]);
+    route.counters.decided(&decision);
 }
 
 /// `spec` as the candidate counts it: without its ban, and, when the candidate's limits are

@@ -26,21 +26,10 @@ pub struct Tuning {
 }
 
 /// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
-/// is given (through worker `worker`'s connection), else in process. `now` is the in-process
-/// clock, in microseconds.
-pub async fn decide(
-    redis: Option<&RedisLimiter>,
-    worker: Option<usize>,
-    limits: &[Arc<Limit>],
-    view: &RequestView<'_>,
-    now: Moment,
-) -> Decision {
-    decide_tuned(redis, worker, limits, view, now, &[]).await
-}
-
-/// `decide`, with `tuned[i]` replacing the numbers of `limits[i]` for this request (an empty
+/// is given (through worker `worker`'s connection), else in process, at `now` on the limiter's
+/// clock, with `tuned[i]` replacing the numbers of `limits[i]` for this request (an empty
 /// slice: none replaced). The fallback of a failed store keeps the limits' own numbers.
-pub async fn decide_tuned(
+pub async fn decide(
     redis: Option<&RedisLimiter>,
     worker: Option<usize>,
     limits: &[Arc<Limit>],
@@ -62,7 +51,7 @@ pub async fn decide_tuned(
     Decision { results: p.results }
 }
 
-/// `decide_tuned` without Redis: the in-process store answers at once, so no future is built
+/// `decide` without Redis: the in-process store answers at once, so no future is built
 /// (and moved between the stages' futures) for it.
 pub fn decide_in_process(
     limits: &[Arc<Limit>],

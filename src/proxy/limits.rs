@@ -134,7 +134,7 @@ async fn decide(
             results: taken.into_iter().collect(),
         };
     }
-    let mut d = limiter::decide_tuned(redis, Some(worker), &route.limits, view, now, tuned).await;
+    let mut d = limiter::decide(redis, Some(worker), &route.limits, view, now, tuned).await;
     d.results.extend(taken);
     d
 }
