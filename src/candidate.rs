@@ -169,7 +169,8 @@ impl Candidate {
 fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard) {
     let limits = &route.limits[..];
     if concurrency::any(limits) {
-        let (held, taken) = concurrency::acquire(None, None, limits, view)
+        let in_process = crate::limiter::store::Local { fallback: false };
+        let (held, taken) = crate::limiter::take_slots(&in_process, limits, view)
             .now_or_never()
             .unwrap_or_default();
         let refused = taken

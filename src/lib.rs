@@ -40,7 +40,8 @@
 //!   store: the token-bucket arithmetic (`limiter::gcra`), its time (`limiter::clock`),
 //!   calendar quotas and fixed, sliding and exact windows (`limiter::window`; the exact logs
 //!   in `local::log`), escalating bans (`ban`), the per-request `Decision`, the in-process and
-//!   Redis stores behind one `store::Store` trait (the failure policy in `decide`), a
+//!   Redis stores behind one `store::Store` trait for buckets and concurrency slots (the failure
+//!   policy in `decide`, for slots in `decide::slots`), a
 //!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
 //!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), limits built without
 //!   a config for tests (`limiter::test_util`); in `limiter::redis`

@@ -11,16 +11,15 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::redis::slots::{SlotLease, SlotLeases, Taken};
-use super::redis::RedisLimiter;
-use super::{FailurePolicy, Limit, LimitResult, Outcome, Small, Verdict};
-use crate::identity::{ClientId, RequestView};
+use super::redis::slots::{SlotLease, SlotLeases};
+use super::{Limit, Verdict};
+use crate::identity::ClientId;
 
 /// Shards of the in-process map: enough that workers rarely meet on one lock.
 const SHARDS: usize = 64;
 
 /// The answer a rejection carries: nothing left, retry in a second.
-const FULL: Verdict = Verdict {
+pub(crate) const FULL: Verdict = Verdict {
     admitted: false,
     remaining: 0,
     reset_us: 1e6,
@@ -42,6 +41,11 @@ impl Slots {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             leases: OnceLock::new(),
         })
+    }
+
+    /// This limit's Redis leases, made by `make` on the first take.
+    pub(crate) fn leases(&self, make: impl FnOnce() -> Arc<SlotLeases>) -> &Arc<SlotLeases> {
+        self.leases.get_or_init(make)
     }
 
     fn shard(&self, client: u128) -> &Mutex<HashMap<u128, u32>> {
@@ -113,7 +117,7 @@ impl Drop for Slot {
 
 /// A slot in one of the two stores.
 #[derive(Debug)]
-enum SlotHeld {
+pub enum SlotHeld {
     Local(#[allow(dead_code)] Slot),
     SlotLease(#[allow(dead_code)] SlotLease),
 }
@@ -134,6 +138,11 @@ impl Guard {
         self.0.is_empty()
     }
 
+    /// Hold `slot` too, until this guard is dropped.
+    pub(crate) fn hold(&mut self, slot: SlotHeld) {
+        self.0.push(slot);
+    }
+
     /// Hold `other`'s slots too, until this guard is dropped.
     pub fn join(&mut self, other: Guard) {
         if !other.is_empty() {
@@ -145,130 +154,6 @@ impl Guard {
 /// The route has concurrency limits.
 pub fn any(limits: &[Arc<Limit>]) -> bool {
     limits.iter().any(|l| l.concurrency.is_some())
-}
-
-/// Take a slot of each of `limits`' concurrency limits for the request, in route order: in
-/// Redis when `redis` is given, else in process. Stops at the first limit that rejects, and
-/// then holds nothing (the guard is empty: what was taken is given back at once).
-// Both stores' paths side by side, so that in process and in Redis slots are taken alike.
-#[allow(clippy::too_many_lines)]
-pub async fn acquire(
-    redis: Option<&RedisLimiter>,
-    worker: Option<usize>,
-    limits: &[Arc<Limit>],
-    view: &RequestView<'_>,
-) -> (Guard, Small<LimitResult>) {
-    let mut guard = Guard::default();
-    let mut results = Small::new();
-    for (index, limit) in limits.iter().enumerate() {
-        let (Some(spec), Some(slots)) = (limit.concurrency, &limit.slots) else {
-            continue;
-        };
-        let mut result = LimitResult {
-            index,
-            outcome: Outcome::Exempt,
-            verdict: None,
-            fallback: false,
-            shadow: limit.shadow,
-            client: None,
-            ban: super::ban::BanEvent::None,
-        };
-        if view.is_exempt(&limit.exempt) {
-            results.push(result);
-            continue;
-        }
-        let client = view.resolve(&limit.key);
-        result.client = Some(client);
-        let taken = match redis {
-            None => Some(slots.try_take(client, cap(limit, spec.max)).map(held_here)),
-            Some(r) => match take_shared((r, worker), limit, (spec, slots), client).await {
-                Shared::Taken(taken) => Some(taken),
-                Shared::Failed(policy) => {
-                    result.fallback = true;
-                    match policy {
-                        FailurePolicy::Open => None,
-                        FailurePolicy::Closed => {
-                            result.outcome = Outcome::FailedClosed;
-                            results.push(result);
-                            return (Guard::default(), results);
-                        }
-                        FailurePolicy::Local => Some(
-                            slots
-                                .try_take(client, cap(limit, spec.fallback))
-                                .map(held_here),
-                        ),
-                    }
-                }
-            },
-        };
-        let max = if result.fallback {
-            spec.fallback
-        } else {
-            spec.max
-        };
-        result.outcome = match taken {
-            None => Outcome::FailedOpen,
-            Some(Ok((held, n))) => {
-                guard.0.push(held);
-                if n > max {
-                    Outcome::ShadowLimited
-                } else {
-                    Outcome::Admitted
-                }
-            }
-            Some(Err(_)) => {
-                result.verdict = Some(FULL);
-                result.outcome = Outcome::Limited;
-                results.push(result);
-                return (Guard::default(), results);
-            }
-        };
-        results.push(result);
-    }
-    (guard, results)
-}
-
-/// A limit's slot asked of Redis: taken (with the count now) or full (with the count), or the
-/// failure policy that applies since Redis did not answer (`Closed` only where it refuses: a
-/// shadow limit fails open).
-enum Shared {
-    Taken(Result<(SlotHeld, u32), u32>),
-    Failed(FailurePolicy),
-}
-
-async fn take_shared(
-    (r, worker): (&RedisLimiter, Option<usize>),
-    limit: &Limit,
-    (spec, slots): (super::ConcurrencySpec, &Slots),
-    client: ClientId,
-) -> Shared {
-    let leases = slots.leases.get_or_init(|| r.leases(spec.lease));
-    match r
-        .take_lease(worker, leases, limit, client, cap(limit, spec.max))
-        .await
-    {
-        Ok(Taken::Slot(lease, n)) => Shared::Taken(Ok((SlotHeld::SlotLease(lease), n))),
-        Ok(Taken::Full(n)) => Shared::Taken(Err(n)),
-        Err(_) if limit.shadow && limit.on_failure == FailurePolicy::Closed => {
-            Shared::Failed(FailurePolicy::Open)
-        }
-        Err(_) => Shared::Failed(limit.on_failure),
-    }
-}
-
-/// The cap a limit takes a slot under: a shadow limit always takes its slot, and reports when
-/// it would have been over.
-fn cap(limit: &Limit, max: u32) -> u32 {
-    if limit.shadow {
-        u32::MAX
-    } else {
-        max
-    }
-}
-
-/// A slot taken in process, as the guard holds it.
-fn held_here((slot, n): (Slot, u32)) -> (SlotHeld, u32) {
-    (SlotHeld::Local(slot), n)
 }
 
 #[cfg(test)]

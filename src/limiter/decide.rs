@@ -118,7 +118,7 @@ impl<'a> Prepared<'a> {
         let mut checks: Small<Check<'_>> = Small::new();
         let mut tunings: Small<Option<&Tuning>> = Small::new();
         for (index, limit) in limits.iter().enumerate() {
-            // Concurrency limits are taken by `concurrency::acquire`, not here.
+            // Concurrency limits are taken by `take_slots`, not here.
             if limit.concurrency.is_some() {
                 continue;
             }
@@ -304,5 +304,6 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
 }
 
 mod leased;
+pub(crate) mod slots;
 #[cfg(test)]
 mod tests;

@@ -9,9 +9,12 @@
 use std::future::Future;
 
 use super::ban::BanEvent;
+use super::concurrency::SlotHeld;
+use super::redis::slots::Taken;
 use super::redis::{RedisLimiter, Unavailable};
-use super::{local, window, Check, Moment, Small, Tuning, Verdict};
+use super::{local, window, Check, Limit, Moment, Small, Tuning, Verdict};
 use crate::config::settings::Rate;
+use crate::identity::ClientId;
 
 /// One request's checks as a store is asked them: aligned slices, one entry per bucket.
 #[derive(Debug, Clone, Copy)]
@@ -43,14 +46,28 @@ pub struct Answer {
     pub bans: Small<BanEvent>,
 }
 
-/// Where buckets are kept. `check` takes the cost of every check only if every enforced one
-/// admits it; an error means nothing was taken and nothing is known.
+/// Where buckets and concurrency slots are kept. `check` takes the cost of every check only if
+/// every enforced one admits it; an error means nothing was taken and nothing is known.
 pub trait Store {
     fn check<'s>(
         &'s self,
         asked: Asked<'s>,
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's;
+
+    /// Take one of `limit`'s concurrency slots for `client` while fewer than `max` are held:
+    /// the slot and the count in flight with it, or the count in flight when all are taken.
+    /// An error means no slot was taken.
+    fn take_slot<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        max: u32,
+    ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's;
 }
+
+/// A concurrency slot taken (held until dropped) with the count in flight, or the count when
+/// all are taken.
+pub type SlotTake = Result<(SlotHeld, u32), u32>;
 
 // === impl Local ===
 
@@ -68,9 +85,28 @@ impl Store for Local {
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
         std::future::ready(Ok(self.decide(asked)))
     }
+
+    fn take_slot<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        max: u32,
+    ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
+        std::future::ready(Ok(Self::slot(limit, client, max)))
+    }
 }
 
 impl Local {
+    /// `take_slot` in process, at once.
+    pub(super) fn slot(limit: &Limit, client: ClientId, max: u32) -> SlotTake {
+        let Some(slots) = &limit.slots else {
+            return Err(0);
+        };
+        slots
+            .try_take(client, max)
+            .map(|(slot, n)| (SlotHeld::Local(slot), n))
+    }
+
     /// A banned identity is refused before any bucket is asked, then the buckets all or
     /// nothing, then strikes for the limits with a ban that rejected the request.
     pub(super) fn decide(self, asked: Asked<'_>) -> Answer {
@@ -193,6 +229,25 @@ pub struct Shared<'r> {
 impl Store for Shared<'_> {
     async fn check<'s>(&'s self, asked: Asked<'s>) -> Result<Answer, Unavailable> {
         self.check_leased(asked, &[]).await
+    }
+
+    async fn take_slot<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        max: u32,
+    ) -> Result<SlotTake, Unavailable> {
+        let (Some(spec), Some(slots)) = (limit.concurrency, &limit.slots) else {
+            return Ok(Err(0));
+        };
+        let leases = slots.leases(|| self.redis.leases(spec.lease));
+        let taken = (self.redis)
+            .take_lease(self.worker, leases, limit, client, max)
+            .await?;
+        Ok(match taken {
+            Taken::Slot(lease, n) => Ok((SlotHeld::SlotLease(lease), n)),
+            Taken::Full(n) => Err(n),
+        })
     }
 }
 

@@ -121,8 +121,14 @@ async fn decide(
     let redis = rt.redis.as_deref();
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
-        let acquire = crate::boxed(|| {
-            limiter::concurrency::acquire(redis, Some(worker), &route.limits, view)
+        use limiter::store::{Local, Shared};
+        use limiter::take_slots as acquire;
+        let worker = Some(worker);
+        let acquire = crate::boxed(|| async move {
+            match redis {
+                Some(redis) => acquire(&Shared { redis, worker }, &route.limits, view).await,
+                None => acquire(&Local { fallback: false }, &route.limits, view).await,
+            }
         });
         (*slots, taken) = acquire.await;
     }

@@ -10,7 +10,7 @@ use super::settle;
 use crate::identity::ClientId;
 use crate::limiter::ban::BanEvent;
 use crate::limiter::redis::Unavailable;
-use crate::limiter::store::{Answer, Asked, Local, Store};
+use crate::limiter::store::{Answer, Asked, Local, SlotTake, Store};
 use crate::limiter::{local, Check, Limit, LimitResult, Moment, Outcome, Small, Verdict};
 
 /// A store that cannot answer (Redis down, breaker open, timed out).
@@ -21,6 +21,15 @@ impl Store for Failing {
         &'s self,
         _: Asked<'s>,
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
+        std::future::ready(Err(self.0))
+    }
+
+    fn take_slot<'s>(
+        &'s self,
+        _: &'s Limit,
+        _: ClientId,
+        _: u32,
+    ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
         std::future::ready(Err(self.0))
     }
 }
@@ -47,6 +56,16 @@ impl Store for Told {
             banned: None,
             bans,
         }))
+    }
+
+    /// Slots as in process: this store is told about buckets only.
+    fn take_slot<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        max: u32,
+    ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
+        std::future::ready(Ok(Local::slot(limit, client, max)))
     }
 }
 
@@ -241,4 +260,47 @@ fn a_request_a_closed_limit_refuses_takes_no_local_fallback_token() {
     // The local limit alone still has its whole fallback share (burst 4 / 2 replicas).
     let alone = decide(&store, &limits[..1], 7, 0.0);
     assert_eq!(alone[0].verdict.map(|v| v.remaining), Some(1));
+}
+
+/// Concurrency limits follow their failure policy as buckets do: a store that cannot take a
+/// slot admits (`open`, and a `closed` shadow limit), refuses (`closed`, holding nothing) or
+/// takes the slot in process at the fallback cap (`local`: 4 halved).
+#[test]
+fn a_failed_store_applies_each_concurrency_limits_policy() {
+    let view_of = |limits: &[Arc<Limit>]| {
+        let req = http::Request::new(());
+        let arrival = crate::identity::Arrival::of(&req, "192.0.2.1".parse().unwrap());
+        let view = arrival.view(false, None);
+        crate::limiter::take_slots(&Failing(Unavailable::Timeout), limits, &view)
+            .now_or_never()
+            .expect("a failing store answers at once")
+    };
+    let open = limits("      - { name: o, concurrency: 4, key: [ip], on_failure: open }\n");
+    let (held, results) = view_of(&open);
+    assert_eq!(
+        (held.len(), outcomes(&results)),
+        (0, vec![Outcome::FailedOpen])
+    );
+    let shadow = limits(
+        "      - { name: s, concurrency: 4, key: [ip], on_failure: closed, shadow: true }\n",
+    );
+    assert_eq!(outcomes(&view_of(&shadow).1), [Outcome::FailedOpen]);
+    let closed = limits(
+        "      - { name: l, concurrency: 4, key: [ip], on_failure: local }\n      - { name: c, concurrency: 4, key: [ip], on_failure: closed }\n",
+    );
+    let (held, results) = view_of(&closed);
+    assert_eq!(
+        (held.len(), outcomes(&results)),
+        (0, vec![Outcome::Admitted, Outcome::FailedClosed]),
+        "refused by `c`: the slot `l` took is given back"
+    );
+    let local = limits("      - { name: l, concurrency: 4, key: [ip], on_failure: local }\n");
+    let guards: Vec<_> = (0..3).map(|_| view_of(&local)).collect();
+    let got: Vec<_> = guards.iter().map(|(_, r)| r[0].outcome).collect();
+    assert_eq!(
+        got,
+        [Outcome::Admitted, Outcome::Admitted, Outcome::Limited],
+        "in process at the fallback cap, 4 / 2"
+    );
+    assert!(guards.iter().all(|(_, r)| r[0].fallback));
 }
