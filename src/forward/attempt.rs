@@ -71,15 +71,16 @@ impl Asks {
     }
 }
 
-/// Send `req` to `target` of `upstream` from `at` (`deadline`: a gRPC call's), on worker
-/// `worker`'s pool: on a capped upstream in a task holding `slot` (given back when the task
+/// Send `req` to `target` of `upstream` from `at` (`deadline`: a gRPC call's), on the pool of
+/// the worker serving `down`: on a capped upstream in a task holding `slot` (given back when the task
 /// answers), else here. `timeout` runs from the moment the request is fully sent: until then
 /// the route's body limits judge the client, and the connect timeout the connection. A request
 /// without a body is sent now, and its connection's task keeps the deadline; one whose body is
 /// still streaming gets a timer that starts when the body is done.
 pub(super) async fn exchange(
     upstream: &Upstream,
-    (target, at, deadline, worker): (usize, Instant, Option<Instant>, usize),
+    (target, at, deadline): (usize, Instant, Option<Instant>),
+    down: &Downstream<'_>,
     req: Box<Request<Guarded>>,
     sent: &Sent,
     slot: &mut Option<Slot>,
@@ -91,7 +92,7 @@ pub(super) async fn exchange(
     let head_by = sent
         .is_done()
         .then(|| deadline.map_or(at + upstream.timeout, |d| d.min(at + upstream.timeout)));
-    let pool = upstream.pool(worker);
+    let pool = upstream.pool(down.worker);
     let uri = &upstream.target_uris[target];
     if let Some(held) = slot.take() {
         let attempt = Attempt {
@@ -102,8 +103,7 @@ pub(super) async fn exchange(
             head_by,
             timeout: upstream.timeout,
             deadline,
-            grpc: upstream.protocol != Protocol::Http1
-                && crate::response::grpc::is_grpc(req.headers()),
+            grpc: down.grpc,
         };
         // Boxed: inline, its state would make every forward's future larger.
         let run = crate::boxed(|| attempt.run_holding(req, held));

@@ -64,6 +64,8 @@ pub struct Downstream<'a> {
     pub client_ip: IpAddr,
     /// The route proxies WebSocket upgrades.
     pub websocket_allowed: bool,
+    /// A gRPC call (`content-type: application/grpc`), as the proxy found it.
+    pub grpc: bool,
     /// The route's idle timeout for an open tunnel.
     pub websocket_idle: Duration,
     /// Headers with `_` in their names go upstream (else they are dropped).
@@ -163,8 +165,8 @@ pub async fn send(
         let replay = if replayable && left { copy(&req) } else { None };
         let sent = req.body().sent();
         let in_flight = upstream.enter(target);
-        let on = (target, at, deadline, down.worker);
-        let exchanged = attempt::exchange(upstream, on, req, &sent, &mut slot).await;
+        let on = (target, at, deadline);
+        let exchanged = attempt::exchange(upstream, on, down, req, &sent, &mut slot).await;
         let (retry, next) = match exchanged {
             // One arm for every answer, the response made ready in place and returned from
             // here: each move of the response on its way out is a copy of it.

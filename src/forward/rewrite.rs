@@ -330,6 +330,7 @@ mod tests {
             tls: false,
             client_ip: peer,
             websocket_allowed: false,
+            grpc: false,
             websocket_idle: Duration::from_hours(1),
             underscores: false,
             untrusted_strip: &[],

@@ -36,7 +36,12 @@ pub(super) async fn forward_to(
         trace,
     } = cx;
     let (state, rt, started) = (*state, *rt, *started);
-    let down = &downstream((conn, rt, request_id, *peer_trusted), route, who);
+    let down = &downstream(
+        (conn, rt, request_id, *peer_trusted),
+        route,
+        who,
+        trace.grpc,
+    );
     // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
     // future while the upstream is awaited.
     let grpc = trace.grpc;
@@ -120,6 +125,7 @@ fn downstream<'a>(
     (conn, rt, request_id, peer_trusted): (&'a ClientConn, &'a Runtime, &'a HeaderValue, bool),
     route: &'a Route,
     (client_ip, queue): (std::net::IpAddr, u128),
+    grpc: bool,
 ) -> Downstream<'a> {
     let settings = &rt.settings;
     Downstream {
@@ -129,6 +135,7 @@ fn downstream<'a>(
         tls: conn.tls,
         client_ip,
         websocket_allowed: route.websocket,
+        grpc,
         websocket_idle: route.websocket_idle,
         underscores: settings.underscores_in_headers,
         untrusted_strip: &settings.strip_untrusted_headers,
