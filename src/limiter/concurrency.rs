@@ -3,8 +3,10 @@
 //!
 //! In process a slot is a count in a sharded map whose entries exist only while their identity
 //! has requests in flight (so it holds at most one entry per request in flight); over Redis
-//! it is a lease (`redis::slots`). Either way the request holds a `Guard` that gives its slots
-//! back when dropped: body sent, client gone, error, upstream failure or tunnel closed.
+//! it is a lease (`redis::slots`). Both are taken through the store (`store::Store::take_slot`,
+//! by each limit's failure policy in `decide::slots`). Either way the request holds a `Guard`
+//! that gives its slots back when dropped: body sent, client gone, error, upstream failure or
+//! tunnel closed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
