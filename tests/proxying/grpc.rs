@@ -2,7 +2,8 @@
 //! (grpcio, `tests/fixtures/grpc/peer.py`): unary calls with trailers both ways, messages of
 //! several MiB, server, client and ping-pong bidirectional streams, deadlines; a call refused
 //! by a limit answered in gRPC's form (`RESOURCE_EXHAUSTED` with pushback), and a gRPC call
-//! over HTTP/1.1 refused with `505`.
+//! over HTTP/1.1 refused with `505`; streams past a connection's bound, GOAWAY, deadlines,
+//! cancellation, gRPC health checks and the calls counted by status.
 
 use crate::common;
 
@@ -29,6 +30,16 @@ impl GrpcServer {
 
     /// A server that allows `max_streams` streams per connection (0: grpcio's default).
     fn allowing(max_streams: u32) -> Self {
+        Self::spawn(max_streams, 0)
+    }
+
+    /// A server that sends each connection a GOAWAY once it is `max_age_ms` old (grpcio's
+    /// `max_connection_age_ms`, as servers behind load balancers are often set up).
+    fn aging(max_age_ms: u32) -> Self {
+        Self::spawn(0, max_age_ms)
+    }
+
+    fn spawn(max_streams: u32, max_age_ms: u32) -> Self {
         let ok = Command::new("python3")
             .args(["-c", "import grpc"])
             .status()
@@ -41,6 +52,7 @@ impl GrpcServer {
             .arg(peer_script())
             .arg("server")
             .arg(max_streams.to_string())
+            .arg(max_age_ms.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -284,4 +296,18 @@ async fn grpc_health_checks_follow_the_servers_status() {
         assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
     }
     assert!(served_by_b().await >= 1, "SERVING again: back in rotation");
+}
+
+/// A backend that closes its connections with a GOAWAY after 300 ms: the calls that come after
+/// go on a new connection, and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_moves_the_next_calls_to_a_new_connection() {
+    let server = GrpcServer::aging(300);
+    let proxy = TestProxy::start(&grpc_config(&server, ""));
+    let run = call(proxy.addr(), "spaced").await;
+    assert_eq!(run["ok"], 8, "every call answered: {run}");
+    assert!(
+        run["peers"].as_u64().unwrap() >= 2,
+        "a new connection: {run}"
+    );
 }
