@@ -152,9 +152,9 @@ async fn check(probe: &Probe, (authority, uri): &(Authority, Uri)) -> Result<(),
         let status = res.status();
         if grpc && status.is_success() {
             // A trailers-only answer (an error) has its status in the head.
-            let head = res.headers().get("grpc-status").cloned();
+            let head = crate::access_log::grpc_status(res.headers());
             let answer = res.collect().await.map_err(|e| e.to_string())?;
-            return grpc_health::serving(head.as_ref(), answer);
+            return grpc_health::serving(head, answer);
         }
         if status.is_success() || status.is_redirection() {
             Ok(())
@@ -188,15 +188,11 @@ mod grpc_health {
 
     /// `Ok` for `grpc-status: 0` and a `HealthCheckResponse` whose status (field 1) is
     /// `SERVING` (1).
-    pub(super) fn serving(
-        head: Option<&http::HeaderValue>,
-        answer: Collected<Bytes>,
-    ) -> Result<(), String> {
-        let grpc_status = head
-            .or_else(|| answer.trailers().and_then(|t| t.get("grpc-status")))
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        match grpc_status.as_deref() {
-            Some("0") => {}
+    pub(super) fn serving(head: Option<u16>, answer: Collected<Bytes>) -> Result<(), String> {
+        let grpc_status =
+            head.or_else(|| answer.trailers().and_then(crate::access_log::grpc_status));
+        match grpc_status {
+            Some(0) => {}
             Some(code) => return Err(format!("grpc-status {code}")),
             None => return Err("no grpc-status".into()),
         }

@@ -210,7 +210,7 @@ fn hand_over(
     record(state, trace, &response, started, &mut access);
     let grpc = trace
         .grpc
-        .then(|| count_grpc(state, trace, &response))
+        .then(|| count_grpc(state, trace, &response, &mut access))
         .flatten();
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -382,17 +382,22 @@ fn respond(r: &Respond) -> Response<Body> {
     res
 }
 
-/// A gRPC call counted by its status: now for a trailers-only answer, else by the tally
-/// returned, when its trailers come.
+/// A gRPC call counted and logged by its status: now for a trailers-only answer (tollgate's
+/// own among them), else by the tally returned and the log line, when its trailers come.
 fn count_grpc(
     state: &State,
     trace: &Trace<'_>,
     res: &Response<Body>,
+    access: &mut Option<Box<Entry>>,
 ) -> Option<access_log::GrpcTally> {
+    let head = access_log::grpc_status(res.headers());
+    if let Some(entry) = access {
+        entry.grpc_status = head;
+    }
     let calls = state
         .metrics
         .grpc_tally(trace.route.map_or("", |r| &*r.name));
-    match access_log::grpc_status(res.headers()) {
+    match head {
         Some(code) => {
             (calls.0)(code);
             None
@@ -417,10 +422,6 @@ fn record(
         .count_request(route, status, took, trace.decision.as_ref());
     let Some(entry) = entry else { return };
     entry.status = status.as_u16();
-    if trace.grpc {
-        // A trailers-only answer's status (tollgate's own); else the trailers' sets it.
-        entry.grpc_status = access_log::grpc_status(res.headers());
-    }
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
     entry.body_in = trace.sent.clone();
