@@ -839,7 +839,7 @@ impl Pipeline {
     /// Empty every bucket of every limit (a sweep at the end of time drops them all).
     fn forget_buckets(&self) {
         for limit in self.state.runtime.load().limits() {
-            limit.local.sweep(f64::INFINITY);
+            limit.in_process().sweep(f64::INFINITY);
         }
     }
 

@@ -38,29 +38,29 @@ pub use crate::config::settings::{
 /// A limit of a route, live: its settings and its in-process buckets.
 #[derive(Debug)]
 pub struct Limit {
-    pub name: Arc<str>,
-    pub rate: Rate,
-    pub cost: u32,
-    pub shadow: bool,
-    pub key: KeySpec,
-    pub exempt: Vec<crate::identity::Exemption>,
-    pub on_failure: FailurePolicy,
+    pub(crate) name: Arc<str>,
+    pub(crate) rate: Rate,
+    pub(crate) cost: u32,
+    pub(crate) shadow: bool,
+    pub(crate) key: KeySpec,
+    pub(crate) exempt: Vec<crate::identity::Exemption>,
+    pub(crate) on_failure: FailurePolicy,
     /// In-process buckets of this limit (the store for `backend: local`, the fallback for Redis).
-    pub local: Arc<local::Buckets>,
+    pub(crate) local: Arc<local::Buckets>,
     /// The stricter per-replica rate the `local` failure policy enforces without Redis.
-    pub fallback: Rate,
+    pub(crate) fallback: Rate,
     /// A calendar quota instead of a token bucket (see `window`).
-    pub quota: Option<QuotaSpec>,
+    pub(crate) quota: Option<QuotaSpec>,
     /// `ban:` in microseconds, as both stores take it.
-    pub ban: Option<ban::BanArgs>,
+    pub(crate) ban: Option<ban::BanArgs>,
     /// The in-process bans (the store for `backend: local`; Redis keeps its own).
-    pub bans: Option<Arc<ban::Bans>>,
+    pub(crate) bans: Option<Arc<ban::Bans>>,
     /// `concurrency: N`: a cap on requests in flight, not a token bucket (see `concurrency`).
-    pub concurrency: Option<ConcurrencySpec>,
+    pub(crate) concurrency: Option<ConcurrencySpec>,
     /// The in-process counts and Redis leases of a concurrency limit.
-    pub slots: Option<Arc<concurrency::Slots>>,
+    pub(crate) slots: Option<Arc<concurrency::Slots>>,
     /// The tokens this replica holds of busy identities' Redis buckets (`leasing:`).
-    pub leases: Option<Arc<leasing::Leases>>,
+    pub(crate) leases: Option<Arc<leasing::Leases>>,
 }
 
 impl Limit {
@@ -157,6 +157,11 @@ impl Limit {
             }
         }
         self
+    }
+
+    /// This limit's in-process buckets (the store for `backend: local`, the fallback for Redis).
+    pub fn in_process(&self) -> &local::Buckets {
+        &self.local
     }
 }
 

@@ -48,3 +48,17 @@ impl Limit {
         self
     }
 }
+
+/// One request of `client` against `lim`'s in-process bucket at `now_us` on the limiter's
+/// clock, as the in-process store checks it (for tests comparing the stores).
+pub fn check_in_process(lim: &Limit, client: u128, now_us: f64) -> super::Verdict {
+    let item = super::local::Item {
+        buckets: &lim.local,
+        client: crate::identity::ClientId(client),
+        peer: super::local::Peer::default(),
+        rate: &lim.rate,
+        cost: lim.cost,
+        window: None,
+    };
+    super::local::check(&[item], &[true], now_us)[0]
+}

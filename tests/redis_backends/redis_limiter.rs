@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use redis_helpers::{free_port, limit, one, RedisServer, PREFIX};
 use tollgate::identity::{ClientId, KeySpec};
-use tollgate::limiter::local::{self, Item};
 use tollgate::limiter::redis::{RedisConfig, RedisLimiter, Unavailable};
+use tollgate::limiter::test_util;
 use tollgate::limiter::Clock;
 use tollgate::limiter::{Check, Limit, Verdict};
 
@@ -26,15 +26,7 @@ fn limiter(url: String, timeout: Duration) -> RedisLimiter {
 }
 
 fn local_one(lim: &Limit, client: u128, clock: &Clock) -> Verdict {
-    let item = Item {
-        buckets: &lim.local,
-        client: ClientId(client),
-        peer: local::Peer::default(),
-        rate: &lim.rate,
-        cost: lim.cost,
-        window: None,
-    };
-    local::check(&[item], &[true], clock.now().us())[0]
+    test_util::check_in_process(lim, client, clock.now().us())
 }
 
 /// Step both backends through the same arrivals; their verdicts must agree.
