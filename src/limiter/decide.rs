@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use super::redis::RedisLimiter;
-use super::store::{Answer, Asked, Local, Shared, Store};
+use super::store::{Answer, Asked, Local, Store};
 use super::{
     local, Check, Decision, FailurePolicy, Limit, LimitResult, Moment, Outcome, Rate, Small,
     Verdict,
@@ -25,28 +24,28 @@ pub struct Tuning {
     pub fresh: Option<u128>,
 }
 
-/// Decide a request against `limits` (a route's limits, in route order): in Redis when `redis`
-/// is given (through worker `worker`'s connection), else in process, at `now` on the limiter's
-/// clock, with `tuned[i]` replacing the numbers of `limits[i]` for this request (an empty
-/// slice: none replaced). The fallback of a failed store keeps the limits' own numbers.
-pub async fn decide(
-    redis: Option<&RedisLimiter>,
-    worker: Option<usize>,
+/// Decide a request against `limits` (a route's limits, in route order) in `store` (the
+/// shared one; `None`: in process), at `now` on the limiter's clock, with `tuned[i]` replacing
+/// the numbers of `limits[i]` for this request (an empty slice: none replaced). What the store
+/// cannot answer follows each limit's failure policy, whose fallback keeps the limits' own
+/// numbers.
+pub async fn decide<S: Store>(
+    store: Option<&S>,
     limits: &[Arc<Limit>],
     view: &RequestView<'_>,
     now: Moment,
     tuned: &[Option<&Tuning>],
 ) -> Decision {
-    let Some(redis) = redis else {
+    let Some(store) = store else {
         return decide_in_process(limits, view, now, tuned);
     };
     let mut p = Prepared::of(limits, view, tuned);
     if p.checks.iter().any(|c| c.limit.leases.is_some()) {
         let peer = local::Peer::of(view.client_ip);
-        leased::settle(&mut p, redis, worker, peer, now).await;
+        leased::settle(&mut p, store, peer, now).await;
     } else if !p.checks.is_empty() {
         let (results, asked) = p.split(view, now);
-        settle(results, &Shared { redis, worker }, asked).await;
+        settle(results, store, asked).await;
     }
     Decision { results: p.results }
 }
@@ -154,6 +153,7 @@ impl<'a> Prepared<'a> {
             peer: local::Peer::of(view.client_ip),
             now,
             wall: None,
+            leases: &[],
         };
         (&mut self.results, asked)
     }
@@ -199,6 +199,7 @@ pub fn decide_known(
             peer,
             now,
             wall: Some(now),
+            leases: &[],
         };
         let answer = Local { fallback: false }.decide(asked);
         record(&mut results, asked.checks, answer);

@@ -1,15 +1,18 @@
 //! The limiter's store interface: where a request's buckets are checked and their cost taken,
-//! all or nothing, in one call: in process (`Local`) or in Redis (`Shared`).
+//! all or nothing, in one call (with the tokens leases take, and concurrency slots beside
+//! them): in process (`Local`) or in Redis (`Shared`).
 //!
 //! A check commits as it decides (in process under the buckets' locks, in Redis in one
 //! script): a separate commit step would cost Redis a second round trip per request. What a
 //! store cannot answer is `decide`'s to settle by each limit's failure policy, so that policy
-//! is tested here with stores that fail or answer as told.
+//! is tested (`decide/tests.rs`) with stores that fail or answer as told, for buckets, windows,
+//! leases and slots alike.
 
 use std::future::Future;
 
 use super::ban::BanEvent;
 use super::concurrency::SlotHeld;
+use super::leasing::{Ask, Returned};
 use super::redis::slots::Taken;
 use super::redis::{RedisLimiter, Unavailable};
 use super::{local, window, Check, Limit, Moment, Small, Tuning, Verdict};
@@ -31,6 +34,9 @@ pub struct Asked<'a> {
     pub now: Moment,
     /// The wall-clock time quotas count in, when the caller knows it (a replay); else read.
     pub wall: Option<Moment>,
+    /// The tokens each check takes for this replica's lease beside its own cost (aligned with
+    /// `checks`; empty: none). Only a shared store leases (see `leasing`).
+    pub leases: &'a [Ask],
 }
 
 /// A store's answer: per check its verdict, or the one check whose ban refused the request
@@ -46,8 +52,8 @@ pub struct Answer {
     pub bans: Small<BanEvent>,
 }
 
-/// Where buckets and concurrency slots are kept. `check` takes the cost of every check only if
-/// every enforced one admits it; an error means nothing was taken and nothing is known.
+/// Where buckets, leases and concurrency slots are kept. `check` takes the cost of every check
+/// only if every enforced one admits it; an error means nothing was taken and nothing is known.
 pub trait Store {
     fn check<'s>(
         &'s self,
@@ -63,6 +69,13 @@ pub trait Store {
         client: ClientId,
         max: u32,
     ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's;
+
+    /// Return the tokens of a lease of `limit` that ended here to the shared bucket (nothing
+    /// to do for a store that does not lease).
+    fn give_back(&self, _limit: &Limit, _back: Returned) {}
+
+    /// Count a request admitted from a lease held here, the store not asked.
+    fn count_leased(&self) {}
 }
 
 /// A concurrency slot taken (held until dropped) with the count in flight, or the count when
@@ -228,7 +241,17 @@ pub struct Shared<'r> {
 
 impl Store for Shared<'_> {
     async fn check<'s>(&'s self, asked: Asked<'s>) -> Result<Answer, Unavailable> {
-        self.check_leased(asked, &[]).await
+        // Boxed so that the Redis call's state does not inflate every request's future.
+        let call = crate::boxed(|| {
+            let (checks, enforced, tuned) = (asked.checks, asked.enforced, asked.tuned);
+            (self.redis).check_tuned(self.worker, checks, enforced, tuned, asked.leases)
+        });
+        let (verdicts, bans) = call.await?;
+        Ok(Answer {
+            verdicts,
+            banned: None,
+            bans,
+        })
     }
 
     async fn take_slot<'s>(
@@ -249,25 +272,12 @@ impl Store for Shared<'_> {
             Taken::Full(n) => Err(n),
         })
     }
-}
 
-impl Shared<'_> {
-    /// `check`, with `asks[i]` the tokens check `i` takes for this replica's lease (see
-    /// `leasing`; empty: none).
-    pub async fn check_leased(
-        &self,
-        asked: Asked<'_>,
-        asks: &[super::leasing::Ask],
-    ) -> Result<Answer, Unavailable> {
-        // Boxed so that the Redis call's state does not inflate every request's future.
-        let call = crate::boxed(|| {
-            (self.redis).check_tuned(self.worker, asked.checks, asked.enforced, asked.tuned, asks)
-        });
-        let (verdicts, bans) = call.await?;
-        Ok(Answer {
-            verdicts,
-            banned: None,
-            bans,
-        })
+    fn give_back(&self, limit: &Limit, back: Returned) {
+        self.redis.give_back(limit, back);
+    }
+
+    fn count_leased(&self) {
+        self.redis.count_leased();
     }
 }

@@ -118,15 +118,17 @@ async fn decide(
     slots: &mut limiter::concurrency::Guard,
     rt: &Runtime,
 ) -> limiter::Decision {
-    let redis = rt.redis.as_deref();
+    use limiter::store::{Local, Shared};
+    let shared = (rt.redis.as_deref()).map(|redis| Shared {
+        redis,
+        worker: Some(worker),
+    });
     let mut taken = limiter::Small::new();
     if limiter::concurrency::any(&route.limits) {
-        use limiter::store::{Local, Shared};
         use limiter::take_slots as acquire;
-        let worker = Some(worker);
         let acquire = crate::boxed(|| async move {
-            match redis {
-                Some(redis) => acquire(&Shared { redis, worker }, &route.limits, view).await,
+            match &shared {
+                Some(shared) => acquire(shared, &route.limits, view).await,
                 None => acquire(&Local { fallback: false }, &route.limits, view).await,
             }
         });
@@ -140,7 +142,7 @@ async fn decide(
             results: taken.into_iter().collect(),
         };
     }
-    let mut d = limiter::decide(redis, Some(worker), &route.limits, view, now, tuned).await;
+    let mut d = limiter::decide(shared.as_ref(), &route.limits, view, now, tuned).await;
     d.results.extend(taken);
     d
 }

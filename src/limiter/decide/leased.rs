@@ -1,23 +1,21 @@
 //! A request whose route has a leased limit: the checks a lease held here covers are admitted
-//! here; the rest (and the top-ups of leases running low) go to Redis in one check, all or
-//! nothing across both.
+//! here; the rest (and the top-ups of leases running low) go to the shared store in one
+//! check, all or nothing across both.
 
 use super::{outcome, record, without_backend, Prepared};
 use crate::limiter::leasing::{Ask, Plan};
-use crate::limiter::redis::RedisLimiter;
-use crate::limiter::store::{Asked, Shared};
+use crate::limiter::store::{Asked, Store};
 use crate::limiter::{Check, LimitResult, Moment, Outcome, Small};
 
-/// Decide `p`'s checks at `now`: from leases where they hold enough, the rest in Redis
-/// through worker `worker`'s connection, the failure policy for those when it cannot answer.
-pub(super) async fn settle(
+/// Decide `p`'s checks at `now`: from leases where they hold enough, the rest in `store`, the
+/// failure policy for those when it cannot answer.
+pub(super) async fn settle<S: Store>(
     p: &mut Prepared<'_>,
-    redis: &RedisLimiter,
-    worker: Option<usize>,
+    store: &S,
     peer: crate::limiter::local::Peer,
     now: Moment,
 ) {
-    let plans = plan(p, redis, now);
+    let plans = plan(p, store, now);
     let slots = slots(p);
     // A leased limit refusing here: the request is refused without asking Redis anything.
     for (i, plan) in plans.iter().enumerate() {
@@ -41,7 +39,7 @@ pub(super) async fn settle(
         .collect();
     for (i, plan) in plans.iter().enumerate() {
         if let Plan::Spent { verdict, .. } = plan {
-            redis.count_leased();
+            store.count_leased();
             let r = &mut p.results[slots[i]];
             r.verdict = Some(*verdict);
             r.outcome = outcome(verdict, p.checks[i].limit);
@@ -49,8 +47,7 @@ pub(super) async fn settle(
     }
     let order: Small<usize> = counted.iter().chain(&top_ups).copied().collect();
     if !order.is_empty() {
-        let store = Shared { redis, worker };
-        let (results, charged) = ask(p, &plans, &order, counted.len(), &store, peer, now).await;
+        let (results, charged) = ask(p, &plans, &order, counted.len(), store, peer, now).await;
         for (j, &i) in order.iter().enumerate() {
             let top_up = j >= counted.len();
             // A top-up's request was admitted here: Redis's answer replaces it only when a
@@ -59,7 +56,7 @@ pub(super) async fn settle(
                 p.results[slots[i]] = results[j];
             }
         }
-        settle_leases(p, redis, &plans, &order, &results, charged, now);
+        settle_leases(p, store, &plans, &order, &results, charged, now);
     }
     // All or nothing: a request refused anywhere takes nothing from the leases either.
     let refused =
@@ -76,12 +73,12 @@ pub(super) async fn settle(
 /// Ask Redis for the checks `order` lists (the first `counted` counted, the rest top-ups):
 /// their results, and whether Redis answered and charged the call (took every lease's tokens
 /// it asked). When it cannot answer, the counted checks follow the failure policy.
-async fn ask(
+async fn ask<S: Store>(
     p: &Prepared<'_>,
     plans: &[Plan],
     order: &[usize],
     counted: usize,
-    store: &Shared<'_>,
+    store: &S,
     peer: crate::limiter::local::Peer,
     now: Moment,
 ) -> (Small<LimitResult>, bool) {
@@ -116,8 +113,9 @@ async fn ask(
         peer,
         now,
         wall: None,
+        leases: &asks,
     };
-    let charged = match store.check_leased(asked, &asks).await {
+    let charged = match store.check(asked).await {
         Ok(answer) => {
             record(&mut results, &checks, answer);
             (results.iter().zip(&enforced))
@@ -132,6 +130,7 @@ async fn ask(
                 } else {
                     &tuned[..counted]
                 },
+                leases: &[],
                 ..asked
             };
             without_backend(&mut results[..counted], part);
@@ -150,7 +149,7 @@ fn slots(p: &Prepared<'_>) -> Small<usize> {
 }
 
 /// Each check's plan; tokens of leases taken at other numbers go back to Redis now.
-fn plan(p: &Prepared<'_>, redis: &RedisLimiter, now: Moment) -> Small<Plan> {
+fn plan(p: &Prepared<'_>, store: &impl Store, now: Moment) -> Small<Plan> {
     (p.checks.iter().enumerate())
         .map(|(i, c)| {
             let Some(leases) = &c.limit.leases else {
@@ -160,7 +159,7 @@ fn plan(p: &Prepared<'_>, redis: &RedisLimiter, now: Moment) -> Small<Plan> {
             let rate = tuning.map_or(&c.limit.rate, |t| &t.rate);
             let (plan, back) = leases.plan(c.client, c.limit.cost, rate, now.us());
             if let Some(back) = back {
-                redis.give_back(c.limit, back);
+                store.give_back(c.limit, back);
             }
             plan
         })
@@ -170,7 +169,7 @@ fn plan(p: &Prepared<'_>, redis: &RedisLimiter, now: Moment) -> Small<Plan> {
 /// The leases' side of Redis's answer: what a take or top-up got when the call charged.
 fn settle_leases(
     p: &Prepared<'_>,
-    redis: &RedisLimiter,
+    store: &impl Store,
     plans: &[Plan],
     order: &[usize],
     results: &[LimitResult],
@@ -190,7 +189,7 @@ fn settle_leases(
         if results[j].ban == crate::limiter::ban::BanEvent::Refused {
             // Banned fleet-wide: the lease ends, its tokens back in the bucket.
             if let Some(back) = leases.end(c.client) {
-                redis.give_back(c.limit, back);
+                store.give_back(c.limit, back);
             }
             continue;
         }

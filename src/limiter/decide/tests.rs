@@ -34,11 +34,15 @@ impl Store for Failing {
     }
 }
 
-/// A store that answers with the verdicts it is given and remembers how often it was asked.
+/// A store that answers with the verdicts it is given and remembers what it was asked: how
+/// often, the lease tokens asked, and the requests counted from leases without asking it.
+#[derive(Default)]
 struct Told {
     admitted: Vec<bool>,
     bans: Vec<BanEvent>,
     asked: Mutex<usize>,
+    lease_tokens: Mutex<u32>,
+    leased: Mutex<usize>,
 }
 
 impl Store for Told {
@@ -47,6 +51,7 @@ impl Store for Told {
         asked: Asked<'s>,
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
         *self.asked.lock() += 1;
+        *self.lease_tokens.lock() += asked.leases.iter().map(|a| a.tokens).sum::<u32>();
         let verdicts = (self.admitted.iter().take(asked.checks.len()))
             .map(|&admitted| verdict(admitted))
             .collect();
@@ -67,12 +72,16 @@ impl Store for Told {
     ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
         std::future::ready(Ok(Local::slot(limit, client, max)))
     }
+
+    fn count_leased(&self) {
+        *self.leased.lock() += 1;
+    }
 }
 
 fn verdict(admitted: bool) -> Verdict {
     Verdict {
         admitted,
-        remaining: u64::from(admitted),
+        remaining: if admitted { 100 } else { 0 },
         reset_us: 1e6,
         retry_after_us: if admitted { 0.0 } else { 1e6 },
     }
@@ -80,8 +89,18 @@ fn verdict(admitted: bool) -> Verdict {
 
 /// The limits of one route, from `limits:` items of the YAML (in process, fallback at half).
 fn limits(items: &str) -> Vec<Arc<Limit>> {
+    limits_in("{ local_fallback: { divide_by: 2 } }", items)
+}
+
+/// `limits` kept in Redis (never asked here: the stores under test stand in for it).
+fn shared_limits(items: &str) -> Vec<Arc<Limit>> {
+    let limiter = "{ backend: redis, redis: { url: \"redis://127.0.0.1:1\" }, local_fallback: { divide_by: 2 } }";
+    limits_in(limiter, items)
+}
+
+fn limits_in(limiter: &str, items: &str) -> Vec<Arc<Limit>> {
     let yaml = format!(
-        "listeners: [{{address: 127.0.0.1:0}}]\nlimiter: {{ local_fallback: {{ divide_by: 2 }} }}\nroutes:\n  - name: r\n    respond: {{ status: 200 }}\n    limits:\n{items}"
+        "listeners: [{{address: 127.0.0.1:0}}]\nlimiter: {limiter}\nroutes:\n  - name: r\n    respond: {{ status: 200 }}\n    limits:\n{items}"
     );
     let settings = crate::config::parse(&yaml).expect("a valid config");
     (settings.routes[0].limits.iter())
@@ -108,6 +127,7 @@ fn decide(store: &impl Store, limits: &[Arc<Limit>], who: u128, now: f64) -> Sma
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
         now: Moment::from_us(now),
         wall: None,
+        leases: &[],
     };
     settle(&mut results, store, asked)
         .now_or_never()
@@ -206,7 +226,7 @@ fn a_stores_verdicts_and_ban_events_become_the_results() {
     let store = Told {
         admitted: vec![true, false],
         bans: vec![BanEvent::None, BanEvent::Started(600_000_000)],
-        asked: Mutex::new(0),
+        ..Told::default()
     };
     let results = decide(&store, &limits, 7, 0.0);
     assert_eq!(outcomes(&results), [Outcome::Admitted, Outcome::Limited]);
@@ -231,6 +251,7 @@ fn exempt_limits_are_not_asked_of_any_store() {
         peer: local::Peer::of("192.0.2.1".parse().unwrap()),
         now: Moment::from_us(0.0),
         wall: None,
+        leases: &[],
     };
     settle(&mut results, &Failing(Unavailable::Error), asked)
         .now_or_never()
@@ -303,4 +324,60 @@ fn a_failed_store_applies_each_concurrency_limits_policy() {
         "in process at the fallback cap, 4 / 2"
     );
     assert!(guards.iter().all(|(_, r)| r[0].fallback));
+}
+
+/// One request from 192.0.2.1 against `limits` through `decide`, `store` the shared store.
+fn request(store: &impl Store, limits: &[Arc<Limit>]) -> Vec<Outcome> {
+    let req = http::Request::new(());
+    let arrival = crate::identity::Arrival::of(&req, "192.0.2.1".parse().unwrap());
+    let view = arrival.view(false, None);
+    let decision = super::decide(Some(store), limits, &view, Moment::from_us(0.0), &[])
+        .now_or_never()
+        .expect("these stores answer at once");
+    outcomes(&decision.results)
+}
+
+/// A leased limit's lease is taken in the same call as the checks, then spent here without
+/// asking the store, each request so spent counted as leased.
+#[test]
+fn a_hot_identity_spends_its_lease_without_asking_the_store() {
+    let limits = shared_limits(
+        "      - { name: t, rate: 100/s, burst: 100, key: [ip], leasing: { tokens: 10, hold: 1s } }\n",
+    );
+    let store = Told {
+        admitted: vec![true],
+        ..Told::default()
+    };
+    for _ in 0..20 {
+        assert_eq!(request(&store, &limits), [Outcome::Admitted]);
+    }
+    let (asked, leased) = (*store.asked.lock(), *store.leased.lock());
+    assert!(*store.lease_tokens.lock() >= 9, "a lease was asked for");
+    assert!(leased >= 9, "requests spent from the lease: {leased}");
+    assert!(asked < 20 - 9 + 3, "the store asked {asked} times of 20");
+}
+
+/// A leased limit follows its failure policy when the store cannot answer, as any limit does,
+/// and a hot identity gets no lease from a store that did not answer.
+#[test]
+fn a_failed_store_applies_each_leased_limits_policy() {
+    let leased = |policy: &str| {
+        shared_limits(&format!(
+            "      - {{ name: t, rate: 1/min, burst: 4, key: [ip], on_failure: {policy}, leasing: {{ tokens: 2, hold: 1s }} }}\n"
+        ))
+    };
+    let store = Failing(Unavailable::Timeout);
+    let open = leased("open");
+    let closed = leased("closed");
+    for _ in 0..6 {
+        assert_eq!(request(&store, &open), [Outcome::FailedOpen]);
+        assert_eq!(request(&store, &closed), [Outcome::FailedClosed]);
+    }
+    let local = leased("local");
+    let seen: Vec<Outcome> = (0..3).flat_map(|_| request(&store, &local)).collect();
+    assert_eq!(
+        seen,
+        [Outcome::Admitted, Outcome::Admitted, Outcome::Limited],
+        "in process at the fallback share, 4 / 2"
+    );
 }
