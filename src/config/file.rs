@@ -8,7 +8,9 @@ use serde::Deserialize;
 use super::values::{DURATION, POSITIVE_DURATION, SIZE};
 
 mod limit;
+mod rls;
 pub use self::limit::{Ban, Leasing, Limit};
+pub use self::rls::{Descriptor, RateLimit, Rls, RlsFile};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +55,8 @@ pub struct File {
     pub grpc: Option<Grpc>,
     /// How identities are verified (the `jwt:CLAIM` key sources).
     pub identity: Option<Identity>,
+    /// Envoy's rate limit service, answered by this process's limiter.
+    pub rls: Option<Rls>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,

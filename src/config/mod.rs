@@ -10,6 +10,7 @@ mod env;
 pub(crate) mod file;
 pub(crate) mod locate;
 mod raw;
+pub mod rls;
 pub mod schema;
 pub mod settings;
 pub mod values;
@@ -78,6 +79,9 @@ fn load_text(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         problems,
     })?;
     settings.inputs_digest = digest;
+    if let Some(rls) = &mut settings.rls {
+        rls.domains = rls::load(&rls::resolve(path, &rls.config), &settings.limiter)?;
+    }
     settings.candidate = candidate_path(path, text).map(|path| settings::CandidateLoad {
         settings: load_candidate(&path).map(Arc::new),
         path,

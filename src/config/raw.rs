@@ -27,6 +27,7 @@ const KEYS: &[&str] = &[
     "request_id_header",
     "grpc",
     "identity",
+    "rls",
     "candidate",
 ];
 
@@ -82,6 +83,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         request_id_header: r.one("request_id_header"),
         grpc: r.one("grpc"),
         identity: r.one("identity"),
+        rls: r.one("rls"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,

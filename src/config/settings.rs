@@ -5,6 +5,7 @@
 //! already runs).
 
 mod protocol;
+mod rls;
 mod window;
 
 use std::net::SocketAddr;
@@ -69,6 +70,8 @@ pub struct Settings {
     pub inputs_digest: [u8; 32],
     /// `candidate:`, loaded beside this file (`config::load`): what loading it gave.
     pub candidate: Option<CandidateLoad>,
+    /// `rls:`, Envoy's rate limit service (its files read by `config::load`).
+    pub rls: Option<RlsSettings>,
 }
 
 /// The candidate config a file names: evaluated beside the live one, never enforced.
@@ -220,6 +223,7 @@ pub struct BanSpec {
 }
 
 pub use self::protocol::Protocol;
+pub use self::rls::{DescriptorSpec, DomainSpec, RlsLimit, RlsSettings, RlsUnit};
 pub use self::window::{Counting, Period, QuotaSpec, EXACT_MAX};
 
 /// A concurrency limit: at most `max` requests of one identity in flight.

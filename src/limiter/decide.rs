@@ -22,6 +22,16 @@ pub struct Tuning {
     pub quota: Option<u32>,
     /// Mixed into the identity's digest: the quota override's own bucket.
     pub fresh: Option<u128>,
+    /// What this request costs instead of the limit's `cost` (an RLS call's `hits_addend`);
+    /// kept when a failed store's fallback drops the other numbers.
+    pub cost: Option<u32>,
+}
+
+impl Tuning {
+    /// What check `c` costs, with `tuning` for it.
+    pub(crate) fn cost_of(c: &Check<'_>, tuning: Option<&Tuning>) -> u32 {
+        tuning.and_then(|t| t.cost).unwrap_or(c.limit.cost)
+    }
 }
 
 /// Decide a request against `limits` (a route's limits, in route order) in `store` (the

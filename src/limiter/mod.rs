@@ -2,13 +2,14 @@
 //! lives: the token-bucket arithmetic (`gcra`), the limiter's time (`clock`), calendar quotas
 //! and windows (`window`), escalating bans (`ban`), concurrency slots (`concurrency`), token
 //! leasing from Redis (`leasing`), the in-process store (`local`) and Redis (`redis`) behind
-//! one `store::Store`, the failure policy and all-or-nothing (`decide`), and a read-only look
-//! at one identity (`peek`).
+//! one `store::Store`, the failure policy and all-or-nothing (`decide`), a read-only look
+//! at one identity (`peek`), and Envoy rate limit service domains as limits (`descriptors`).
 
 pub mod ban;
 pub mod clock;
 pub mod concurrency;
 pub(crate) mod decide;
+pub mod descriptors;
 pub mod gcra;
 pub mod leasing;
 pub mod local;

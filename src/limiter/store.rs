@@ -183,7 +183,7 @@ impl Local {
                     client: c.client,
                     peer: asked.peer,
                     rate: self.rate(c, tuning),
-                    cost: c.limit.cost,
+                    cost: Tuning::cost_of(c, asked.tuned.get(i).copied().flatten()),
                     window: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {
                         let count = match tuning.and_then(|t| t.quota) {
                             Some(n) => n,

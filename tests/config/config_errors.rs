@@ -57,7 +57,7 @@ fixtures! {
     bad_window: r"
 {f}: 7 problems
   {f}:7:31: routes[0].limits[0].window: window `0/1m`: `0` is not a whole number of at least 1
-  {f}:8:34: routes[0].limits[1].window: window `5/0s`: the duration must be whole seconds from 1s to 31d
+  {f}:8:34: routes[0].limits[1].window: window `5/0s`: the duration must be whole seconds from 1s to 366d
   {f}:9:48: routes[0].limits[2].algorithm: is for `window` limits (a token bucket has no algorithm to choose)
   {f}:10:64: routes[0].limits[3].burst: is for token buckets: a window's burst is its count
   {f}:11:51: routes[0].limits[4].algorithm: `exact` keeps the time of every request in the window, at most 1000 per identity; 5000 is more: write `algorithm: sliding` (two counters, a small documented error)

@@ -201,7 +201,7 @@ impl Sizes<'_, '_> {
 }
 
 /// Load the listener's certificates now, so `check` and a reload catch a bad file.
-fn tls(t: &file::Tls, path: &str, p: &mut Problems) -> Option<TlsSettings> {
+pub(super) fn tls(t: &file::Tls, path: &str, p: &mut Problems) -> Option<TlsSettings> {
     let first = crate::tls::CertFiles {
         cert: t.cert.clone().into(),
         key: t.key.clone().into(),

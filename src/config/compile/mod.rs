@@ -13,11 +13,13 @@ mod leasing;
 mod limiter;
 mod listeners;
 mod quota;
+mod rls;
 mod routes;
 mod upstreams;
 
 /// `N/day` and the other quota values, for the admin API's overrides.
 pub(crate) use quota::parse as quota_value;
+pub(crate) use rls::domain as rls_domain;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -79,15 +81,11 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
     let grpc_limited_status = grpc_limited_status(raw.grpc.as_ref(), &mut p);
     let jwt = identity::jwt(raw, &mut p);
-    let admin_token = admin_token(raw.admin.as_ref().filter(|_| live), &mut p);
-    if live {
-        whole_file_checks(raw, &listeners, &trusted_proxies, &mut p);
-    } else if raw.candidate.is_some() {
-        p.add(
-            "candidate",
-            "a candidate config cannot name a candidate of its own",
-        );
-    }
+    let (admin_token, rls) = (
+        admin_token(raw.admin.as_ref().filter(|_| live), &mut p),
+        rls::section(raw.rls.as_ref().filter(|_| live), &mut p),
+    );
+    role_checks(raw, live, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -124,6 +122,7 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         source: String::new(),
         inputs_digest: [0; 32],
         candidate: None,
+        rls,
     })
 }
 
@@ -244,6 +243,24 @@ fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {
     routes.chain(upstreams).collect()
 }
 
+/// The live config's rules that span sections; a candidate's one rule.
+fn role_checks(
+    raw: &file::File,
+    live: bool,
+    listeners: &[Listener],
+    trusted: &[IpNet],
+    p: &mut Problems,
+) {
+    if live {
+        whole_file_checks(raw, listeners, trusted, p);
+    } else if raw.candidate.is_some() {
+        p.add(
+            "candidate",
+            "a candidate config cannot name a candidate of its own",
+        );
+    }
+}
+
 /// Rules that span sections of the file.
 fn whole_file_checks(
     raw: &file::File,
@@ -267,10 +284,11 @@ fn whole_file_checks(
         );
     }
     // Broken listener items were reported already; only a file with none asks for one.
-    if listeners.is_empty() && raw.listeners.is_empty() && raw.positions.listeners.is_empty() {
+    let front = !listeners.is_empty() || !raw.listeners.is_empty() || raw.rls.is_some();
+    if !front && raw.positions.listeners.is_empty() {
         p.add(
             "listeners",
-            "at least one listener is needed, as in `- address: 0.0.0.0:8000`",
+            "at least one listener is needed, as in `- address: 0.0.0.0:8000` (or `rls:` for a pure rate limit service)",
         );
     }
 }

@@ -123,7 +123,7 @@ fn quota(
 }
 
 /// The shortest and longest `window`.
-const WINDOW_RANGE: (u64, u64) = (1, 31 * 86_400);
+const WINDOW_RANGE: (u64, u64) = (1, 366 * 86_400);
 
 /// A `window: N/DURATION` limit, counted like a quota over epoch-aligned windows.
 fn window(
@@ -178,7 +178,7 @@ fn window(
     })
 }
 
-/// `N/DURATION`, N a whole number of at least 1, the duration whole seconds from 1s to 31d.
+/// `N/DURATION`, N a whole number of at least 1, the duration whole seconds from 1s to 366d.
 fn parse_window(s: &str) -> Result<(u32, u32), String> {
     let (count, per) = s
         .trim()
@@ -199,7 +199,7 @@ fn parse_window(s: &str) -> Result<(u32, u32), String> {
     let secs = d.as_secs();
     if d.subsec_nanos() != 0 || secs < WINDOW_RANGE.0 || secs > WINDOW_RANGE.1 {
         return Err(format!(
-            "window `{s}`: the duration must be whole seconds from 1s to 31d"
+            "window `{s}`: the duration must be whole seconds from 1s to 366d"
         ));
     }
     Ok((count, u32::try_from(secs).unwrap_or(u32::MAX)))

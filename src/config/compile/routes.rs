@@ -347,9 +347,20 @@ fn limit(
             ),
         );
     }
-    let concurrency = super::concurrency::spec(l, path, ctx.limiter.divide_by, p);
+    spec(l, path, ctx.limiter, p)
+}
+
+/// The spec of limit `l` at `path` under `limiter`'s settings, whatever names it (a route's
+/// `limits` item, an RLS descriptor's `rate_limit`); `None` when it is wrong.
+pub(super) fn spec(
+    l: &file::Limit,
+    path: &str,
+    limiter: &LimiterSettings,
+    p: &mut Problems,
+) -> Option<LimitSpec> {
+    let concurrency = super::concurrency::spec(l, path, limiter.divide_by, p);
     let (rate, burst, quota) = match concurrency {
-        None => super::quota::shape(l, path, ctx.limiter.divide_by, p),
+        None => super::quota::shape(l, path, limiter.divide_by, p),
         Some(c) => {
             for (key, set) in [("quota", l.quota.is_some()), ("ban", l.ban.is_some())] {
                 if set {
@@ -366,17 +377,17 @@ fn limit(
     let (key, exempt) = who(l, path, p);
     let on_failure = match &l.on_failure {
         Some(s) => p.take(format!("{path}.on_failure"), super::limiter::policy(s))?,
-        None => ctx.limiter.on_failure,
+        None => limiter.on_failure,
     };
     let rate = Rate {
         per_sec: rate?.per_sec(),
         burst: burst?,
     };
-    let redis = matches!(ctx.limiter.backend, Backend::Redis(_));
+    let redis = matches!(limiter.backend, Backend::Redis(_));
     let leasing = super::leasing::spec(l, path, &rate, cost, redis, p);
     let fallback = Rate {
-        per_sec: rate.per_sec / f64::from(ctx.limiter.divide_by),
-        burst: (rate.burst / ctx.limiter.divide_by).max(1),
+        per_sec: rate.per_sec / f64::from(limiter.divide_by),
+        burst: (rate.burst / limiter.divide_by).max(1),
     };
     Some(LimitSpec {
         name: l.name.as_str().into(),

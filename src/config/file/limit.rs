@@ -25,7 +25,7 @@ pub struct Limit {
     pub quota: Option<String>,
     /// IANA time zone of a quota's calendar (default `UTC`).
     pub timezone: Option<String>,
-    /// At most N requests per window of a duration, as `5/15m` (1s to 31d): windows aligned
+    /// At most N requests per window of a duration, as `5/15m` (1s to 366d): windows aligned
     /// to the UNIX epoch.
     #[schemars(regex(pattern = r"^\s*0*[1-9][0-9]*\s*/\s*0*[1-9][0-9]*(ms|s|m|h|d)\s*$|\$\{"))]
     pub window: Option<String>,
@@ -58,7 +58,7 @@ pub struct Limit {
 }
 
 /// `routes[].limits[].ban`: an escalating ban.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Ban {
     /// Rejections by the limit that ban the identity.
@@ -76,7 +76,7 @@ pub struct Ban {
 }
 
 /// A limit's `leasing`: `auto`, or the size and hold of every lease.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Leasing {
     #[schemars(extend("enum" = ["auto"]))]
@@ -85,7 +85,7 @@ pub enum Leasing {
 }
 
 /// `leasing: { tokens, hold }`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseSize {
     /// Tokens one lease holds at most (default: leases sized as `auto`'s, with this `hold`).

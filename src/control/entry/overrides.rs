@@ -90,6 +90,7 @@ pub(super) fn numbers(
                 rate,
                 quota: None,
                 fresh: None,
+                cost: None,
             };
             Ok((tuning, Some(burst), None))
         }
@@ -106,6 +107,7 @@ pub(super) fn numbers(
                 rate,
                 quota: Some(count),
                 fresh: None,
+                cost: None,
             };
             Ok((tuning, None, Some(period)))
         }

@@ -5,7 +5,7 @@
 use super::{outcome, record, without_backend, Prepared};
 use crate::limiter::leasing::{Ask, Plan};
 use crate::limiter::store::{Asked, Store};
-use crate::limiter::{Check, LimitResult, Moment, Outcome, Small};
+use crate::limiter::{Check, LimitResult, Moment, Outcome, Small, Tuning};
 
 /// Decide `p`'s checks at `now`: from leases where they hold enough, the rest in `store`, the
 /// failure policy for those when it cannot answer.
@@ -64,7 +64,8 @@ pub(super) async fn settle<S: Store>(
     if refused {
         for (i, plan) in plans.iter().enumerate() {
             if let (Plan::Spent { .. }, Some(leases)) = (plan, &p.checks[i].limit.leases) {
-                leases.put_back(p.checks[i].client, p.checks[i].limit.cost);
+                let cost = Tuning::cost_of(&p.checks[i], p.tunings.get(i).copied().flatten());
+                leases.put_back(p.checks[i].client, cost);
             }
         }
     }
@@ -157,7 +158,8 @@ fn plan(p: &Prepared<'_>, store: &impl Store, now: Moment) -> Small<Plan> {
             };
             let tuning = p.tunings.get(i).copied().flatten();
             let rate = tuning.map_or(&c.limit.rate, |t| &t.rate);
-            let (plan, back) = leases.plan(c.client, c.limit.cost, rate, now.us());
+            let cost = Tuning::cost_of(c, tuning);
+            let (plan, back) = leases.plan(c.client, cost, rate, now.us());
             if let Some(back) = back {
                 store.give_back(c.limit, back);
             }

@@ -80,7 +80,11 @@ impl RedisLimiter {
                     // A tuned quota's rate differs from the limit's too, so the negative
                     // cache does not answer it from what it learnt under the other count.
                     rate: tuning.map_or(&c.limit.rate, |t| &t.rate),
-                    cost: if ask.top_up { 0 } else { c.limit.cost },
+                    cost: if ask.top_up {
+                        0
+                    } else {
+                        crate::limiter::Tuning::cost_of(c, tuning)
+                    },
                     lease: ask.tokens,
                     enforced: enforced.get(i).copied().unwrap_or(true),
                     quota: c.limit.quota.as_ref().zip(wall).map(|(q, wall)| {

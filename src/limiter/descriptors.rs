@@ -1,0 +1,175 @@
+//! Envoy rate limit service domains, live: descriptor rules matched as envoyproxy/ratelimit
+//! matches them, each rule's limit one of the engine's (its buckets kept across reloads).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::Limit;
+use crate::config::settings::{DescriptorSpec, DomainSpec, LimiterSettings, RlsLimit};
+
+/// Every domain of the `rls` config, by name.
+#[derive(Debug, Default)]
+pub struct Domains {
+    by_name: HashMap<String, Level>,
+}
+
+/// The rules of one level: by `key` and `value`, by a value's prefix (`value: foo*`), and by
+/// `key` alone (any value, each counted apart).
+#[derive(Debug, Default)]
+struct Level {
+    exact: HashMap<(String, String), Rule>,
+    prefixed: Vec<(String, String, Rule)>,
+    any: HashMap<String, Rule>,
+}
+
+/// A matched descriptor rule: its limit, if it has one, and what Envoy is told about it.
+#[derive(Debug)]
+pub struct Rule {
+    pub limit: Option<Arc<Limit>>,
+    pub meta: Option<RlsLimit>,
+    /// `unlimited: true`: matched and never limited.
+    pub unlimited: bool,
+    pub detailed_metric: bool,
+    next: Level,
+}
+
+impl Domains {
+    /// The live domains of `specs`, keeping the buckets of `old`'s limits of the same name.
+    pub fn build(
+        specs: &[DomainSpec],
+        old: &HashMap<&str, &Arc<Limit>>,
+        limiter: &LimiterSettings,
+    ) -> Self {
+        let by_name = (specs.iter())
+            .map(|d| (d.domain.clone(), Level::build(&d.rules, old, limiter)))
+            .collect();
+        Self { by_name }
+    }
+
+    /// The rule for a request's descriptor `entries` (key, value) in `domain`: the deepest
+    /// rule matching every entry in turn, a value's own rule before a prefix's before the
+    /// key's; `None` when an entry matches nothing (not limited).
+    pub fn find<'a>(&'a self, domain: &str, entries: &[(&str, &str)]) -> Option<&'a Rule> {
+        let mut level = self.by_name.get(domain)?;
+        let (last, before) = entries.split_last()?;
+        for &(key, value) in before {
+            level = &level.find(key, value)?.next;
+        }
+        level.find(last.0, last.1)
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has(&self, domain: &str) -> bool {
+        self.by_name.contains_key(domain)
+    }
+
+    /// Every limit of every domain.
+    pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
+        let mut out = Vec::new();
+        for level in self.by_name.values() {
+            level.collect(&mut out);
+        }
+        out.into_iter()
+    }
+}
+
+impl Level {
+    fn build(
+        rules: &[DescriptorSpec],
+        old: &HashMap<&str, &Arc<Limit>>,
+        limiter: &LimiterSettings,
+    ) -> Self {
+        let mut level = Self::default();
+        for r in rules {
+            let limit = (r.limit.as_ref()).map(|m| {
+                let previous = old.get(&*m.spec.name).map(|l| &***l);
+                Limit::build(&m.spec, previous, limiter)
+            });
+            let rule = Rule {
+                limit,
+                meta: r.limit.clone(),
+                unlimited: r.unlimited,
+                detailed_metric: r.detailed_metric,
+                next: Self::build(&r.children, old, limiter),
+            };
+            match &r.value {
+                Some(v) if v.ends_with('*') => {
+                    let prefix = v.trim_end_matches('*').to_owned();
+                    level.prefixed.push((r.key.clone(), prefix, rule));
+                }
+                Some(v) => {
+                    level.exact.insert((r.key.clone(), v.clone()), rule);
+                }
+                None => {
+                    level.any.insert(r.key.clone(), rule);
+                }
+            }
+        }
+        level
+    }
+
+    fn find(&self, key: &str, value: &str) -> Option<&Rule> {
+        // A lookup by borrowed pair without building one: few rules per level, and most
+        // requests match at the first level's exact map by its key's few values.
+        if let Some(rule) = (self.exact.iter())
+            .find(|((k, v), _)| k == key && v == value)
+            .map(|(_, r)| r)
+        {
+            return Some(rule);
+        }
+        (self.prefixed.iter())
+            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+            .map(|(_, _, r)| r)
+            .or_else(|| self.any.get(key))
+    }
+
+    fn collect<'a>(&'a self, out: &mut Vec<&'a Arc<Limit>>) {
+        let rules = (self.exact.values())
+            .chain(self.prefixed.iter().map(|(_, _, r)| r))
+            .chain(self.any.values());
+        for rule in rules {
+            out.extend(&rule.limit);
+            rule.next.collect(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn domains(yaml: &str) -> Domains {
+        let limiter = crate::config::parse("listeners: [{address: 127.0.0.1:0}]")
+            .expect("a config")
+            .limiter;
+        let spec = crate::config::compile::rls_domain(yaml, &limiter).expect("a valid file");
+        Domains::build(&[spec], &HashMap::new(), &limiter)
+    }
+
+    fn found(d: &Domains, entries: &[(&str, &str)]) -> Option<u32> {
+        let rule = d.find("rl", entries)?;
+        rule.meta.as_ref().map(|m| m.requests_per_unit)
+    }
+
+    #[test]
+    fn rules_match_as_envoyproxy_ratelimit_matches_them() {
+        let d = domains(
+            "domain: rl\ndescriptors:\n  - key: source_cluster\n    value: proxy\n    descriptors:\n      - key: destination_cluster\n        value: bar\n        rate_limit: { unit: minute, requests_per_unit: 1 }\n      - key: destination_cluster\n        rate_limit: { unit: minute, requests_per_unit: 2 }\n      - key: destination_cluster\n        value: pre*\n        rate_limit: { unit: minute, requests_per_unit: 3 }\n  - key: remote_address\n    rate_limit: { unit: second, requests_per_unit: 10 }\n  - key: key1\n    rate_limit: { unlimited: true }\n",
+        );
+        let sc = ("source_cluster", "proxy");
+        assert_eq!(found(&d, &[sc, ("destination_cluster", "bar")]), Some(1));
+        assert_eq!(found(&d, &[sc, ("destination_cluster", "prefix")]), Some(3));
+        assert_eq!(found(&d, &[sc, ("destination_cluster", "other")]), Some(2));
+        // A descriptor that stops above a rule's depth, or goes past it, is not limited.
+        assert_eq!(found(&d, &[sc]), None);
+        assert!(d
+            .find("rl", &[sc, ("destination_cluster", "bar"), ("x", "y")])
+            .is_none());
+        assert_eq!(found(&d, &[("remote_address", "10.0.0.1")]), Some(10));
+        assert!(d.find("rl", &[("unknown", "x")]).is_none());
+        assert!(d.find("other", &[("remote_address", "10.0.0.1")]).is_none());
+        let unlimited = d.find("rl", &[("key1", "v")]).expect("matched");
+        assert!(unlimited.unlimited && unlimited.limit.is_none());
+        assert_eq!(d.limits().count(), 4);
+    }
+}
