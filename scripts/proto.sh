@@ -19,6 +19,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (out, proto) = (args.next().expect("out dir"), args.next().expect("proto dir"));
     tonic_prost_build::configure()
+        .build_transport(false)
         .out_dir(out)
         .compile_protos(&[format!("{proto}/envoy/service/ratelimit/v3/rls.proto")], &[proto])
         .expect("the protos compile");

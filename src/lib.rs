@@ -66,8 +66,10 @@
 //! - `proxy`: one request through the stages (`pipeline` lists them; `proxy::limits` and
 //!   `proxy::upstream` hold the limit and forwarding stages), errors turned into responses in
 //!   one place.
-//! - `explain`: what the stages would do with a request now, read without counting it
-//!   (`limiter::peek`), for the admin API and `tollgate explain`.
+//! - `explain`, `rls`: what the stages would do with a request now, read without counting it
+//!   (`limiter::peek`), for the admin API and `tollgate explain`; Envoy's rate limit service
+//!   (`rls::pb` generated from `proto/`), each call's descriptors matched to their domain's
+//!   rules (`limiter::descriptors`) and decided as a route's limits are.
 //! - `server`, `admin`, `reload`: accept and balance, the connection, the request-line watch
 //!   that answers `414`, the watchdog; the admin listener (`admin::dashboard`, the live
 //!   dashboard's page and data, fed by `admin::sampler` into `metrics::history` and by 429s
@@ -107,6 +109,7 @@ pub(crate) mod proxy_protocol;
 pub mod reload;
 pub(crate) mod request_id;
 pub(crate) mod response;
+pub mod rls;
 pub(crate) mod route;
 pub(crate) mod runtime;
 pub mod screen;

@@ -78,6 +78,16 @@ pub struct RouteLimitLabels {
     pub limit: String,
 }
 
+/// One descriptor of a rate limit service call: its domain, its rule (the descriptor path the
+/// rule matches, or with `detailed_metric` the call's own values) and what came of it
+/// (`within_limit`, `near_limit`, `over_limit`, `shadow_mode`, as envoyproxy/ratelimit counts).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RlsLabels {
+    pub domain: String,
+    pub rule: String,
+    pub result: &'static str,
+}
+
 /// A gRPC call's route and status (`grpc_code` named as grpc-prometheus names it).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GrpcLabels {
@@ -172,6 +182,7 @@ pub struct Metrics {
     pub admin_banned_requests: Family<RouteLabels, Counter>,
     /// gRPC calls by route and status, counted when the status is known.
     pub grpc_calls: Family<GrpcLabels, Counter>,
+    pub rls_descriptors: Family<RlsLabels, Counter>,
     /// The candidate config's decisions (see `candidate`): for the admin and dashboards.
     pub candidate_decisions: Family<CandidateLabels, sharded::Counter>,
     candidate_loads: Family<ReloadLabels, Counter>,
@@ -246,6 +257,7 @@ impl Metrics {
             breaker_open: Gauge::default(),
             admin_banned_requests: Family::default(),
             grpc_calls: Family::default(),
+            rls_descriptors: Family::default(),
             candidate_decisions: Family::default(),
             candidate_loads: Family::default(),
             candidate_ok: Gauge::default(),

@@ -315,9 +315,12 @@ fn watch_inputs(watcher: &mut notify::RecommendedWatcher, settings: &Settings) {
         .map(|c| referenced_files(&c.source))
         .unwrap_or_default();
     let files = referenced_files(&settings.source).into_iter();
+    // The rate limit service's files: their directory, where a new one appears too.
+    let rls = (settings.rls.iter()).flat_map(|r| r.domains.iter().map(|d| d.file.clone()));
     for file in files
         .chain(candidate.map(|c| c.path.clone()))
         .chain(candidate_files)
+        .chain(rls)
     {
         if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = watcher.watch(dir, RecursiveMode::NonRecursive);

@@ -48,6 +48,8 @@ pub struct Runtime {
     pub store: Store,
     /// The candidate config evaluated beside this one, never enforcing (`candidate:`).
     pub candidate: Option<Arc<crate::candidate::Candidate>>,
+    /// The rate limit service's domains (`rls:`), their limits live.
+    pub rls: Option<crate::limiter::descriptors::Domains>,
 }
 
 /// A route, live.
@@ -138,6 +140,9 @@ impl Runtime {
             });
         }
         let store = store(&settings, previous, metrics);
+        let rls = (settings.rls.as_ref()).map(|r| {
+            crate::limiter::descriptors::Domains::build(&r.domains, &old_limits, &settings.limiter)
+        });
         let candidate = crate::candidate::build(
             &settings,
             previous.and_then(|p| p.candidate.as_ref()),
@@ -150,6 +155,7 @@ impl Runtime {
             upstreams,
             redis,
             candidate,
+            rls,
         })
     }
 
@@ -159,9 +165,13 @@ impl Runtime {
         self.routes.get(i)
     }
 
-    /// Every limit of every route, in file order.
+    /// Every limit of every route, in file order, then the rate limit service's.
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
-        self.routes.iter().flat_map(|r| r.limits.iter())
+        let rls = self
+            .rls
+            .iter()
+            .flat_map(crate::limiter::descriptors::Domains::limits);
+        self.routes.iter().flat_map(|r| r.limits.iter()).chain(rls)
     }
 }
 

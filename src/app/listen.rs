@@ -64,16 +64,7 @@ pub(super) fn bind_shared(
 }
 
 /// Every proxy listener's sockets (one per worker) and the admin listener, bound.
-pub(super) async fn bind(
-    settings: &config::Settings,
-    workers: usize,
-) -> Result<
-    (
-        Vec<(config::settings::Listener, Vec<std::net::TcpListener>)>,
-        Option<TcpListener>,
-    ),
-    StartError,
-> {
+pub(super) async fn bind(settings: &config::Settings, workers: usize) -> Result<Bound, StartError> {
     let mut sockets = Vec::new();
     for l in &settings.listeners {
         sockets.push((
@@ -81,16 +72,43 @@ pub(super) async fn bind(
             bind_shared(l.address, workers, l.settings.share_port)?,
         ));
     }
+    let bind = |address: SocketAddr| async move {
+        TcpListener::bind(address)
+            .await
+            .map_err(|source| StartError::Bind { address, source })
+    };
     let admin = match settings.admin {
-        Some(address) => Some(
-            TcpListener::bind(address)
-                .await
-                .map_err(|source| StartError::Bind { address, source })?,
-        ),
+        Some(address) => Some(bind(address).await?),
         None => None,
     };
-    Ok((sockets, admin))
+    let rls = match &settings.rls {
+        Some(rls) => Some(bind(rls.address).await?),
+        None => None,
+    };
+    Ok((sockets, admin, rls))
 }
+
+/// Serve the rate limit service on `listener` until `stop`; its bound address.
+pub(super) fn serve_rls(
+    listener: TcpListener,
+    state: &Arc<State>,
+    stop: watch::Receiver<bool>,
+) -> Option<SocketAddr> {
+    let address = listener.local_addr().ok();
+    if let Some(address) = address {
+        tracing::info!(%address, "rate limit service (envoy.service.ratelimit.v3)");
+    }
+    tokio::spawn(crate::rls::serve(listener, state.clone(), stop));
+    address
+}
+
+/// The proxy listeners' sockets (each listener's, one per worker), and the admin and rate
+/// limit service listeners.
+type Bound = (
+    Vec<(config::settings::Listener, Vec<std::net::TcpListener>)>,
+    Option<TcpListener>,
+    Option<TcpListener>,
+);
 
 /// The listeners' sockets dealt to the workers, each listener with its connection cap and
 /// balancer; and the addresses bound, logged.

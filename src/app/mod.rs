@@ -61,6 +61,8 @@ pub struct Running {
     pub listeners: Vec<SocketAddr>,
     /// The admin listener's bound address.
     pub admin: Option<SocketAddr>,
+    /// The rate limit service's bound address (`rls:`).
+    pub rls: Option<SocketAddr>,
     /// The live config's generation: 1 as started, one more per successful reload.
     pub generation: watch::Receiver<u64>,
     /// Asks for a reload, as SIGHUP does.
@@ -80,6 +82,9 @@ impl Running {
         }
         if let Some(a) = self.admin {
             let _ = writeln!(text, "admin {a}");
+        }
+        if let Some(a) = self.rls {
+            let _ = writeln!(text, "rls {a}");
         }
         let failed = |source| StartError::AddressFile {
             path: file.to_path_buf(),
@@ -137,7 +142,7 @@ pub async fn start(
     let metrics = Metrics::new();
     let settings = config::load(path)?;
     let runtime = Runtime::build(settings, None, &workers, &metrics)?;
-    let (sockets, admin) = bind(&runtime.settings, workers.count()).await?;
+    let (sockets, admin, rls) = bind(&runtime.settings, workers.count()).await?;
     let (routes, limits) = (runtime.routes.len(), runtime.limits().count());
     let state = Arc::new(State::new(runtime, workers.clone(), metrics));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -155,6 +160,7 @@ pub async fn start(
     let (bound, per_worker) = per_worker(sockets, &state);
     let (threads, inline) = spawn_workers(options.inline, per_worker, &state, &stop_rx)?;
     let admin_address = admin.and_then(|admin| serve_admin(admin, &state, admin_stop_rx));
+    let rls = rls.and_then(|rls| listen::serve_rls(rls, &state, stop_rx.clone()));
     let limiter = state.runtime.load().settings.limiter.backend.describe();
     tracing::info!(config = %path.display(), routes, limits, workers = workers.count(), %limiter, "tollgate started");
     for warning in state.runtime.load().settings.warnings() {
@@ -174,6 +180,7 @@ pub async fn start(
     Ok(Running {
         listeners: bound,
         admin: admin_address,
+        rls,
         generation: state.generation.subscribe(),
         reloader,
         state,

@@ -149,6 +149,19 @@ pub fn inputs_digest(text: &str) -> [u8; 32] {
 pub fn inputs_digest_at(path: &Path, text: &str) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     digest_into(&mut h, text);
+    if let Some(named) = yaml::tree(text).ok().and_then(|root| {
+        let config = root.get("rls")?.get("config")?.as_str()?.to_owned();
+        Some(config)
+    }) {
+        // The rate limit service's files, a directory's added and removed ones included.
+        for file in rls::files(&rls::resolve(path, &named)).unwrap_or_default() {
+            h.update(file.as_os_str().as_encoded_bytes());
+            match std::fs::read(&file) {
+                Ok(bytes) => h.update(&bytes),
+                Err(_) => h.update(b"missing"),
+            };
+        }
+    }
     if let Some(candidate) = candidate_path(path, text) {
         match std::fs::read_to_string(&candidate) {
             Ok(text) => digest_into(&mut h, &text),

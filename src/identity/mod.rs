@@ -35,6 +35,17 @@ impl ClientId {
         Self::digest_of(b"\xffanonymous")
     }
 
+    /// The identity of a rate limit service descriptor: its domain and entries, in order.
+    pub fn of_entries<'a>(domain: &str, entries: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(b"\xferls");
+        for part in std::iter::once(domain).chain(entries.flat_map(|(k, v)| [k, v])) {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        Self::from_hasher(&h)
+    }
+
     fn digest_of(bytes: &[u8]) -> Self {
         Self::from_hasher(blake3::Hasher::new().update(bytes))
     }

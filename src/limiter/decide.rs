@@ -49,12 +49,40 @@ pub async fn decide<S: Store>(
     let Some(store) = store else {
         return decide_in_process(limits, view, now, tuned);
     };
-    let mut p = Prepared::of(limits, view, tuned);
+    let p = Prepared::of(limits, view, tuned);
+    run(store, p, local::Peer::of(view.client_ip), now).await
+}
+
+/// `decide` for checks whose identities are known already (`clients[i]` is limit `i`'s,
+/// `None` when it is exempt), from `peer`: a rate limit service call's descriptors.
+pub async fn decide_checks<S: Store>(
+    store: Option<&S>,
+    limits: &[Arc<Limit>],
+    clients: &[Option<ClientId>],
+    tuned: &[Option<&Tuning>],
+    peer: local::Peer,
+    now: Moment,
+) -> Decision {
+    let mut p = Prepared::known(limits, clients, tuned);
+    match store {
+        Some(store) => run(store, p, peer, now).await,
+        None => {
+            if !p.checks.is_empty() {
+                let (results, asked) = p.split(peer, now);
+                let answer = Local { fallback: false }.decide(asked);
+                record(results, asked.checks, answer);
+            }
+            Decision { results: p.results }
+        }
+    }
+}
+
+/// Ask `store` for `p`'s checks: through the leases held here when a limit leases.
+async fn run<S: Store>(store: &S, mut p: Prepared<'_>, peer: local::Peer, now: Moment) -> Decision {
     if p.checks.iter().any(|c| c.limit.leases.is_some()) {
-        let peer = local::Peer::of(view.client_ip);
         leased::settle(&mut p, store, peer, now).await;
     } else if !p.checks.is_empty() {
-        let (results, asked) = p.split(view, now);
+        let (results, asked) = p.split(peer, now);
         settle(results, store, asked).await;
     }
     Decision { results: p.results }
@@ -77,7 +105,7 @@ pub fn decide_in_process(
     }
     let mut p = Prepared::of(limits, view, tuned);
     if !p.checks.is_empty() {
-        let (results, asked) = p.split(view, now);
+        let (results, asked) = p.split(local::Peer::of(view.client_ip), now);
         let answer = Local { fallback: false }.decide(asked);
         record(results, asked.checks, answer);
     }
@@ -154,13 +182,43 @@ impl<'a> Prepared<'a> {
         }
     }
 
+    /// `of`, for identities known already (`clients[i]` is limit `i`'s; `None`: exempt).
+    fn known(
+        limits: &'a [Arc<Limit>],
+        clients: &[Option<ClientId>],
+        tuned: &[Option<&'a Tuning>],
+    ) -> Self {
+        let mut results = smallvec::SmallVec::with_capacity(limits.len());
+        let (mut checks, mut tunings) = (Small::new(), Small::new());
+        for (index, limit) in limits.iter().enumerate() {
+            if limit.concurrency.is_some() {
+                continue;
+            }
+            let client = clients.get(index).copied().flatten();
+            results.push(unchecked(index, limit, client));
+            if let Some(client) = client {
+                checks.push(Check { limit, client });
+                if !tuned.is_empty() {
+                    tunings.push(tuned.get(index).copied().flatten());
+                }
+            }
+        }
+        let enforced = checks.iter().map(|c| !c.limit.shadow).collect();
+        Self {
+            results,
+            checks,
+            tunings,
+            enforced,
+        }
+    }
+
     /// The results to fill in, and what to ask a store for them.
-    fn split(&mut self, view: &RequestView<'_>, now: Moment) -> (&mut [LimitResult], Asked<'_>) {
+    fn split(&mut self, peer: local::Peer, now: Moment) -> (&mut [LimitResult], Asked<'_>) {
         let asked = Asked {
             checks: &self.checks,
             enforced: &self.enforced,
             tuned: &self.tunings,
-            peer: local::Peer::of(view.client_ip),
+            peer,
             now,
             wall: None,
             leases: &[],
@@ -188,33 +246,14 @@ pub fn decide_known(
     peer: local::Peer,
     now: Moment,
 ) -> Decision {
-    let mut results = smallvec::SmallVec::with_capacity(limits.len());
-    let mut checks: Small<Check<'_>> = Small::new();
-    for (index, limit) in limits.iter().enumerate() {
-        if limit.concurrency.is_some() {
-            continue;
-        }
-        let client = clients.get(index).copied().flatten();
-        results.push(unchecked(index, limit, client));
-        if let Some(client) = client {
-            checks.push(Check { limit, client });
-        }
-    }
-    if !checks.is_empty() {
-        let enforced: Small<bool> = checks.iter().map(|c| !c.limit.shadow).collect();
-        let asked = Asked {
-            checks: &checks,
-            enforced: &enforced,
-            tuned: &[],
-            peer,
-            now,
-            wall: Some(now),
-            leases: &[],
-        };
+    let mut p = Prepared::known(limits, clients, &[]);
+    if !p.checks.is_empty() {
+        let (results, mut asked) = p.split(peer, now);
+        asked.wall = Some(now);
         let answer = Local { fallback: false }.decide(asked);
-        record(&mut results, asked.checks, answer);
+        record(results, asked.checks, answer);
     }
-    Decision { results }
+    Decision { results: p.results }
 }
 
 /// Limit `index`'s result before its bucket is asked: exempt without a `client`.

@@ -22,7 +22,8 @@ struct Level {
     any: HashMap<String, Rule>,
 }
 
-/// A matched descriptor rule: its limit, if it has one, and what Envoy is told about it.
+/// A matched descriptor rule: its limit, if it has one, and what Envoy is told about it
+/// (`meta` with no `limit`: `requests_per_unit: 0`, every request over).
 #[derive(Debug)]
 pub struct Rule {
     pub limit: Option<Arc<Limit>>,
@@ -31,6 +32,13 @@ pub struct Rule {
     pub unlimited: bool,
     pub detailed_metric: bool,
     next: Level,
+}
+
+impl Rule {
+    /// `requests_per_unit: 0`: every request is over the limit.
+    pub fn refuses_all(&self) -> bool {
+        self.limit.is_none() && self.meta.is_some()
+    }
 }
 
 impl Domains {
@@ -81,10 +89,12 @@ impl Level {
     ) -> Self {
         let mut level = Self::default();
         for r in rules {
-            let limit = (r.limit.as_ref()).map(|m| {
-                let previous = old.get(&*m.spec.name).map(|l| &***l);
-                Limit::build(&m.spec, previous, limiter)
-            });
+            let limit = (r.limit.as_ref())
+                .and_then(|m| m.spec.as_ref())
+                .map(|spec| {
+                    let previous = old.get(&*spec.name).map(|l| &***l);
+                    Limit::build(spec, previous, limiter)
+                });
             let rule = Rule {
                 limit,
                 meta: r.limit.clone(),

@@ -154,6 +154,11 @@ impl Metrics {
             "gRPC calls by route and gRPC status (the upstream's trailers, or tollgate's own answer)",
             self.grpc_calls.clone(),
         );
+        r.register(
+            "rls_descriptors",
+            "Rate limit service descriptors by domain, rule and result (within_limit, near_limit, over_limit, shadow_mode)",
+            self.rls_descriptors.clone(),
+        );
     }
 
     pub(super) fn register_redis(&mut self) {

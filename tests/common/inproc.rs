@@ -18,6 +18,7 @@ use tollgate::reload::Reloader;
 pub struct TestProxy {
     addrs: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
+    rls: Option<SocketAddr>,
     generation: watch::Receiver<u64>,
     reloader: Reloader,
     config: tempfile::TempPath,
@@ -117,12 +118,18 @@ impl TestProxy {
         Self {
             addrs: s.listeners,
             admin: s.admin,
+            rls: s.rls,
             generation: s.generation,
             reloader: s.reloader,
             config,
             stop: Some(stop),
             stopped: Some(stopped),
         }
+    }
+
+    /// The rate limit service's address (`rls:`).
+    pub fn rls_addr(&self) -> SocketAddr {
+        self.rls.expect("the config has `rls:`")
     }
 
     /// The first listener's address.
@@ -200,6 +207,7 @@ impl Drop for TestProxy {
 struct Started {
     listeners: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
+    rls: Option<SocketAddr>,
     generation: watch::Receiver<u64>,
     reloader: Reloader,
 }
@@ -209,6 +217,7 @@ impl Started {
         Self {
             listeners: running.listeners.clone(),
             admin: running.admin,
+            rls: running.rls,
             generation: running.generation.clone(),
             reloader: running.reloader.clone(),
         }

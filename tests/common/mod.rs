@@ -10,6 +10,7 @@ pub mod inproc;
 pub mod proxy;
 pub mod raw;
 pub mod redis;
+pub mod rls;
 pub mod upstream;
 
 #[allow(unused_imports)]

@@ -19,4 +19,5 @@ mod identity;
 mod jwt;
 mod limits;
 mod quotas;
+mod rls;
 mod windows;

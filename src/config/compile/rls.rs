@@ -131,21 +131,22 @@ impl Compiler<'_> {
         let Some((unit, count)) = self.numbers(r, &path_rl) else {
             return (None, false);
         };
-        if count == 0 {
-            self.p.add(
-                format!("{path_rl}.requests_per_unit"),
-                "must be at least 1 (to refuse a descriptor outright, use a ban from the admin API)",
-            );
-            return (None, false);
-        }
-        let spec = self.spec(d, unit, count, path, here);
-        let limit = spec.map(|spec| RlsLimit {
-            spec,
-            name: r.name.clone().unwrap_or_default(),
-            unit,
-            requests_per_unit: count,
-            replaces: r.replaces.iter().map(|x| x.name.clone()).collect(),
-        });
+        // `requests_per_unit: 0` refuses every request, as envoyproxy/ratelimit's block lists
+        // use it: no bucket to keep.
+        let spec = match count {
+            0 => None,
+            _ => Some(self.spec(d, unit, count, path, here)),
+        };
+        let limit = spec
+            .map_or(Some(None), |s| s.map(Some))
+            .map(|spec| RlsLimit {
+                spec,
+                rule: here.to_owned(),
+                name: r.name.clone().unwrap_or_default(),
+                unit,
+                requests_per_unit: count,
+                replaces: r.replaces.iter().map(|x| x.name.clone()).collect(),
+            });
         (limit, false)
     }
 

@@ -43,7 +43,10 @@ pub struct DescriptorSpec {
 /// buckets), and the numbers Envoy is told back.
 #[derive(Debug, Clone)]
 pub struct RlsLimit {
-    pub spec: LimitSpec,
+    /// `None` for `requests_per_unit: 0`: every request is over the limit (a block list).
+    pub spec: Option<LimitSpec>,
+    /// The descriptor path of its rule (`key=value` entries joined by `.`), for metrics.
+    pub rule: String,
     /// `rate_limit.name`, reported as the limit's name (default: empty, as envoyproxy/ratelimit).
     pub name: String,
     pub unit: RlsUnit,
