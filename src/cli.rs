@@ -240,9 +240,12 @@ pub fn man_pages(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBu
 pub fn summary(s: &Settings) -> String {
     let mut out = String::new();
     let listeners: Vec<String> = s.listeners.iter().map(|l| l.address.to_string()).collect();
-    let _ = writeln!(out, "listeners: {}", listeners.join(", "));
+    if !listeners.is_empty() || s.rls.is_none() {
+        let _ = writeln!(out, "listeners: {}", listeners.join(", "));
+    }
     capacity_summary(s, &mut out);
     routes_summary(s, &mut out);
+    rls_summary(s, &mut out);
     if let Some(c) = &s.candidate {
         if let Ok(candidate) = &c.settings {
             let _ = writeln!(
@@ -254,6 +257,27 @@ pub fn summary(s: &Settings) -> String {
         }
     }
     out
+}
+
+/// The rate limit service: its address, then one line per domain with its file and rules.
+fn rls_summary(s: &Settings, out: &mut String) {
+    let Some(rls) = &s.rls else { return };
+    let _ = writeln!(out, "rls (envoy.service.ratelimit.v3): {}", rls.address);
+    for d in &rls.domains {
+        fn count(rules: &[crate::config::settings::DescriptorSpec]) -> (usize, usize) {
+            rules.iter().fold((0, 0), |(all, limited), r| {
+                let (a, l) = count(&r.children);
+                (all + 1 + a, limited + usize::from(r.limit.is_some()) + l)
+            })
+        }
+        let (rules, limited) = count(&d.rules);
+        let file = d.file.display();
+        let _ = writeln!(
+            out,
+            "  domain {}: {rules} rules, {limited} with a limit ({file})",
+            d.domain
+        );
+    }
 }
 
 /// One line per capped upstream: its cap per target, and its queue.

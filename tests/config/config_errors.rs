@@ -193,7 +193,7 @@ fixtures! {
 ",
     no_listener: r"
 {f}: 1 problem
-  {f}: listeners: at least one listener is needed, as in `- address: 0.0.0.0:8000`
+  {f}: listeners: at least one listener is needed, as in `- address: 0.0.0.0:8000` (or `rls:` for a pure rate limit service)
 ",
     rate_too_fast: r"
 {f}: 2 problems
