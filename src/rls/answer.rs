@@ -102,6 +102,9 @@ fn status(
 
 /// Count each descriptor with a limit: within, near or over it, or over a shadow limit.
 pub(super) fn count(metrics: &Metrics, domain: &str, matched: &Matched<'_>, decision: &Decision) {
+    if decision.results.iter().any(|r| r.fallback) {
+        metrics.without_backend.inc();
+    }
     for (rule, index) in matched.rules.iter().flatten() {
         let Some(meta) = rule.meta.as_ref() else {
             continue;

@@ -19,3 +19,4 @@ mod redis_limiter;
 mod redis_sentinel;
 mod redis_tls;
 mod redis_tls_files;
+mod rls;
