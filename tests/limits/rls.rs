@@ -196,3 +196,94 @@ async fn a_refused_call_takes_nothing_and_hits_count_as_asked() {
     let none = rls.try_call(request("api", &[], 0)).await.unwrap_err();
     assert_eq!(none.code(), tonic::Code::InvalidArgument);
 }
+
+/// An edit of a rule file reloads the rules (the buckets of unchanged rules kept); a broken
+/// edit keeps the rules in force and is reported; a new file in the directory is a new domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_files_reload_and_a_broken_one_keeps_the_old_rules() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("api.yaml");
+    let rules = |n: u32| {
+        format!("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: hour, requests_per_unit: 3 }}\n  - key: tenant\n    rate_limit: {{ unit: hour, requests_per_unit: {n} }}\n")
+    };
+    std::fs::write(&file, rules(1)).unwrap();
+    let yaml = format!(
+        "rls: {{ address: 127.0.0.1:0, config: {} }}\n",
+        dir.path().display()
+    );
+    let proxy = TestProxy::start(&yaml);
+    let rls = Rls::to(proxy.rls_addr());
+    assert_eq!(rls.codes("api", &[("user", "u")], 1).await, ["OK"]);
+    assert_eq!(
+        rls.codes("api", &[("tenant", "t")], 2).await,
+        ["OK", "OVER_LIMIT"]
+    );
+    // The tenant's limit raised: its new bucket starts afresh; the user's is kept (2 left).
+    std::fs::write(&file, rules(5)).unwrap();
+    assert!(
+        proxy.wait_for_generation(2, Duration::from_secs(10)).await,
+        "reloaded"
+    );
+    assert_eq!(rls.codes("api", &[("tenant", "t")], 1).await, ["OK"]);
+    let r = rls.call("api", &[&[("user", "u")]], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 1,
+        "the user's count survived the reload"
+    );
+    // A broken edit: the rules in force stay; a fixed one and a new domain file load.
+    std::fs::write(&file, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: fortnight, requests_per_unit: 3 }\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(proxy.generation(), 2, "not reloaded");
+    assert_eq!(
+        rls.codes("api", &[("user", "u")], 2).await,
+        ["OK", "OVER_LIMIT"]
+    );
+    std::fs::write(&file, rules(5)).unwrap();
+    std::fs::write(dir.path().join("other.yaml"), "domain: other\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n").unwrap();
+    assert!(
+        proxy.wait_for_generation(3, Duration::from_secs(10)).await,
+        "reloaded again"
+    );
+    assert_eq!(
+        rls.codes("other", &[("k", "v")], 2).await,
+        ["OK", "OVER_LIMIT"]
+    );
+}
+
+/// `tollgate check` reads the rule files, each problem located in its file, and says what the
+/// service serves.
+#[test]
+fn check_reads_the_rule_files_with_located_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ratelimit")).unwrap();
+    std::fs::write(
+        dir.path().join("rls.yaml"),
+        "rls: { address: 127.0.0.1:8081, config: ratelimit }\n",
+    )
+    .unwrap();
+    let rules = dir.path().join("ratelimit/api.yaml");
+    std::fs::write(&rules, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n    algorithm: token_bucket\n    burst: 20\n").unwrap();
+    let config = dir.path().join("rls.yaml");
+    let run = |config: &std::path::Path| {
+        let out = common::check(config.to_str().unwrap());
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, out) = run(&config);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("rls (envoy.service.ratelimit.v3): 127.0.0.1:8081"),
+        "{out}"
+    );
+    assert!(out.contains("domain api: 1 rules, 1 with a limit"), "{out}");
+    std::fs::write(&rules, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n    algoritm: sliding\n").unwrap();
+    let (ok, out) = run(&config);
+    assert!(!ok);
+    assert!(out.contains("api.yaml:5:"), "located: {out}");
+    assert!(out.contains("did you mean `algorithm`?"), "{out}");
+}
