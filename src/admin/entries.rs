@@ -44,7 +44,11 @@ pub(super) async fn post_override(state: &State, call: &Call) -> Response<Body> 
     if let Err(why) = verifiable(&req.identity, &runtime) {
         return problem(StatusCode::BAD_REQUEST, "Invalid override", &why);
     }
-    let limits: Vec<&crate::limiter::Limit> = runtime.limits().map(|l| &**l).collect();
+    // Overrides tune routes' limits; a rate limit service's descriptors have no identity an
+    // override could name, so their limits are refused as unknown.
+    let limits: Vec<&crate::limiter::Limit> = (runtime.routes.iter())
+        .flat_map(|r| r.limits.iter().map(|l| &**l))
+        .collect();
     let now = now_ms();
     let o = match Override::new(req, now, &limits) {
         Ok(o) => o,
