@@ -291,6 +291,7 @@ mod tests {
         assert!(parse_window("0/1m").is_err());
         assert!(parse_window("5/0s").is_err());
         assert!(parse_window("5/500ms").is_err());
-        assert!(parse_window("5/32d").is_err());
+        assert!(parse_window("5/367d").is_err());
+        assert_eq!(parse_window("5/365d"), Ok((5, 365 * 86_400)));
     }
 }
