@@ -88,7 +88,7 @@ fn at_capacity(refusal: crate::capacity::Refusal) -> Response<Body> {
 }
 
 /// Whole seconds, rounded up.
-fn secs_up(us: f64) -> u64 {
+pub fn secs_up(us: f64) -> u64 {
     (us / 1e6 - 1e-9).ceil().max(0.0) as u64
 }
 

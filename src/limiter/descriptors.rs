@@ -17,7 +17,7 @@ pub struct Domains {
 /// `key` alone (any value, each counted apart).
 #[derive(Debug, Default)]
 struct Level {
-    exact: HashMap<(String, String), Rule>,
+    exact: HashMap<String, HashMap<String, Rule>>,
     prefixed: Vec<(String, String, Rule)>,
     any: HashMap<String, Rule>,
 }
@@ -108,7 +108,8 @@ impl Level {
                     level.prefixed.push((r.key.clone(), prefix, rule));
                 }
                 Some(v) => {
-                    level.exact.insert((r.key.clone(), v.clone()), rule);
+                    let values = level.exact.entry(r.key.clone()).or_default();
+                    values.insert(v.clone(), rule);
                 }
                 None => {
                     level.any.insert(r.key.clone(), rule);
@@ -119,12 +120,7 @@ impl Level {
     }
 
     fn find(&self, key: &str, value: &str) -> Option<&Rule> {
-        // A lookup by borrowed pair without building one: few rules per level, and most
-        // requests match at the first level's exact map by its key's few values.
-        if let Some(rule) = (self.exact.iter())
-            .find(|((k, v), _)| k == key && v == value)
-            .map(|(_, r)| r)
-        {
+        if let Some(rule) = self.exact.get(key).and_then(|values| values.get(value)) {
             return Some(rule);
         }
         (self.prefixed.iter())
@@ -134,7 +130,7 @@ impl Level {
     }
 
     fn collect<'a>(&'a self, out: &mut Vec<&'a Arc<Limit>>) {
-        let rules = (self.exact.values())
+        let rules = (self.exact.values().flat_map(HashMap::values))
             .chain(self.prefixed.iter().map(|(_, _, r)| r))
             .chain(self.any.values());
         for rule in rules {

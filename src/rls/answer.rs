@@ -34,11 +34,8 @@ pub(super) fn response(
     crate::response::add_headers(&mut headers, &matched.limits, &[], decision, policy);
     if over {
         if let Some(v) = decision.rejected_by().and_then(|r| r.verdict) {
-            let secs = (v.retry_after_us / 1e6).ceil().max(1.0);
-            headers.insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from(secs as u64),
-            );
+            let secs = crate::response::secs_up(v.retry_after_us).max(1);
+            headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
     }
     RateLimitResponse {
@@ -94,7 +91,7 @@ fn status(
         }),
         limit_remaining: u32::try_from(v.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(prost_types::Duration {
-            seconds: (v.reset_us / 1e6).ceil() as i64,
+            seconds: i64::try_from(crate::response::secs_up(v.reset_us)).unwrap_or(i64::MAX),
             nanos: 0,
         }),
     }
