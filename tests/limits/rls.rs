@@ -287,3 +287,38 @@ fn check_reads_the_rule_files_with_located_errors() {
     assert!(out.contains("api.yaml:5:"), "located: {out}");
     assert!(out.contains("did you mean `algorithm`?"), "{out}");
 }
+
+/// tollgate's `ban:` on a rule: a descriptor that keeps going over is refused for the ban's
+/// length, which Envoy is told as the time to come back.
+#[tokio::test]
+async fn a_rule_with_a_ban_refuses_a_descriptor_that_keeps_going_over() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("login.yaml"),
+        "domain: login\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n    ban: { after: 2, within: 1m, for: 10m, max: 1h }\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "rls: {{ address: 127.0.0.1:0, config: {} }}\n",
+        dir.path().display()
+    );
+    let proxy = TestProxy::inline(&yaml).await;
+    let rls = Rls::to(proxy.rls_addr());
+    let user = [("user", "mallory")];
+    assert_eq!(
+        rls.codes("login", &user, 3).await,
+        ["OK", "OVER_LIMIT", "OVER_LIMIT"]
+    );
+    let banned = rls.call("login", &[&user], 0).await;
+    assert_eq!(code(&banned), "OVER_LIMIT");
+    let retry: u64 = header(&banned, "retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(
+        (590..=600).contains(&retry),
+        "the ban's 10 minutes: {retry}"
+    );
+    // Another user is not banned.
+    assert_eq!(rls.codes("login", &[("user", "alice")], 1).await, ["OK"]);
+}
