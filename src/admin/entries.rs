@@ -21,7 +21,13 @@ pub(super) async fn post_ban(state: &State, call: &Call) -> Response<Body> {
     if let Err(why) = verifiable(&req.identity, &runtime) {
         return problem(StatusCode::BAD_REQUEST, "Invalid ban", &why);
     }
-    let routes: Vec<&str> = runtime.routes.iter().map(|r| &*r.name).collect();
+    // A rate limit service's domain is banned from as `rls:DOMAIN`.
+    let domains: Vec<String> = (runtime.rls.iter())
+        .flat_map(|d| d.names().map(|n| format!("rls:{n}")))
+        .collect();
+    let routes: Vec<&str> = (runtime.routes.iter().map(|r| &*r.name))
+        .chain(domains.iter().map(String::as_str))
+        .collect();
     let now = now_ms();
     let ban = match Ban::new(req, now, &routes) {
         Ok(ban) => ban,
@@ -44,11 +50,7 @@ pub(super) async fn post_override(state: &State, call: &Call) -> Response<Body> 
     if let Err(why) = verifiable(&req.identity, &runtime) {
         return problem(StatusCode::BAD_REQUEST, "Invalid override", &why);
     }
-    // Overrides tune routes' limits; a rate limit service's descriptors have no identity an
-    // override could name, so their limits are refused as unknown.
-    let limits: Vec<&crate::limiter::Limit> = (runtime.routes.iter())
-        .flat_map(|r| r.limits.iter().map(|l| &**l))
-        .collect();
+    let limits: Vec<&crate::limiter::Limit> = runtime.limits().map(|l| &**l).collect();
     let now = now_ms();
     let o = match Override::new(req, now, &limits) {
         Ok(o) => o,

@@ -194,7 +194,10 @@ impl<'a> Prepared<'a> {
             if limit.concurrency.is_some() {
                 continue;
             }
-            let client = clients.get(index).copied().flatten();
+            // A quota override counts in a bucket of its own, as in `of`.
+            let fresh = tuned.get(index).copied().flatten().and_then(|t| t.fresh);
+            let client = (clients.get(index).copied().flatten())
+                .map(|id| fresh.map_or(id, |salt| ClientId(id.0 ^ salt)));
             results.push(unchecked(index, limit, client));
             if let Some(client) = client {
                 checks.push(Check { limit, client });

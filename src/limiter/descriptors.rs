@@ -66,9 +66,9 @@ impl Domains {
         level.find(last.0, last.1)
     }
 
-    /// Whether `domain` is configured.
-    pub fn has(&self, domain: &str) -> bool {
-        self.by_name.contains_key(domain)
+    /// The domains' names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
     }
 
     /// Every limit of every domain.

@@ -53,6 +53,28 @@ pub(super) fn response(
     }
 }
 
+/// The answer to a call an operator's ban holds for `left` seconds: every descriptor over,
+/// the wait told as `Retry-After`.
+pub(super) fn banned(call: &super::pb::RateLimitRequest, left: u64) -> RateLimitResponse {
+    let over = DescriptorStatus {
+        code: Code::OverLimit as i32,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: i64::try_from(left).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        ..DescriptorStatus::default()
+    };
+    RateLimitResponse {
+        overall_code: Code::OverLimit as i32,
+        statuses: vec![over; call.descriptors.len()],
+        response_headers_to_add: vec![super::pb::envoy::config::core::v3::HeaderValue {
+            key: "retry-after".into(),
+            value: left.to_string(),
+        }],
+        request_headers_to_add: Vec::new(),
+    }
+}
+
 /// The result of the limit at `index` of the decision's limits.
 fn result(decision: &Decision, index: usize) -> Option<&LimitResult> {
     decision.results.iter().find(|r| r.index == index)

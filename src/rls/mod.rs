@@ -3,6 +3,7 @@
 //! once, all or nothing, in the same store the routes' limits use.
 
 mod answer;
+mod operators;
 pub mod pb;
 mod serve;
 
@@ -57,7 +58,20 @@ impl RateLimitService for Service {
         let Some(domains) = &runtime.rls else {
             return Err(Status::unavailable("no rate limit service is configured"));
         };
-        let matched = Matched::of(domains, &call);
+        let mut matched = Matched::of(domains, &call);
+        if let Some(table) = self.state.control.active() {
+            if let Some(left) = operators::apply(&table, &call, &mut matched) {
+                let labels = crate::metrics::RouteLabels {
+                    route: format!("rls:{}", call.domain),
+                };
+                self.state
+                    .metrics
+                    .admin_banned_requests
+                    .get_or_create(&labels)
+                    .inc();
+                return Ok(Response::new(answer::banned(&call, left)));
+            }
+        }
         let now = self.state.clock.now();
         if matched.refused() {
             // A descriptor at `requests_per_unit: 0` refuses the call: the others take nothing.

@@ -322,3 +322,88 @@ async fn a_rule_with_a_ban_refuses_a_descriptor_that_keeps_going_over() {
     // Another user is not banned.
     assert_eq!(rls.codes("login", &[("user", "alice")], 1).await, ["OK"]);
 }
+
+/// Operators' bans and overrides from the admin API name descriptors as they name requests:
+/// an entry's key as a header (`header:user=bob`), `remote_address` as the address; a ban's
+/// route is `rls:DOMAIN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_ban_and_override_descriptors() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n  - key: remote_address\n    rate_limit: { unit: hour, requests_per_unit: 100 }\n",
+    )
+    .unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let yaml = format!(
+        "admin: {{ address: 127.0.0.1:0, token_file: {} }}\nrls: {{ address: 127.0.0.1:0, config: {} }}\n",
+        token.display(),
+        dir.path().display()
+    );
+    let proxy = TestProxy::start(&yaml);
+    let rls = Rls::to(proxy.rls_addr());
+    let admin = proxy.admin_addr();
+    let post = |path: &str, body: serde_json::Value| {
+        let url = format!("http://{admin}/api/v1{path}");
+        async move { post_json(&url, &body.to_string()).await }
+    };
+    let (by_header, text) = post(
+        "/bans",
+        json!({"identity": "header:user=bob", "routes": ["rls:api"], "ttl": "10m"}),
+    )
+    .await;
+    assert_eq!(by_header, 201, "{text}");
+    let r = rls.call("api", &[&[("user", "bob")]], 0).await;
+    assert_eq!(code(&r), "OVER_LIMIT");
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((590..=600).contains(&retry), "{retry}");
+    assert_eq!(rls.codes("api", &[("user", "ann")], 1).await, ["OK"]);
+    let (by_address, text) = post("/bans", json!({"identity": "198.51.100.7", "ttl": "10m"})).await;
+    assert_eq!(by_address, 201, "{text}");
+    assert_eq!(
+        rls.codes("api", &[("remote_address", "198.51.100.7")], 1)
+            .await,
+        ["OVER_LIMIT"]
+    );
+    assert_eq!(
+        rls.codes("api", &[("remote_address", "198.51.100.8")], 1)
+            .await,
+        ["OK"]
+    );
+    // An override raises one user's window: five, from zero; the others keep two.
+    let (raised, text) = post("/overrides", json!({"limit": "rls:api:user", "identity": "header:user=vip", "quota": "5/1h", "ttl": "10m"})).await;
+    assert_eq!(raised, 201, "{text}");
+    assert_eq!(
+        rls.codes("api", &[("user", "vip")], 6).await,
+        ["OK", "OK", "OK", "OK", "OK", "OVER_LIMIT"]
+    );
+    assert_eq!(
+        rls.codes("api", &[("user", "ann")], 2).await,
+        ["OK", "OVER_LIMIT"]
+    );
+    // An unknown domain is not a route a ban can name.
+    let (unknown_domain, _) = post(
+        "/bans",
+        json!({"identity": "1.2.3.4", "routes": ["rls:nowhere"], "ttl": "10m"}),
+    )
+    .await;
+    assert_eq!(unknown_domain, 400);
+}
+
+/// POST `body` as JSON with the test token: the status and the body.
+async fn post_json(url: &str, body: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let req = http::Request::post(url)
+        .header("authorization", "Bearer s3cret")
+        .header("content-type", "application/json")
+        .body(
+            http_body_util::Full::new(bytes::Bytes::from(body.to_owned()))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap();
+    let r = common::Http::new().send(req).await;
+    (r.code(), r.text().to_owned())
+}
