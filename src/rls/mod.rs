@@ -72,30 +72,20 @@ impl RateLimitService for Service {
                 return Ok(Response::new(answer::banned(&call, left)));
             }
         }
-        let now = self.state.clock.now();
-        if matched.refused() {
-            // A descriptor at `requests_per_unit: 0` refuses the call: the others take nothing.
-            let decision = limiter::Decision::default();
-            let response = answer::response(&matched, &decision, runtime.settings.headers);
-            answer::count(&self.state.metrics, &call.domain, &matched, &decision);
-            return Ok(Response::new(response));
-        }
         let shared = (runtime.redis.as_deref()).map(|redis| limiter::store::Shared {
             redis,
             worker: None,
         });
         let tuned: Vec<Option<&Tuning>> = matched.tunings.iter().map(Option::as_ref).collect();
-        let decision = limiter::decide_checks(
-            shared.as_ref(),
-            &matched.limits,
-            &matched.clients,
-            &tuned,
-            limiter::local::Peer::of(peer),
-            now,
-        )
-        .await;
-        let policy = runtime.settings.headers;
-        let response = answer::response(&matched, &decision, policy);
+        // A descriptor at `requests_per_unit: 0` refuses the call: the others take nothing.
+        let decision = if matched.refused() {
+            limiter::Decision::default()
+        } else {
+            let (peer, now) = (limiter::local::Peer::of(peer), self.state.clock.now());
+            let (limits, clients) = (&matched.limits, &matched.clients);
+            limiter::decide_checks(shared.as_ref(), limits, clients, &tuned, peer, now).await
+        };
+        let response = answer::response(&matched, &decision, runtime.settings.headers);
         answer::count(&self.state.metrics, &call.domain, &matched, &decision);
         Ok(Response::new(response))
     }
