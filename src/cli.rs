@@ -423,6 +423,12 @@ pub struct ExplainArgs {
     /// The client address the request comes from.
     #[arg(long, default_value = "127.0.0.1")]
     pub ip: String,
+    /// Explain a rate limit service call of this domain instead of a request (`rls:`).
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// A descriptor of that call, as `KEY=VALUE,KEY=VALUE` (repeat for more).
+    #[arg(long = "descriptor", value_name = "KEY=VALUE,...", requires = "domain")]
+    pub descriptors: Vec<String>,
     /// Print the JSON answer instead of the summary.
     #[arg(long)]
     pub json: bool,
@@ -440,6 +446,8 @@ impl ExplainArgs {
                 path: Some(self.path),
                 headers: self.headers,
                 ip: Some(self.ip),
+                domain: self.domain,
+                descriptors: self.descriptors,
             },
             json: self.json,
         }

@@ -81,6 +81,21 @@ impl Decision {
     }
 
     /// Not limited: `outcome` (admitted or exempt), for `reason`.
+    /// A rate limit service call one descriptor's rule refuses outright (`requests_per_unit:
+    /// 0`): nothing is taken from the others.
+    pub(super) fn refuses_every_call(entries: &str) -> Self {
+        Self {
+            outcome: Verdict::Limited,
+            limit: None,
+            retry_after_s: None,
+            status: Some(429),
+            grpc_status: None,
+            reason: format!(
+                "the rule of descriptor `{entries}` refuses every call (requests_per_unit: 0)"
+            ),
+        }
+    }
+
     fn passed(outcome: Verdict, reason: &str) -> Self {
         Self {
             outcome,

@@ -188,17 +188,44 @@ pub(super) async fn explain(
         out.outcome = Outcome::Exempt;
         return out;
     }
-    let mut client = view.resolve(&limit.key);
+    let alternative = view.alternative(&limit.key);
+    let source = alternative.map_or_else(|| "anonymous".to_owned(), |i| out.key[i].clone());
+    let client = view.resolve(&limit.key);
+    judged(limit, (client, alternative, source), at, tuned, out).await
+}
+
+/// `limit` explained for a rate limit service descriptor whose entries (`source`, as given)
+/// digest to `client`.
+pub(super) async fn for_descriptor(
+    limit: &Limit,
+    (client, source): (ClientId, String),
+    at: &At<'_>,
+    tuned: Option<(&Tuning, serde_json::Value)>,
+) -> LimitExplained {
+    let mut out = describe(limit);
+    // Its identity is the descriptor's entries, not a key of the request's.
+    out.key = vec!["descriptor".into()];
+    judged(limit, (client, None, source), at, tuned, out).await
+}
+
+/// `explain`, once the identity is known: `client`, from the key's `alternative` named
+/// `source` (a rate limit service's descriptor has no key: its entries are the identity).
+pub(super) async fn judged(
+    limit: &Limit,
+    (mut client, alternative, source): (ClientId, Option<usize>, String),
+    at: &At<'_>,
+    tuned: Option<(&Tuning, serde_json::Value)>,
+    mut out: LimitExplained,
+) -> LimitExplained {
     // A quota override counts in a bucket of its own, as the request path does.
     if let Some(salt) = tuned.as_ref().and_then(|(t, _)| t.fresh) {
         client = ClientId(client.0 ^ salt);
     }
-    let alternative = view.alternative(&limit.key);
     let mut hex = client.hex();
     hex.truncate(CLIENT_HEX);
     out.identity = Some(Identity {
         alternative,
-        source: alternative.map_or_else(|| "anonymous".to_owned(), |i| out.key[i].clone()),
+        source,
         client: hex,
     });
     let Some((mut peeked, store)) = read(limit, client, at, &mut out).await else {

@@ -7,6 +7,7 @@
 
 pub mod cli;
 mod decision;
+mod descriptors;
 mod limit;
 mod text;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use self::decision::decide;
 pub use self::decision::{Decision, Verdict};
+pub use self::descriptors::DescriptorExplained;
 pub use self::limit::{BanRule, BanState, Exempted, Identity, Kind, LimitExplained, Now, Outcome};
 pub use self::text::render;
 use crate::identity;
@@ -37,6 +39,10 @@ pub struct Query {
     /// The address the request comes from (the TCP peer: behind a trusted proxy, the
     /// forwarded headers given still apply).
     pub ip: Option<String>,
+    /// A rate limit service call instead of a request: its domain (`domain=`)...
+    pub domain: Option<String>,
+    /// ...and its descriptors, each `KEY=VALUE,KEY=VALUE` (`descriptor=`, repeated).
+    pub descriptors: Vec<String>,
 }
 
 impl Query {
@@ -50,13 +56,18 @@ impl Query {
                 "host" => &mut q.host,
                 "path" => &mut q.path,
                 "ip" => &mut q.ip,
+                "domain" => &mut q.domain,
                 "header" => {
                     q.headers.push(v.clone());
                     continue;
                 }
+                "descriptor" => {
+                    q.descriptors.push(v.clone());
+                    continue;
+                }
                 other => {
                     return Err(format!(
-                        "unknown parameter `{other}` (expected method, host, path, header, ip)"
+                        "unknown parameter `{other}` (expected method, host, path, header, ip; or domain and descriptor)"
                     ))
                 }
             };
@@ -73,11 +84,13 @@ impl Query {
             ("host", &self.host),
             ("path", &self.path),
             ("ip", &self.ip),
+            ("domain", &self.domain),
         ];
         let pairs = single
             .iter()
             .filter_map(|(k, v)| v.as_deref().map(|v| (*k, v)))
-            .chain(self.headers.iter().map(|h| ("header", h.as_str())));
+            .chain(self.headers.iter().map(|h| ("header", h.as_str())))
+            .chain(self.descriptors.iter().map(|d| ("descriptor", d.as_str())));
         pairs
             .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, NON_ALPHANUMERIC)))
             .collect::<Vec<_>>()
@@ -146,6 +159,9 @@ pub struct Explanation {
     /// A capped upstream's slots and queue, and what they would do with the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityExplained>,
+    /// A rate limit service call's descriptors, in order, with the rule each matched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<DescriptorExplained>,
 }
 
 /// What a capped upstream would do with an admitted request now.
@@ -215,6 +231,9 @@ pub(crate) async fn explain(
     now: crate::limiter::Moment,
     source: String,
 ) -> Result<Explanation, String> {
+    if let Some(domain) = &query.domain {
+        return descriptors::explain(rt, control, (domain, &query.descriptors), now, source).await;
+    }
     let (mut req, peer) = query.request()?;
     let mut out = Explanation {
         source,
@@ -225,6 +244,7 @@ pub(crate) async fn explain(
         operator_ban: None,
         limits: Vec::new(),
         capacity: None,
+        descriptors: Vec::new(),
     };
     let max_uri = (rt.settings.listeners.first()).map_or(8 << 10, |l| l.settings.max_uri_bytes);
     if let Err(e) = crate::screen::screen(&mut req, max_uri, true) {
@@ -326,6 +346,7 @@ mod tests {
             path: Some("/v1/items?a=1&b=2".into()),
             headers: vec!["X-API-Key:a b&c".into(), "Cookie:sid=1; x=2".into()],
             ip: Some("2001:db8::1".into()),
+            ..Query::default()
         };
         let pairs: Vec<(String, String)> = q
             .to_query_string()

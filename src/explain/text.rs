@@ -7,17 +7,8 @@ use super::{Explanation, Kind, LimitExplained, Outcome, Verdict};
 /// `e` as `tollgate explain` prints it.
 pub fn render(e: &Explanation) -> String {
     let mut out = String::new();
-    let r = &e.request;
     let _ = writeln!(out, "{} (backend {})", e.source, e.backend);
-    let from = match r.client_ip.as_deref() {
-        Some(ip) if ip != r.peer => format!("{} (client {ip})", r.peer),
-        _ => r.peer.clone(),
-    };
-    let _ = writeln!(
-        out,
-        "request:  {} {}{} from {from}",
-        r.method, r.host, r.path
-    );
+    asked(&mut out, e);
     let _ = writeln!(out, "route:    {}", e.route.as_deref().unwrap_or("(none)"));
     let d = &e.decision;
     let word = match d.outcome {
@@ -66,6 +57,32 @@ pub fn render(e: &Explanation) -> String {
         );
     }
     out
+}
+
+/// The request (or the rate limit service call, descriptor by descriptor) explained.
+fn asked(out: &mut String, e: &Explanation) {
+    let r = &e.request;
+    let from = match r.client_ip.as_deref() {
+        Some(ip) if ip != r.peer => format!("{} (client {ip})", r.peer),
+        _ => r.peer.clone(),
+    };
+    if e.descriptors.is_empty() {
+        let _ = writeln!(
+            out,
+            "request:  {} {}{} from {from}",
+            r.method, r.host, r.path
+        );
+    } else {
+        let _ = writeln!(out, "call:     ShouldRateLimit, domain {}", r.host);
+        for d in &e.descriptors {
+            let by = d
+                .limit
+                .as_deref()
+                .map(|l| format!(" by {l}"))
+                .unwrap_or_default();
+            let _ = writeln!(out, "  descriptor {}: {}{by}", d.entries, d.applies);
+        }
+    }
 }
 
 /// One limit: its settings on one line, then what was read and its outcome.

@@ -3,7 +3,7 @@
 //! once, all or nothing, in the same store the routes' limits use.
 
 mod answer;
-mod operators;
+pub(crate) mod operators;
 pub mod pb;
 mod serve;
 
@@ -103,11 +103,11 @@ pub(crate) struct Matched<'r> {
 
 impl<'r> Matched<'r> {
     /// A matched rule refuses every call (`requests_per_unit: 0`).
-    fn refused(&self) -> bool {
+    pub(crate) fn refused(&self) -> bool {
         self.rules.iter().flatten().any(|(r, _)| r.refuses_all())
     }
 
-    fn of(domains: &'r limiter::descriptors::Domains, call: &RateLimitRequest) -> Self {
+    pub(crate) fn of(domains: &'r limiter::descriptors::Domains, call: &RateLimitRequest) -> Self {
         let found: Vec<Option<&limiter::descriptors::Rule>> = (call.descriptors.iter())
             .map(|d| {
                 let entries: Vec<(&str, &str)> = (d.entries.iter())

@@ -20,12 +20,7 @@ pub(super) fn apply(
     call: &RateLimitRequest,
     matched: &mut Matched<'_>,
 ) -> Option<u64> {
-    let req = request_of(call);
-    let ip = (call.descriptors.iter())
-        .flat_map(|d| &d.entries)
-        .find(|e| e.key == "remote_address")
-        .and_then(|e| e.value.parse::<IpAddr>().ok())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    let (req, ip) = request_of(call);
     let arrival = Arrival::of(&req, ip);
     let view = arrival.view(false, None);
     let now = crate::control::entry::now_ms();
@@ -41,8 +36,14 @@ pub(super) fn apply(
     None
 }
 
-/// The call's entries as the headers of a request.
-fn request_of(call: &RateLimitRequest) -> http::Request<()> {
+/// The call's entries as the headers of a request, and its client address: the
+/// `remote_address` entry's (`0.0.0.0` without one).
+pub(crate) fn request_of(call: &RateLimitRequest) -> (http::Request<()>, IpAddr) {
+    let ip = (call.descriptors.iter())
+        .flat_map(|d| &d.entries)
+        .find(|e| e.key == "remote_address")
+        .and_then(|e| e.value.parse::<IpAddr>().ok())
+        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let mut req = http::Request::new(());
     for e in call.descriptors.iter().flat_map(|d| &d.entries) {
         let name = HeaderName::from_bytes(e.key.as_bytes());
@@ -50,5 +51,5 @@ fn request_of(call: &RateLimitRequest) -> http::Request<()> {
             req.headers_mut().append(name, value);
         }
     }
-    req
+    (req, ip)
 }

@@ -281,6 +281,33 @@ fn check_reads_the_rule_files_with_located_errors() {
         "{out}"
     );
     assert!(out.contains("domain api: 1 rules, 1 with a limit"), "{out}");
+    // `tollgate explain` explains a call from the config alone.
+    let out = common::proxy::run_cli(&[
+        "explain",
+        "--config",
+        config.to_str().unwrap(),
+        "--domain",
+        "api",
+        "--descriptor",
+        "user=ann",
+        "--descriptor",
+        "other=x",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("descriptor user=ann: limited by rls:api:user"),
+        "{text}"
+    );
+    assert!(text.contains("descriptor other=x: not limited"), "{text}");
+    assert!(
+        text.contains("20 of 20"),
+        "a token bucket of burst 20: {text}"
+    );
     std::fs::write(&rules, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n    algoritm: sliding\n").unwrap();
     let (ok, out) = run(&config);
     assert!(!ok);
@@ -328,6 +355,7 @@ async fn a_rule_with_a_ban_refuses_a_descriptor_that_keeps_going_over() {
 /// route is `rls:DOMAIN`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_ban_and_override_descriptors() {
+    use http_body_util::BodyExt;
     use serde_json::json;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -382,6 +410,51 @@ async fn operators_ban_and_override_descriptors() {
     assert_eq!(
         rls.codes("api", &[("user", "ann")], 2).await,
         ["OK", "OVER_LIMIT"]
+    );
+    // The admin API explains a call as the service would decide it, counting nothing.
+    let get = |q: &str| {
+        let url = format!("http://{admin}/api/v1/explain?{q}");
+        async move {
+            let req = http::Request::get(url)
+                .header("authorization", "Bearer s3cret")
+                .body(
+                    http_body_util::Empty::new()
+                        .map_err(|never| match never {})
+                        .boxed(),
+                )
+                .unwrap();
+            let r = common::Http::new().send(req).await;
+            (
+                r.code(),
+                serde_json::from_str::<serde_json::Value>(r.text()).unwrap_or_default(),
+            )
+        }
+    };
+    let (status, e) = get("domain=api&descriptor=user%3Dann").await;
+    assert_eq!(status, 200, "{e}");
+    assert_eq!(e["decision"]["outcome"], "limited", "{e}");
+    assert_eq!(e["limits"][0]["name"], "rls:api:user");
+    assert_eq!(e["limits"][0]["now"]["remaining"], 0);
+    assert_eq!(e["descriptors"][0]["applies"], "limited");
+    let (_, e) = get("domain=api&descriptor=user%3Dvip").await;
+    assert!(
+        e["limits"][0]["override"].is_object(),
+        "the override shown: {e}"
+    );
+    let (_, e) = get("domain=api&descriptor=user%3Dbob").await;
+    assert_eq!(e["decision"]["outcome"], "operator_ban", "{e}");
+    let (_, e) = get("domain=api&descriptor=other%3Dx").await;
+    assert_eq!(
+        (
+            e["decision"]["outcome"].as_str(),
+            e["descriptors"][0]["applies"].as_str()
+        ),
+        (Some("admitted"), Some("not limited"))
+    );
+    assert_eq!(
+        rls.codes("api", &[("user", "ann")], 1).await,
+        ["OVER_LIMIT"],
+        "explain took nothing"
     );
     // An unknown domain is not a route a ban can name.
     let (unknown_domain, _) = post(
