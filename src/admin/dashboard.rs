@@ -67,12 +67,13 @@ pub(super) fn data(state: &State, call: &Call) -> Response<Body> {
     let rt = state.runtime.load_full();
     let history = &state.metrics.history;
     let tick = history.tick();
+    let limits = [limits(state, &rt, step), rls_limits(state, &rt, step)].concat();
     let mut body = json!({
         "step_s": step,
         "points": SECONDS / step,
         "sampled_s": tick,
         "most_limited_window_s": tick.map(|t| t.min(WINDOW_SECS + t % WINDOW_SECS)),
-        "limits": limits(state, &rt, step),
+        "limits": limits,
         "limiter": limiter(&rt, &by_key(history.rates("redis", step)), step),
         "config": config(state, step),
         "upstreams": upstreams(&rt),
@@ -163,6 +164,34 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
         }
     }
     out
+}
+
+/// The rate limit service's rules, as route limits of the route `rls:DOMAIN`: counts per
+/// rule (no identity is listed: descriptors' values are the call's, not kept).
+fn rls_limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
+    let decisions = by_key(state.metrics.history.rates("decisions", step));
+    let rules = rt.rls.iter().flat_map(|d| d.rules());
+    rules
+        .map(|(domain, meta, limit)| {
+            let route = format!("rls:{domain}");
+            let totals = super::sampler::rls_totals(state, domain, &meta.rule);
+            let total: Map<String, Value> = (DECISIONS.iter().zip(totals))
+                .map(|(name, n)| ((*name).to_owned(), json!(n)))
+                .collect();
+            let k = (route.clone(), limit.name.to_string());
+            let (window, rate) = series(decisions.get(&k), DECISIONS, step);
+            json!({
+                "route": route,
+                "limit": &*limit.name,
+                "rule": rule(limit),
+                "shadow": limit.shadow,
+                "total": total,
+                "window": window,
+                "rate": rate,
+                "most_limited": [],
+            })
+        })
+        .collect()
 }
 
 /// A ban limit's bans: begun, requests refused, lifted.

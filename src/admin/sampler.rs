@@ -23,7 +23,15 @@ type Source = fn(&State, &Runtime, &mut Vec<Reading>);
 
 /// Every series sampled. A source's series are in `GET /api/v1/dashboard` under `series`,
 /// by its name, unless it is one of `SHOWN`.
-const SOURCES: &[Source] = &[decisions, bans, redis, reloads, operator_bans, candidates];
+const SOURCES: &[Source] = &[
+    decisions,
+    rls_decisions,
+    bans,
+    redis,
+    reloads,
+    operator_bans,
+    candidates,
+];
 
 /// The sources the dashboard's answer shows in sections of their own.
 pub const SHOWN: &[&str] = &["decisions", "bans", "redis", "reloads"];
@@ -93,6 +101,40 @@ fn decisions(_: &State, rt: &Runtime, out: &mut Vec<Reading>) {
                 totals,
             });
         }
+    }
+}
+
+/// A rate limit service rule's decisions as a route limit's channels (`DECISIONS`): within
+/// and near its limit admitted, over it limited, over a shadow one shadow-limited.
+pub fn rls_totals(state: &State, domain: &str, rule: &str) -> Vec<u64> {
+    let get = |result: &'static str| {
+        let labels = crate::metrics::RlsLabels {
+            domain: domain.to_owned(),
+            rule: rule.to_owned(),
+            result,
+        };
+        state
+            .metrics
+            .rls_descriptors
+            .get(&labels)
+            .map_or(0, |c| c.get())
+    };
+    let admitted = get("within_limit") + get("near_limit");
+    vec![admitted, get("over_limit"), get("shadow_mode"), 0]
+}
+
+/// Each rate limit service rule's decisions, its route `rls:DOMAIN`.
+fn rls_decisions(state: &State, rt: &Runtime, out: &mut Vec<Reading>) {
+    for (domain, meta, limit) in rt.rls.iter().flat_map(|d| d.rules()) {
+        out.push(Reading {
+            key: key(
+                "decisions",
+                &Arc::from(format!("rls:{domain}")),
+                &limit.name,
+            ),
+            channels: DECISIONS,
+            totals: rls_totals(state, domain, &meta.rule),
+        });
     }
 }
 

@@ -71,6 +71,20 @@ impl Domains {
         self.by_name.keys().map(String::as_str)
     }
 
+    /// Every rule with a limit: its domain, what Envoy is told of it, and its limit.
+    pub fn rules(&self) -> Vec<(&str, &RlsLimit, &Arc<Limit>)> {
+        let mut out = Vec::new();
+        for (domain, level) in &self.by_name {
+            level.visit(&mut |rule| {
+                if let (Some(meta), Some(limit)) = (&rule.meta, &rule.limit) {
+                    out.push((domain.as_str(), meta, limit));
+                }
+            });
+        }
+        out.sort_by(|a, b| a.2.name.cmp(&b.2.name));
+        out
+    }
+
     /// Every limit of every domain.
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         let mut out = Vec::new();
@@ -130,12 +144,17 @@ impl Level {
     }
 
     fn collect<'a>(&'a self, out: &mut Vec<&'a Arc<Limit>>) {
+        self.visit(&mut |rule| out.extend(&rule.limit));
+    }
+
+    /// Call `f` with every rule of this level and the levels below it.
+    fn visit<'a>(&'a self, f: &mut impl FnMut(&'a Rule)) {
         let rules = (self.exact.values().flat_map(HashMap::values))
             .chain(self.prefixed.iter().map(|(_, _, r)| r))
             .chain(self.any.values());
         for rule in rules {
-            out.extend(&rule.limit);
-            rule.next.collect(out);
+            f(rule);
+            rule.next.visit(f);
         }
     }
 }

@@ -284,6 +284,46 @@ async fn the_page_shows_live_counts_and_the_most_limited_identity() {
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
+/// The rate limit service's rules are rows beside the routes' limits, their route
+/// `rls:DOMAIN`, with the counts of the calls they decided.
+#[tokio::test]
+async fn the_page_shows_the_rate_limit_services_rules() {
+    let rules = tempfile::tempdir().expect("a directory");
+    std::fs::write(
+        rules.path().join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n",
+    )
+    .expect("write the rules");
+    let rest = format!(
+        "{LIMIT}rls: {{ address: 127.0.0.1:0, config: {} }}\n",
+        rules.path().display()
+    );
+    let (proxy, _token) = proxy(&rest);
+    let rls = common::rls::Rls::to(proxy.rls_addr());
+    let codes = rls.codes("api", &[("user", "ann")], 5).await;
+    assert_eq!(
+        codes,
+        ["OK", "OK", "OVER_LIMIT", "OVER_LIMIT", "OVER_LIMIT"]
+    );
+    let http = Http::new();
+    data_until(&http, &proxy, "the rule's calls sampled", |v| {
+        limit(v, "rls:api:user")["window"]["limited"] == 3
+    })
+    .await;
+    let v = data(&http, &proxy).await;
+    assert_eq!(limit(&v, "rls:api:user")["route"], "rls:api");
+    let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
+    let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
+        .await
+        .expect("render");
+    assert_eq!(count_cell(&dom, "rls:api:user", "admitted"), "2");
+    assert_eq!(count_cell(&dom, "rls:api:user", "limited"), "3");
+    assert!(
+        dom.contains("rls:api"),
+        "the domain shown as the route:\n{dom}"
+    );
+}
+
 #[tokio::test]
 async fn without_the_token_the_page_asks_for_it() {
     let (proxy, _token) = proxy(LIMIT);
