@@ -38,8 +38,13 @@ descriptors:
 
 /// A replica serving `RULES` from `dir` over the Redis at `url`.
 fn replica(dir: &std::path::Path, url: &str) -> TestProxy {
+    replica_on(dir, &format!("{{ url: \"{url}\", timeout: 500ms }}"))
+}
+
+/// A replica serving `RULES` from `dir` over the Redis `redis:` block given.
+fn replica_on(dir: &std::path::Path, redis: &str) -> TestProxy {
     let yaml = format!(
-        "admin: {{ address: 127.0.0.1:0 }}\nlimiter:\n  backend: redis\n  local_fallback: {{ divide_by: 2 }}\n  redis: {{ url: \"{url}\", timeout: 500ms }}\nrls: {{ address: 127.0.0.1:0, config: {} }}\n",
+        "admin: {{ address: 127.0.0.1:0 }}\nlimiter:\n  backend: redis\n  local_fallback: {{ divide_by: 2 }}\n  redis: {redis}\nrls: {{ address: 127.0.0.1:0, config: {} }}\n",
         dir.display()
     );
     TestProxy::start(&yaml)
@@ -129,4 +134,34 @@ async fn each_descriptor_follows_its_failure_policy_without_redis() {
     );
     let without: f64 = sample(&a.scrape().await, "tollgate_decided_without_backend_total");
     assert!(without >= 5.0, "decided without Redis: {without}");
+}
+
+/// Over a Redis Cluster: two replicas count one descriptor together, and a leased hot
+/// descriptor stays within its bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_descriptors_over_a_redis_cluster() {
+    let cluster = redis_helpers::RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let block = format!("{{ cluster: [{}], timeout: 2s }}", nodes.join(", "));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api.yaml"), RULES).unwrap();
+    let (a, b) = (
+        replica_on(dir.path(), &block),
+        replica_on(dir.path(), &block),
+    );
+    let (ra, rb) = (Rls::to(a.rls_addr()), Rls::to(b.rls_addr()));
+    until_redis_decides(&ra).await;
+    until_redis_decides(&rb).await;
+    for user in ["ann", "bob", "cyd"] {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            codes.extend(ra.codes("api", &[("user", user)], 1).await);
+            codes.extend(rb.codes("api", &[("user", user)], 1).await);
+        }
+        assert_eq!(
+            codes,
+            ["OK", "OK", "OK", "OK", "OK", "OVER_LIMIT"],
+            "{user}"
+        );
+    }
 }
