@@ -2,15 +2,48 @@
 //! matches them, each rule's limit one of the engine's (its buckets kept across reloads).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::Limit;
-use crate::config::settings::{DescriptorSpec, DomainSpec, LimiterSettings, RlsLimit};
+use crate::config::settings::{DescriptorSpec, DomainSpec, LimiterSettings, RlsLimit, RlsUnit};
 
-/// Every domain of the `rls` config, by name.
+/// Every domain of the `rls` config, by name, and the limits calls' own `limit` overrides
+/// asked for.
 #[derive(Debug, Default)]
 pub struct Domains {
     by_name: HashMap<String, Level>,
+    limiter: Option<LimiterSettings>,
+    /// Calls' override rules by domain and numbers: the index of each in `call_rules`.
+    call_index: Mutex<HashMap<(String, u32, RlsUnit), usize>>,
+    /// Made on a call's first use, at most `MAX_CALL_LIMITS`; never removed while this
+    /// runtime lives, so they can be lent out like the config's.
+    call_rules: Box<[OnceLock<Arc<Rule>>]>,
+    /// The previous runtime's call limits, by name: their buckets kept across a reload.
+    inherited: HashMap<Arc<str>, Arc<Limit>>,
+}
+
+/// The most distinct `limit` overrides (domain and numbers) held: each is a limit with its
+/// own buckets, and the numbers come from the callers.
+const MAX_CALL_LIMITS: usize = 1024;
+
+/// A descriptor's rule: one of the config's, or one made for a call's own `limit` override.
+#[derive(Debug, Clone)]
+pub enum RuleRef<'a> {
+    Config(&'a Rule),
+    Call(Arc<Rule>),
+}
+
+impl std::ops::Deref for RuleRef<'_> {
+    type Target = Rule;
+
+    fn deref(&self) -> &Rule {
+        match self {
+            Self::Config(r) => r,
+            Self::Call(r) => r,
+        }
+    }
 }
 
 /// The rules of one level: by `key` and `value`, by a value's prefix (`value: foo*`), and by
@@ -51,7 +84,58 @@ impl Domains {
         let by_name = (specs.iter())
             .map(|d| (d.domain.clone(), Level::build(&d.rules, old, limiter)))
             .collect();
-        Self { by_name }
+        let inherited = (old.iter())
+            .filter(|(name, _)| name.starts_with("rls:") && name.contains(":limit="))
+            .map(|(_, l)| (l.name.clone(), Arc::clone(l)))
+            .collect();
+        Self {
+            by_name,
+            limiter: Some(limiter.clone()),
+            call_index: Mutex::default(),
+            call_rules: (0..MAX_CALL_LIMITS).map(|_| OnceLock::new()).collect(),
+            inherited,
+        }
+    }
+
+    /// The rule of a call's own `limit` override of `count` per `unit` in `domain`, as the
+    /// reference applies it (whatever the config says, a fixed window); `None` past
+    /// `MAX_CALL_LIMITS` distinct ones (the config's rule applies).
+    pub fn call_rule(&self, domain: &str, count: u32, unit: RlsUnit) -> Option<Arc<Rule>> {
+        let mut index = self.call_index.lock();
+        let key = (domain.to_owned(), count, unit);
+        if let Some(&i) = index.get(&key) {
+            return self.call_rules[i].get().cloned();
+        }
+        let slot = self.call_rules.get(index.len())?;
+        let limiter = self.limiter.as_ref()?;
+        let spec = match count {
+            0 => None,
+            _ => Some(crate::config::compile::rls_call_limit(
+                domain, unit, count, limiter,
+            )?),
+        };
+        let limit = spec.as_ref().map(|spec| {
+            let old = self.inherited.get(&spec.name).map(|l| &**l);
+            Limit::build(spec, old, limiter)
+        });
+        let rule = Arc::new(Rule {
+            meta: Some(RlsLimit {
+                rule: format!("limit={count}/{}", unit.secs()),
+                spec,
+                name: String::new(),
+                unit,
+                requests_per_unit: count,
+                replaces: Vec::new(),
+            }),
+            limit,
+            unlimited: false,
+            detailed_metric: false,
+            next: Level::default(),
+        });
+        let _ = slot.set(rule.clone());
+        let next = index.len();
+        index.insert(key, next);
+        Some(rule)
     }
 
     /// The rule for a request's descriptor `entries` (key, value) in `domain`: the deepest
@@ -85,13 +169,16 @@ impl Domains {
         out
     }
 
-    /// Every limit of every domain.
+    /// Every limit of every domain, those of calls' overrides made so far included.
     pub fn limits(&self) -> impl Iterator<Item = &Arc<Limit>> {
         let mut out = Vec::new();
         for level in self.by_name.values() {
             level.collect(&mut out);
         }
-        out.into_iter()
+        let calls = (self.call_rules.iter())
+            .map_while(OnceLock::get)
+            .filter_map(|r| r.limit.as_ref());
+        out.into_iter().chain(calls)
     }
 }
 

@@ -26,7 +26,7 @@ pub(super) fn response(
             };
             let result = index.and_then(|i| result(decision, i));
             let limited = index.is_some() || rule.refuses_all();
-            status(Some(*rule).filter(|_| limited), result)
+            status(Some(&**rule).filter(|_| limited), result)
         })
         .collect();
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);

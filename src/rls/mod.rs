@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status};
 
 pub use serve::serve;
 
+use crate::config::settings::RlsUnit;
 use crate::identity::ClientId;
+use crate::limiter::descriptors::RuleRef;
 use crate::limiter::{self, Limit, Tuning};
 use crate::state::State;
 use pb::rate_limit_service_server::RateLimitService;
@@ -95,7 +97,7 @@ impl RateLimitService for Service {
 /// with a limit, in descriptor order) with the identity each counts under and its cost.
 pub(crate) struct Matched<'r> {
     /// Per descriptor: its rule, and the index of its limit in `limits`.
-    pub rules: Vec<Option<(&'r limiter::descriptors::Rule, Option<usize>)>>,
+    pub rules: Vec<Option<(RuleRef<'r>, Option<usize>)>>,
     pub limits: Vec<Arc<Limit>>,
     pub clients: Vec<Option<ClientId>>,
     pub tunings: Vec<Option<Tuning>>,
@@ -108,18 +110,26 @@ impl<'r> Matched<'r> {
     }
 
     pub(crate) fn of(domains: &'r limiter::descriptors::Domains, call: &RateLimitRequest) -> Self {
-        let found: Vec<Option<&limiter::descriptors::Rule>> = (call.descriptors.iter())
+        let found: Vec<Option<RuleRef<'r>>> = (call.descriptors.iter())
             .map(|d| {
+                // The call's own numbers first, whatever the config says, as the reference.
+                let own = (d.limit.as_ref()).and_then(|o| {
+                    let unit = RlsUnit::of_number(o.unit)?;
+                    domains.call_rule(&call.domain, o.requests_per_unit, unit)
+                });
+                if let Some(rule) = own {
+                    return Some(RuleRef::Call(rule));
+                }
                 let entries: Vec<(&str, &str)> = (d.entries.iter())
                     .map(|e| (e.key.as_str(), e.value.as_str()))
                     .collect();
-                domains.find(&call.domain, &entries)
+                domains.find(&call.domain, &entries).map(RuleRef::Config)
             })
             .collect();
         // A limit another matched limit `replaces` does not apply to this call.
-        let replaced: Vec<&str> = (found.iter().flatten())
+        let replaced: Vec<String> = (found.iter().flatten())
             .filter_map(|r| r.meta.as_ref())
-            .flat_map(|m| m.replaces.iter().map(String::as_str))
+            .flat_map(|m| m.replaces.iter().cloned())
             .collect();
         let mut m = Self {
             rules: Vec::with_capacity(found.len()),
@@ -128,9 +138,9 @@ impl<'r> Matched<'r> {
             tunings: Vec::new(),
         };
         for (d, rule) in call.descriptors.iter().zip(found) {
-            let limit = rule.and_then(|r| {
+            let limit = rule.as_ref().and_then(|r| {
                 let name = r.meta.as_ref().map_or("", |m| m.name.as_str());
-                let kept = name.is_empty() || !replaced.contains(&name);
+                let kept = name.is_empty() || !replaced.iter().any(|r| r == name);
                 r.limit.as_ref().filter(|_| kept)
             });
             let index = limit.map(|limit| {

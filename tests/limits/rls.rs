@@ -480,3 +480,42 @@ async fn post_json(url: &str, body: &str) -> (u16, String) {
     let r = common::Http::new().send(req).await;
     (r.code(), r.text().to_owned())
 }
+
+/// A descriptor's own `limit` (Envoy's `limit` override, from dynamic metadata) is counted as
+/// the reference counts it: a fixed window of its numbers, whatever the config's rule says.
+#[tokio::test]
+async fn a_descriptors_own_limit_is_counted_at_its_numbers() {
+    use tollgate::rls::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (_proxy, rls) = service().await;
+    let call = |key: &str, value: &str| {
+        let mut req = request("mongo_cps", &[&[(key, value)]], 0);
+        req.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 3,
+        });
+        req
+    };
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(code(&rls.try_call(call("tenant", "t1")).await.unwrap()));
+    }
+    assert_eq!(
+        codes,
+        ["OK", "OK", "OVER_LIMIT"],
+        "an unconfigured key, limited by its own numbers"
+    );
+    let r = rls.try_call(call("database", "users")).await.unwrap();
+    let limit = r.statuses[0]
+        .current_limit
+        .as_ref()
+        .expect("the override's numbers");
+    assert_eq!(
+        (
+            limit.requests_per_unit,
+            limit.unit,
+            r.statuses[0].limit_remaining
+        ),
+        (2, 3, 1),
+        "over the config's 500/s"
+    );
+}

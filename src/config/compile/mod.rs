@@ -19,7 +19,7 @@ mod upstreams;
 
 /// `N/day` and the other quota values, for the admin API's overrides.
 pub(crate) use quota::parse as quota_value;
-pub(crate) use rls::domain as rls_domain;
+pub(crate) use rls::{call_limit as rls_call_limit, domain as rls_domain};
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -53,6 +53,25 @@ pub fn domain(text: &str, limiter: &LimiterSettings) -> Result<DomainSpec, Vec<P
     })
 }
 
+/// The limit of a call's own `limit` override of `count` per `unit` in `domain`, counted as
+/// the reference counts (a fixed window), named after its numbers; `None` for numbers the
+/// engine cannot count.
+pub fn call_limit(
+    domain: &str,
+    unit: RlsUnit,
+    count: u32,
+    limiter: &LimiterSettings,
+) -> Option<crate::config::settings::LimitSpec> {
+    let mut p = Problems::default();
+    let mut c = Compiler {
+        domain,
+        limiter,
+        p: &mut p,
+    };
+    let here = format!("limit={count}/{}", unit.secs());
+    c.spec(&Descriptor::default(), unit, count, "", &here)
+}
+
 struct Compiler<'a> {
     domain: &'a str,
     limiter: &'a LimiterSettings,

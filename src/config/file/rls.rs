@@ -32,7 +32,7 @@ pub struct RlsFile {
 
 /// A descriptor rule: a key (and value) matched against a request's descriptor entry, its
 /// limit, and the rules for the entries after it.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Descriptor {
     pub key: String,

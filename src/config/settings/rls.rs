@@ -56,7 +56,7 @@ pub struct RlsLimit {
 }
 
 /// `rate_limit.unit`, with the protocol's numbers (`RateLimitResponse.RateLimit.Unit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RlsUnit {
     Second = 1,
     Minute = 2,
@@ -68,6 +68,21 @@ pub enum RlsUnit {
 }
 
 impl RlsUnit {
+    /// The protocol's number of a unit (`envoy.type.v3.RateLimitUnit`); `None` for `UNKNOWN`.
+    pub fn of_number(n: i32) -> Option<Self> {
+        [
+            Self::Second,
+            Self::Minute,
+            Self::Hour,
+            Self::Day,
+            Self::Month,
+            Self::Year,
+            Self::Week,
+        ]
+        .into_iter()
+        .find(|u| *u as i32 == n)
+    }
+
     /// As envoyproxy/ratelimit reads it, in any case.
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s.to_ascii_lowercase().as_str() {
