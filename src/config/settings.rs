@@ -6,6 +6,7 @@
 
 mod protocol;
 mod rls;
+mod status;
 mod window;
 
 use std::net::SocketAddr;
@@ -198,6 +199,8 @@ pub struct LimitSpec {
     /// `leasing:`: over Redis, a busy identity's tokens taken several at a time (see
     /// `limiter::leasing`).
     pub leasing: Option<LeaseSpec>,
+    /// `count_when:`: counted only for responses of these statuses.
+    pub count_when: Option<StatusSet>,
 }
 
 /// A limit's leases: a replica holds at most `tokens` of one identity's bucket at a time, and
@@ -224,6 +227,7 @@ pub struct BanSpec {
 
 pub use self::protocol::Protocol;
 pub use self::rls::{DescriptorSpec, DomainSpec, RlsLimit, RlsSettings, RlsUnit};
+pub use self::status::StatusSet;
 pub use self::window::{Counting, Period, QuotaSpec, EXACT_MAX};
 
 /// A concurrency limit: at most `max` requests of one identity in flight.

@@ -79,7 +79,9 @@ pub async fn decide_checks<S: Store>(
 
 /// Ask `store` for `p`'s checks: through the leases held here when a limit leases.
 async fn run<S: Store>(store: &S, mut p: Prepared<'_>, peer: local::Peer, now: Moment) -> Decision {
-    if p.checks.iter().any(|c| c.limit.leases.is_some()) {
+    if p.checks.iter().any(|c| c.limit.count_when.is_some()) {
+        counted::admit(&mut p, store, peer, now).await;
+    } else if p.checks.iter().any(|c| c.limit.leases.is_some()) {
         leased::settle(&mut p, store, peer, now).await;
     } else if !p.checks.is_empty() {
         let (results, asked) = p.split(peer, now);
@@ -104,8 +106,14 @@ pub fn decide_in_process(
         }
     }
     let mut p = Prepared::of(limits, view, tuned);
-    if !p.checks.is_empty() {
-        let (results, asked) = p.split(local::Peer::of(view.client_ip), now);
+    let peer = local::Peer::of(view.client_ip);
+    if p.checks.iter().any(|c| c.limit.count_when.is_some()) {
+        use futures_util::FutureExt as _;
+        let store = Local { fallback: false };
+        // The in-process store answers at once: this future is ready when first polled.
+        let _ = counted::admit(&mut p, &store, peer, now).now_or_never();
+    } else if !p.checks.is_empty() {
+        let (results, asked) = p.split(peer, now);
         let answer = Local { fallback: false }.decide(asked);
         record(results, asked.checks, answer);
     }
@@ -116,7 +124,11 @@ pub fn decide_in_process(
 /// concurrency): its bucket judged directly, without the lists of checks, flags and verdicts
 /// a store is asked and answers with. `None`: the general path decides it.
 fn lone(limit: &Limit, view: &RequestView<'_>, now: Moment) -> Option<LimitResult> {
-    if limit.concurrency.is_some() || limit.quota.is_some() || limit.bans.is_some() {
+    if limit.concurrency.is_some()
+        || limit.quota.is_some()
+        || limit.bans.is_some()
+        || limit.count_when.is_some()
+    {
         return None;
     }
     if view.is_exempt(&limit.exempt) {
@@ -356,6 +368,7 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
     }
 }
 
+pub(crate) mod counted;
 mod leased;
 pub(crate) mod slots;
 #[cfg(test)]

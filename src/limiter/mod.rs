@@ -62,6 +62,9 @@ pub struct Limit {
     pub(crate) slots: Option<Arc<concurrency::Slots>>,
     /// The tokens this replica holds of busy identities' Redis buckets (`leasing:`).
     pub(crate) leases: Option<Arc<leasing::Leases>>,
+    /// `count_when:`: checked at admission, counted once a response of these statuses comes
+    /// (see `decide::counted`).
+    pub(crate) count_when: Option<crate::config::settings::StatusSet>,
 }
 
 impl Limit {
@@ -114,6 +117,7 @@ impl Limit {
             concurrency: spec.concurrency,
             slots: spec.concurrency.map(|_| concurrency::Slots::new()),
             leases: spec.leasing.map(|l| Arc::new(leasing::Leases::new(l))),
+            count_when: spec.count_when,
         }
     }
 

@@ -70,6 +70,16 @@ pub trait Store {
         max: u32,
     ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's;
 
+    /// `client`'s state under `limit` now, read and never charged: how a `count_when` limit
+    /// is checked at admission.
+    fn peek<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        peer: local::Peer,
+        now: Moment,
+    ) -> impl Future<Output = Result<super::peek::Peeked, Unavailable>> + Send + 's;
+
     /// Return the tokens of a lease of `limit` that ended here to the shared bucket (nothing
     /// to do for a store that does not lease).
     fn give_back(&self, _limit: &Limit, _back: Returned) {}
@@ -97,6 +107,17 @@ impl Store for Local {
         asked: Asked<'s>,
     ) -> impl Future<Output = Result<Answer, Unavailable>> + Send + 's {
         std::future::ready(Ok(self.decide(asked)))
+    }
+
+    fn peek<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        peer: local::Peer,
+        now: Moment,
+    ) -> impl Future<Output = Result<super::peek::Peeked, Unavailable>> + Send + 's {
+        let peeked = super::peek::in_process(limit, client, peer, now.us(), self.fallback);
+        std::future::ready(Ok(peeked))
     }
 
     fn take_slot<'s>(
@@ -271,6 +292,17 @@ impl Store for Shared<'_> {
             Taken::Slot(lease, n) => Ok((SlotHeld::SlotLease(lease), n)),
             Taken::Full(n) => Err(n),
         })
+    }
+
+    async fn peek<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        _: local::Peer,
+        _: Moment,
+    ) -> Result<super::peek::Peeked, Unavailable> {
+        let peeked = self.redis.peek(limit, client).await;
+        peeked.map_err(|_| Unavailable::Error)
     }
 
     fn give_back(&self, limit: &Limit, back: Returned) {

@@ -29,6 +29,7 @@ pub fn limit(name: &str, (per_sec, burst): (f64, u32), cost: u32, key: KeySpec) 
         concurrency: None,
         slots: None,
         leases: None,
+        count_when: None,
     }
 }
 

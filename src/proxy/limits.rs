@@ -89,23 +89,45 @@ pub(super) fn refusal(
     Some(Ok(answer))
 }
 
-/// The rate-limit headers of the route's limits on `res`, from the request's decision.
-pub(super) fn add_limit_headers(
-    rt: &Runtime,
-    route: &Route,
-    decision: Option<&limiter::Decision>,
-    res: &mut Response<Body>,
-) {
-    if let Some(decision) = decision {
+/// The rate-limit headers of the route's limits on `res`, from the request's decision; and
+/// the response counted against the `count_when` limits its status matches.
+pub(super) async fn finish(cx: &Ctx<'_, '_>, route: &Route, res: &mut Response<Body>) {
+    if let Some(decision) = cx.trace.decision.as_ref() {
         let (limits, rendered) = (&route.limits, &route.rendered);
-        response::add_headers(
-            res.headers_mut(),
-            limits,
-            rendered,
-            decision,
-            rt.settings.headers,
-        );
+        let policy = cx.rt.settings.headers;
+        response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
+        if route.counts_responses {
+            count_response(cx, route, decision, res.status().as_u16()).await;
+        }
     }
+}
+
+/// Count a response of `status` against the route's `count_when` limits, under the
+/// identities the request was decided under, before the response goes: the client's next
+/// request sees it counted.
+async fn count_response(
+    cx: &Ctx<'_, '_>,
+    route: &Route,
+    decision: &limiter::Decision,
+    status: u16,
+) {
+    use limiter::decide::counted::count;
+    use limiter::store::Shared;
+    let mut clients = vec![None; route.limits.len()];
+    for r in &decision.results {
+        if let Some(slot) = clients.get_mut(r.index) {
+            *slot = r.client;
+        }
+    }
+    let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
+    let now = cx.state.clock.now();
+    let shared = (cx.rt.redis.as_deref()).map(|redis| Shared {
+        redis,
+        worker: Some(cx.conn.worker),
+    });
+    // Boxed: only a response some limit counts pays for the call's state.
+    let limits = &route.limits;
+    crate::boxed(|| count(shared.as_ref(), limits, &clients, status, peer, now)).await;
 }
 
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a

@@ -24,7 +24,7 @@ use crate::response::{self, Body};
 use crate::runtime::{Action, Route, Runtime};
 use crate::screen;
 use crate::state::State;
-use limits::{add_limit_headers, operators, refusal};
+use limits::{finish, operators, refusal};
 use upstream::{forward_to, queue_key};
 
 /// The downstream connection a request arrived on.
@@ -314,7 +314,7 @@ async fn pipeline(
         }
         Action::Respond(r) => respond(r),
     };
-    add_limit_headers(cx.rt, route, cx.trace.decision.as_ref(), &mut res);
+    finish(cx, route, &mut res).await;
     Ok(res)
 }
 

@@ -43,6 +43,14 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    bad_count_when: r#"
+{f}: 5 problems
+  {f}:7:60: routes[0].limits[0].count_when.status: needs at least one status, as in `[401, 403]` or `["5xx"]`
+  {f}:8:74: routes[0].limits[1].count_when.status[1]: 600 is not an HTTP status: a code from 100 to 599, or a class from "1xx" to "5xx"
+  {f}:8:79: routes[0].limits[1].count_when.status[2]: `6xx` is not an HTTP status: a code from 100 to 599, or a class from "1xx" to "5xx"
+  {f}:8:86: routes[0].limits[1].count_when.status[3]: `4XX` is not an HTTP status: a code from 100 to 599, or a class from "1xx" to "5xx"
+  {f}:9:47: routes[0].limits[2].count_when: is for `rate`, `quota` and `window` limits, not with `concurrency`: a request is counted when its response comes
+"#,
     bad_protocol: "
 {f}: 8 problems
   {f}:6:15: upstreams.future.protocol: `h3` is not an upstream protocol (http1, h2c, h2 or auto)
@@ -232,7 +240,7 @@ fixtures! {
 ",
     unknown_key: r"
 {f}: 1 problem
-  {f}:9:16: routes[0].limits[0].brust: unknown field `brust` (did you mean `burst`?), expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `leasing`, `key`, `cost`, `shadow`, `exempt`, `on_failure`
+  {f}:9:16: routes[0].limits[0].brust: unknown field `brust` (did you mean `burst`?), expected one of `name`, `rate`, `burst`, `quota`, `timezone`, `window`, `algorithm`, `concurrency`, `lease`, `ban`, `leasing`, `key`, `cost`, `shadow`, `exempt`, `on_failure`, `count_when`
 ",
     unknown_upstream: r"
 {f}: 1 problem

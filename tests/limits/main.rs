@@ -15,6 +15,7 @@ mod common;
 mod bans;
 mod candidate;
 mod concurrency;
+mod count_when;
 mod identity;
 mod jwt;
 mod limits;

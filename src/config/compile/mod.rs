@@ -7,6 +7,7 @@
 
 mod capacity;
 mod concurrency;
+mod count_when;
 mod health;
 mod identity;
 mod leasing;

@@ -222,6 +222,7 @@ impl Compiler<'_> {
             lease: None,
             ban: d.ban.clone(),
             leasing: d.leasing.clone(),
+            count_when: None,
             key: vec!["ip".into()],
             cost: None,
             shadow: d.shadow_mode,

@@ -405,5 +405,6 @@ pub(super) fn spec(
             .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
         concurrency: concurrency.flatten(),
         leasing,
+        count_when: super::count_when::spec(l, path, p),
     })
 }

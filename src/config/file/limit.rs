@@ -55,6 +55,26 @@ pub struct Limit {
     pub exempt: Vec<String>,
     #[schemars(extend("x-choices" = ["open", "closed", "local"]))]
     pub on_failure: Option<String>,
+    /// Count a request only when its response's status is one of these (checked, not
+    /// taken, at admission): failed logins, as `{ status: [401, 403] }`.
+    pub count_when: Option<CountWhen>,
+}
+
+/// `routes[].limits[].count_when`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CountWhen {
+    /// Status codes (`401`) and classes (`"5xx"`).
+    pub status: Vec<StatusItem>,
+}
+
+/// A status code, or a class of them.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum StatusItem {
+    Code(u16),
+    #[schemars(extend("pattern" = "^[1-5]xx$"))]
+    Class(String),
 }
 
 /// `routes[].limits[].ban`: an escalating ban.

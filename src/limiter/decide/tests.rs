@@ -32,6 +32,16 @@ impl Store for Failing {
     ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
         std::future::ready(Err(self.0))
     }
+
+    fn peek<'s>(
+        &'s self,
+        _: &'s Limit,
+        _: ClientId,
+        _: local::Peer,
+        _: Moment,
+    ) -> impl Future<Output = Result<crate::limiter::peek::Peeked, Unavailable>> + Send + 's {
+        std::future::ready(Err(self.0))
+    }
 }
 
 /// A store that answers with the verdicts it is given and remembers what it was asked: how
@@ -71,6 +81,17 @@ impl Store for Told {
         max: u32,
     ) -> impl Future<Output = Result<SlotTake, Unavailable>> + Send + 's {
         std::future::ready(Ok(Local::slot(limit, client, max)))
+    }
+
+    /// Read in process: this store is told about checks only.
+    fn peek<'s>(
+        &'s self,
+        limit: &'s Limit,
+        client: ClientId,
+        peer: local::Peer,
+        now: Moment,
+    ) -> impl Future<Output = Result<crate::limiter::peek::Peeked, Unavailable>> + Send + 's {
+        Local { fallback: false }.peek(limit, client, peer, now)
     }
 
     fn count_leased(&self) {
