@@ -80,7 +80,7 @@ pub async fn decide_checks<S: Store>(
 /// Ask `store` for `p`'s checks: through the leases held here when a limit leases.
 async fn run<S: Store>(store: &S, mut p: Prepared<'_>, peer: local::Peer, now: Moment) -> Decision {
     if p.checks.iter().any(|c| c.limit.count_when.is_some()) {
-        counted::admit(&mut p, store, peer, now).await;
+        counted::admit(&mut p, store, peer, (now, None)).await;
     } else if p.checks.iter().any(|c| c.limit.leases.is_some()) {
         leased::settle(&mut p, store, peer, now).await;
     } else if !p.checks.is_empty() {
@@ -111,7 +111,7 @@ pub fn decide_in_process(
         use futures_util::FutureExt as _;
         let store = Local { fallback: false };
         // The in-process store answers at once: this future is ready when first polled.
-        let _ = counted::admit(&mut p, &store, peer, now).now_or_never();
+        let _ = counted::admit(&mut p, &store, peer, (now, None)).now_or_never();
     } else if !p.checks.is_empty() {
         let (results, asked) = p.split(peer, now);
         let answer = Local { fallback: false }.decide(asked);
@@ -262,13 +262,32 @@ pub fn decide_known(
     now: Moment,
 ) -> Decision {
     let mut p = Prepared::known(limits, clients, &[]);
-    if !p.checks.is_empty() {
+    if p.checks.iter().any(|c| c.limit.count_when.is_some()) {
+        use futures_util::FutureExt as _;
+        let store = Local { fallback: false };
+        // The in-process store answers at once: this future is ready when first polled.
+        let _ = counted::admit(&mut p, &store, peer, (now, Some(now))).now_or_never();
+    } else if !p.checks.is_empty() {
         let (results, mut asked) = p.split(peer, now);
         asked.wall = Some(now);
         let answer = Local { fallback: false }.decide(asked);
         record(results, asked.checks, answer);
     }
     Decision { results: p.results }
+}
+
+/// `counted::count` in process for a replayed request (`decide_known`'s): its logged
+/// response's `status` charged to the `count_when` limits that list it.
+pub fn count_known(
+    limits: &[Arc<Limit>],
+    clients: &[Option<ClientId>],
+    status: u16,
+    peer: local::Peer,
+    now: Moment,
+) {
+    use futures_util::FutureExt as _;
+    let none = None::<&Local>;
+    let _ = counted::count(none, limits, clients, status, peer, (now, Some(now))).now_or_never();
 }
 
 /// Limit `index`'s result before its bucket is asked: exempt without a `client`.

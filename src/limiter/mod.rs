@@ -22,7 +22,7 @@ pub mod window;
 
 pub use clock::{Clock, Moment};
 pub use decide::slots::acquire as take_slots;
-pub use decide::{decide, decide_checks, decide_in_process, decide_known, Tuning};
+pub use decide::{count_known, decide, decide_checks, decide_in_process, decide_known, Tuning};
 pub(crate) use gcra::CLAMP_SLACK_US;
 pub use gcra::{clamped, step, Verdict};
 

@@ -59,10 +59,22 @@ impl Peeked {
 /// `client`'s state under `limit` in process at `now` (the proxy's clock, in µs), from `peer`;
 /// with `fallback`, under the stricter numbers the `local` failure policy enforces.
 pub fn in_process(limit: &Limit, client: ClientId, peer: Peer, now: f64, fallback: bool) -> Peeked {
+    in_process_at(limit, client, peer, (now, None), fallback)
+}
+
+/// `in_process`, at the wall-clock time `wall` (µs since the Unix epoch) quotas and windows
+/// count in when the caller knows it (a replay), else read now.
+pub fn in_process_at(
+    limit: &Limit,
+    client: ClientId,
+    peer: Peer,
+    (now, wall): (f64, Option<f64>),
+    fallback: bool,
+) -> Peeked {
     // Quotas count on the wall clock, in calendar windows.
     let window = limit.quota.as_ref().map(|q| {
         let count = if fallback { q.fallback_count } else { q.count };
-        window::window(q, super::clock::wall_us(), count)
+        window::window(q, wall.unwrap_or_else(super::clock::wall_us), count)
     });
     let floor = window.map_or(now, |w| w.floor());
     let sliding = window.filter(|w| w.counting == Counting::Sliding);

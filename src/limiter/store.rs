@@ -77,7 +77,7 @@ pub trait Store {
         limit: &'s Limit,
         client: ClientId,
         peer: local::Peer,
-        now: Moment,
+        at: (Moment, Option<Moment>),
     ) -> impl Future<Output = Result<super::peek::Peeked, Unavailable>> + Send + 's;
 
     /// Return the tokens of a lease of `limit` that ended here to the shared bucket (nothing
@@ -114,9 +114,10 @@ impl Store for Local {
         limit: &'s Limit,
         client: ClientId,
         peer: local::Peer,
-        now: Moment,
+        (now, wall): (Moment, Option<Moment>),
     ) -> impl Future<Output = Result<super::peek::Peeked, Unavailable>> + Send + 's {
-        let peeked = super::peek::in_process(limit, client, peer, now.us(), self.fallback);
+        let at = (now.us(), wall.map(Moment::us));
+        let peeked = super::peek::in_process_at(limit, client, peer, at, self.fallback);
         std::future::ready(Ok(peeked))
     }
 
@@ -299,7 +300,7 @@ impl Store for Shared<'_> {
         limit: &'s Limit,
         client: ClientId,
         _: local::Peer,
-        _: Moment,
+        _: (Moment, Option<Moment>),
     ) -> Result<super::peek::Peeked, Unavailable> {
         let peeked = self.redis.peek(limit, client).await;
         peeked.map_err(|_| Unavailable::Error)

@@ -127,7 +127,7 @@ async fn count_response(
     });
     // Boxed: only a response some limit counts pays for the call's state.
     let limits = &route.limits;
-    crate::boxed(|| count(shared.as_ref(), limits, &clients, status, peer, now)).await;
+    crate::boxed(|| count(shared.as_ref(), limits, &clients, status, peer, (now, None))).await;
 }
 
 /// The route's limits for one request: concurrency slots first (into `slots`), so that a

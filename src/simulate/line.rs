@@ -28,6 +28,8 @@ struct Raw {
     limit: Option<String>,
     #[serde(rename = "tollgate.outcome")]
     outcome: Option<String>,
+    #[serde(rename = "http.response.status_code")]
+    status: Option<u16>,
     #[serde(rename = "tollgate.keys")]
     keys: Option<std::collections::HashMap<String, Option<String>>>,
     duration_ms: Option<f64>,
@@ -53,6 +55,8 @@ pub struct Record {
     pub route: Option<String>,
     pub limit: Option<String>,
     pub outcome: Option<String>,
+    /// The response's status, which `count_when` limits count by.
+    pub status: Option<u16>,
 }
 
 impl Record {
@@ -147,6 +151,7 @@ fn record(raw: Raw) -> Option<Record> {
         route: raw.route,
         limit: raw.limit,
         outcome: raw.outcome,
+        status: raw.status,
     })
 }
 

@@ -353,12 +353,12 @@ fn decide(limits: &[Arc<Limit>], known: &Known<'_>, stats: &mut RouteStats) -> b
         return false;
     }
     let peer = local::Peer::of(rec.client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()));
-    let decision = limiter::decide_known(
-        limits,
-        &clients,
-        peer,
-        limiter::Moment::from_us(rec.arrival_us as f64),
-    );
+    let now = limiter::Moment::from_us(rec.arrival_us as f64);
+    let decision = limiter::decide_known(limits, &clients, peer, now);
+    // A `count_when` limit counts the logged response's status, if this replay admits it.
+    if let (true, Some(status)) = (decision.admitted(), rec.status) {
+        limiter::count_known(limits, &clients, status, peer, now);
+    }
     count(limits, known, &decision, &alts, stats);
     true
 }

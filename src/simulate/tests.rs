@@ -38,3 +38,28 @@ fn a_request_older_than_the_reorder_window_is_replayed_late_and_counted() {
     assert_eq!(totals.late, 1);
     assert_eq!(api.requests, 3);
 }
+
+/// A `count_when` limit replays by the logged statuses: successes pass whatever their number,
+/// failures are counted, and once spent every request is refused, successes included.
+#[test]
+fn a_count_when_limit_replays_by_the_logged_statuses() {
+    let yaml = YAML.replace(
+        "{ name: per-ip, rate: 1/min, burst: 1, key: [ip] }",
+        "{ name: failed, window: 2/1h, key: [ip], count_when: { status: [401] } }",
+    );
+    let settings = crate::config::parse(&yaml).unwrap();
+    let mut replay = Replay::new(&settings);
+    let with = |at: f64, status: u16| {
+        line(at, 1.0).replace(
+            "\"duration_ms\"",
+            &format!("\"http.response.status_code\":{status},\"duration_ms\""),
+        )
+    };
+    let mut lines: Vec<String> = (0..5).map(|i| with(f64::from(i), 200)).collect();
+    lines.extend((5..8).map(|i| with(f64::from(i), 401)));
+    lines.push(with(9.0, 200));
+    replay.read(lines.concat().as_bytes()).unwrap();
+    let api = replay.stats.remove(0);
+    // 5 successes and 2 failures admitted; the third failure and the success after refused.
+    assert_eq!((api.admitted, api.rejected), (7, 2));
+}

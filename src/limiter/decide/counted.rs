@@ -14,7 +14,7 @@ pub(super) async fn admit<S: Store>(
     p: &mut Prepared<'_>,
     store: &S,
     peer: local::Peer,
-    now: Moment,
+    (now, wall): (Moment, Option<Moment>),
 ) {
     let slots: Small<usize> = (p.results.iter().enumerate())
         .filter(|(_, r)| r.outcome != Outcome::Exempt)
@@ -27,7 +27,7 @@ pub(super) async fn admit<S: Store>(
             continue;
         }
         let tuning = p.tunings.get(i).copied().flatten();
-        let Ok(mut peeked) = store.peek(c.limit, c.client, peer, now).await else {
+        let Ok(mut peeked) = store.peek(c.limit, c.client, peer, (now, wall)).await else {
             failed.push(i);
             continue;
         };
@@ -49,18 +49,18 @@ pub(super) async fn admit<S: Store>(
     }
     if !refused.is_empty() {
         // Refused again by the store: the ban's strike, nothing charged.
-        ask(p, &slots, &refused, store, peer, now).await;
+        ask(p, &slots, &refused, store, peer, (now, wall)).await;
         return;
     }
     if !failed.is_empty() {
         let mut results = subset_results(p, &slots, &failed);
         let (checks, enforced, tuned) = subset(p, &failed);
-        let asked = asked(&checks, &enforced, &tuned, peer, now);
+        let asked = asked(&checks, &enforced, &tuned, peer, (now, wall));
         without_backend(&mut results, asked);
         put_back(p, &slots, &failed, &results);
     }
     if !rest.is_empty() {
-        ask(p, &slots, &rest, store, peer, now).await;
+        ask(p, &slots, &rest, store, peer, (now, wall)).await;
     }
 }
 
@@ -71,14 +71,14 @@ async fn ask<S: Store>(
     which: &[usize],
     store: &S,
     peer: local::Peer,
-    now: Moment,
+    at: (Moment, Option<Moment>),
 ) {
     let mut results = subset_results(p, slots, which);
     let (checks, enforced, tuned) = subset(p, which);
     settle(
         &mut results,
         store,
-        asked(&checks, &enforced, &tuned, peer, now),
+        asked(&checks, &enforced, &tuned, peer, at),
     )
     .await;
     put_back(p, slots, which, &results);
@@ -104,7 +104,7 @@ fn asked<'a>(
     enforced: &'a [bool],
     tuned: &'a [Option<&'a Tuning>],
     peer: local::Peer,
-    now: Moment,
+    (now, wall): (Moment, Option<Moment>),
 ) -> Asked<'a> {
     Asked {
         checks,
@@ -112,7 +112,7 @@ fn asked<'a>(
         tuned,
         peer,
         now,
-        wall: None,
+        wall,
         leases: &[],
     }
 }
@@ -137,7 +137,7 @@ pub async fn count<S: Store>(
     clients: &[Option<crate::identity::ClientId>],
     status: u16,
     peer: local::Peer,
-    now: Moment,
+    (now, wall): (Moment, Option<Moment>),
 ) -> bool {
     let counted: Small<Option<crate::identity::ClientId>> = (limits.iter().zip(clients))
         .map(|(l, c)| c.filter(|_| l.count_when.is_some_and(|s| s.contains(status))))
@@ -146,7 +146,8 @@ pub async fn count<S: Store>(
     if p.checks.is_empty() {
         return false;
     }
-    let (results, asked) = p.split(peer, now);
+    let (results, mut asked) = p.split(peer, now);
+    asked.wall = wall;
     match store {
         Some(store) => settle(results, store, asked).await,
         None => {

@@ -38,7 +38,7 @@ impl Store for Failing {
         _: &'s Limit,
         _: ClientId,
         _: local::Peer,
-        _: Moment,
+        _: (Moment, Option<Moment>),
     ) -> impl Future<Output = Result<crate::limiter::peek::Peeked, Unavailable>> + Send + 's {
         std::future::ready(Err(self.0))
     }
@@ -89,9 +89,9 @@ impl Store for Told {
         limit: &'s Limit,
         client: ClientId,
         peer: local::Peer,
-        now: Moment,
+        at: (Moment, Option<Moment>),
     ) -> impl Future<Output = Result<crate::limiter::peek::Peeked, Unavailable>> + Send + 's {
-        Local { fallback: false }.peek(limit, client, peer, now)
+        Local { fallback: false }.peek(limit, client, peer, at)
     }
 
     fn count_leased(&self) {
