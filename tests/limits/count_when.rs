@@ -133,3 +133,82 @@ async fn two_replicas_count_failures_together_exactly() {
     }
     assert_eq!(ok, 200, "successful logins are never limited");
 }
+
+/// A shadow `count_when` limit counts failures and refuses nothing; an exempt identity is
+/// never counted; `explain` (from the config alone) reads the limit without charging it.
+#[tokio::test]
+async fn shadow_exempt_and_explain() {
+    let app = MockUpstream::start();
+    let yaml = config(&format!(
+        "{}routes:\n  - name: login\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n      - {{ name: dry, window: 2/15m, key: [\"header:x-user\"], count_when: {{ status: [401] }}, shadow: true }}\n      - {{ name: real, window: 2/15m, key: [\"header:x-user\"], count_when: {{ status: [401] }}, exempt: [\"header:x-user=ops\"] }}\n",
+        upstream_app(app.addr(), "5s")
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    let fail = proxy.url("/status/401");
+    // `ops` is exempt from `real`; `dry` would refuse after two but only reports.
+    assert_eq!(
+        http.statuses(5, &fail, &[("x-user", "ops")]).await,
+        [401; 5]
+    );
+    assert_eq!(
+        http.statuses(3, &fail, &[("x-user", "ann")]).await,
+        [401, 401, 429]
+    );
+    // `explain` from the config alone: a fresh limit admits, and reading it charges nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    for _ in 0..3 {
+        let out = common::proxy::run_cli(&[
+            "explain",
+            "--config",
+            file.to_str().unwrap(),
+            "--header",
+            "x-user:zed",
+            "--path",
+            "/status/401",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("decision: ADMITTED"), "{text}");
+        assert!(text.contains("2 of 2 requests left"), "{text}");
+    }
+}
+
+/// Over a Redis Cluster as over one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_count_over_a_redis_cluster() {
+    let cluster = redis_helpers::RedisCluster::start();
+    let app = MockUpstream::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let block = format!(
+        "limiter:\n  backend: redis\n  on_failure: closed\n  redis: {{ cluster: [{}], timeout: 2s }}\n",
+        nodes.join(", ")
+    );
+    let yaml = login(app.addr(), &block, "");
+    let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
+    let http = Http::new();
+    for p in [&a, &b] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while http
+            .get_with(&p.url("/status/200"), &[("x-user", "warm")])
+            .await
+            .code()
+            != 200
+        {
+            assert!(std::time::Instant::now() < deadline, "Redis never answered");
+        }
+    }
+    for user in ["ann", "bob", "cyd"] {
+        let mut codes = Vec::new();
+        for i in 0..7 {
+            let proxy = if i % 2 == 0 { &a } else { &b };
+            codes.push(
+                http.get_with(&proxy.url("/status/401"), &[("x-user", user)])
+                    .await
+                    .code(),
+            );
+        }
+        assert_eq!(codes, [401, 401, 401, 401, 401, 429, 429], "{user}");
+    }
+}
