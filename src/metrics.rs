@@ -183,6 +183,8 @@ pub struct Metrics {
     /// gRPC calls by route and status, counted when the status is known.
     pub grpc_calls: Family<GrpcLabels, Counter>,
     pub rls_descriptors: Family<RlsLabels, Counter>,
+    /// Units settled from responses (`cost.from_response`), by route and limit.
+    pub limit_units: Family<RouteLimitLabels, Counter>,
     /// The candidate config's decisions (see `candidate`): for the admin and dashboards.
     pub candidate_decisions: Family<CandidateLabels, sharded::Counter>,
     candidate_loads: Family<ReloadLabels, Counter>,
@@ -258,6 +260,7 @@ impl Metrics {
             admin_banned_requests: Family::default(),
             grpc_calls: Family::default(),
             rls_descriptors: Family::default(),
+            limit_units: Family::default(),
             candidate_decisions: Family::default(),
             candidate_loads: Family::default(),
             candidate_ok: Gauge::default(),

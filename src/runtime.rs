@@ -79,7 +79,8 @@ pub struct Route {
     pub buffer_response: bool,
     /// The route compares paths without case, so its limits read the path lower-cased.
     pub fold_path: bool,
-    /// A limit counts by the response's status (`count_when`): each response is counted.
+    /// A limit counts by the response's status (`count_when`) or settles its cost from it
+    /// (`cost.from_response`): each response is read for them.
     pub counts_responses: bool,
     /// The identity sources its limits read that a JSON access line gives digests of.
     pub logged_keys: crate::access_log::KeySources,
@@ -130,7 +131,8 @@ impl Runtime {
                 rendered: limits.iter().map(|l| Rendered::of(l)).collect(),
                 counters: metrics.route_counters(&spec.name, limits.iter().map(|l| &*l.name)),
                 logged_keys: logged_keys(&limits),
-                counts_responses: limits.iter().any(|l| l.count_when.is_some()),
+                counts_responses: (limits.iter())
+                    .any(|l| l.count_when.is_some() || l.settle.is_some()),
                 limits,
                 body: spec.body,
                 websocket: spec.websocket,

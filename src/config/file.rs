@@ -9,7 +9,7 @@ use super::values::{DURATION, POSITIVE_DURATION, SIZE};
 
 mod limit;
 mod rls;
-pub use self::limit::{Ban, Leasing, Limit, StatusItem};
+pub use self::limit::{Ban, Cost, Leasing, Limit, StatusItem};
 pub use self::rls::{Descriptor, RateLimit, Rls, RlsFile};
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -201,6 +201,9 @@ pub struct LimitSpec {
     pub leasing: Option<LeaseSpec>,
     /// `count_when:`: counted only for responses of these statuses.
     pub count_when: Option<StatusSet>,
+    /// `cost: { from_response }`: `cost` is reserved at admission and settled to this
+    /// response header's value.
+    pub settle: Option<http::HeaderName>,
 }
 
 /// A limit's leases: a replica holds at most `tokens` of one identity's bucket at a time, and

@@ -389,6 +389,7 @@ fn outcome(v: &Verdict, limit: &Limit) -> Outcome {
 
 pub(crate) mod counted;
 mod leased;
+pub(crate) mod settled;
 pub(crate) mod slots;
 #[cfg(test)]
 mod tests;

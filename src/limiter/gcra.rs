@@ -54,10 +54,20 @@ pub fn clamped(now: f64, rate: &Rate) -> f64 {
 }
 
 pub fn step(tat: Option<f64>, now: f64, rate: &Rate, cost: u32) -> (Verdict, f64) {
+    step_from(tat, now, rate, cost, true)
+}
+
+/// `step` for a bucket that may owe tokens (a settled cost): a `tat` past a full window is a
+/// debt to wait out, not clamped.
+pub fn step_owing(tat: Option<f64>, now: f64, rate: &Rate, cost: u32) -> (Verdict, f64) {
+    step_from(tat, now, rate, cost, false)
+}
+
+fn step_from(tat: Option<f64>, now: f64, rate: &Rate, cost: u32, clamp: bool) -> (Verdict, f64) {
     let tok = rate.token_us();
     let tau = rate.window_us();
     let base = tat.map_or(now, |t| {
-        if t - now > tau + CLAMP_SLACK_US {
+        if clamp && t - now > tau + CLAMP_SLACK_US {
             clamped(now, rate)
         } else {
             t.max(now)

@@ -29,6 +29,7 @@
 mod log;
 mod peek;
 mod peers;
+mod settle;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -91,6 +92,8 @@ pub struct Buckets {
     quota: Option<QuotaSpec>,
     /// An `exact` window's request times, instead of `tat`s.
     logs: Option<Logs>,
+    /// A settled cost's buckets may owe tokens (see `settle`): never clamped.
+    owing: bool,
 }
 
 /// One bucket to check: whose buckets, which client (and from which peer), at what rate and
@@ -163,6 +166,7 @@ impl Buckets {
             peer_overflowed: AtomicU64::new(0),
             quota: None,
             logs: None,
+            owing: false,
         }
     }
 
@@ -176,6 +180,18 @@ impl Buckets {
         }
         self.quota = q;
         self
+    }
+
+    /// These buckets may owe tokens: their costs are settled from responses.
+    #[must_use]
+    pub fn owing(mut self, owing: bool) -> Self {
+        self.owing = owing;
+        self
+    }
+
+    /// Whether these buckets may owe tokens (a reload keeps them only if so still).
+    pub fn is_owing(&self) -> bool {
+        self.owing
     }
 
     /// The quota these buckets count, if any (a reload keeps them only for the same one).
@@ -432,6 +448,7 @@ fn judge_stored(
             window::slide(tat, prev, w, item.cost)
         }
         Some(w) => window::step(tat, w, item.cost),
+        None if item.buckets.owing => super::gcra::step_owing(tat, now, item.rate, item.cost),
         None => step(tat, now, item.rate, item.cost),
     }
 }

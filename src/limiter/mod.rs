@@ -65,6 +65,9 @@ pub struct Limit {
     /// `count_when:`: checked at admission, counted once a response of these statuses comes
     /// (see `decide::counted`).
     pub(crate) count_when: Option<crate::config::settings::StatusSet>,
+    /// `cost: { reserve, from_response }`: the header a response settles the cost with (see
+    /// `decide::settled`).
+    pub(crate) settle: Option<http::HeaderName>,
 }
 
 impl Limit {
@@ -79,6 +82,7 @@ impl Limit {
             Some(old)
                 if old.rate == spec.rate
                     && old.local.quota() == spec.quota.as_ref()
+                    && old.local.is_owing() == spec.settle.is_some()
                     && old.local.has_caps(max_buckets, capped) =>
             {
                 old.local.clone()
@@ -88,7 +92,8 @@ impl Limit {
                     Some(n) => local::Buckets::capped_per_peer(max_buckets, n),
                     None => local::Buckets::new(max_buckets),
                 }
-                .with_quota(spec.quota.clone()),
+                .with_quota(spec.quota.clone())
+                .owing(spec.settle.is_some()),
             ),
         };
         Arc::new(
@@ -118,6 +123,7 @@ impl Limit {
             slots: spec.concurrency.map(|_| concurrency::Slots::new()),
             leases: spec.leasing.map(|l| Arc::new(leasing::Leases::new(l))),
             count_when: spec.count_when,
+            settle: spec.settle.clone(),
         }
     }
 

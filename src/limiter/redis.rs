@@ -87,6 +87,9 @@ struct Bucket<'a> {
     quota: Option<wire::QuotaArgs>,
     /// The limit's ban, if it has one.
     ban: Option<super::ban::BanArgs>,
+    /// A settled cost's bucket (`cost: { from_response }`): it may owe tokens, so a `tat`
+    /// past a full window is a debt to wait out, not a clock step to clamp.
+    debt: bool,
 }
 
 /// A worker's own connection, and its batching queue.

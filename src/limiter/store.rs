@@ -86,6 +86,11 @@ pub trait Store {
 
     /// Count a request admitted from a lease held here, the store not asked.
     fn count_leased(&self) {}
+
+    /// Take `tokens` more from `client`'s bucket of `limit` (give back when negative): a
+    /// settled cost's difference, which may leave the bucket owing. Not awaited: what the
+    /// store cannot take is lost, as a refund is.
+    fn settle(&self, limit: &Limit, client: ClientId, tokens: i64, peer: local::Peer, now: Moment);
 }
 
 /// A concurrency slot taken (held until dropped) with the count in flight, or the count when
@@ -119,6 +124,12 @@ impl Store for Local {
         let at = (now.us(), wall.map(Moment::us));
         let peeked = super::peek::in_process_at(limit, client, peer, at, self.fallback);
         std::future::ready(Ok(peeked))
+    }
+
+    fn settle(&self, limit: &Limit, client: ClientId, tokens: i64, peer: local::Peer, now: Moment) {
+        limit
+            .local
+            .settle(client, peer, tokens, &limit.rate, now.us());
     }
 
     fn take_slot<'s>(
@@ -312,5 +323,9 @@ impl Store for Shared<'_> {
 
     fn count_leased(&self) {
         self.redis.count_leased();
+    }
+
+    fn settle(&self, limit: &Limit, client: ClientId, tokens: i64, _: local::Peer, _: Moment) {
+        self.redis.settle(limit, client, tokens);
     }
 }

@@ -30,6 +30,7 @@ pub fn limit(name: &str, (per_sec, burst): (f64, u32), cost: u32, key: KeySpec) 
         slots: None,
         leases: None,
         count_when: None,
+        settle: None,
     }
 }
 

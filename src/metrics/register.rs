@@ -155,6 +155,11 @@ impl Metrics {
             self.grpc_calls.clone(),
         );
         r.register(
+            "limit_units",
+            "Units requests were charged once their response settled the cost (cost.from_response), by route and limit",
+            self.limit_units.clone(),
+        );
+        r.register(
             "rls_descriptors",
             "Rate limit service descriptors by domain, rule and result (within_limit, near_limit, over_limit, shadow_mode)",
             self.rls_descriptors.clone(),

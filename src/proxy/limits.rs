@@ -98,6 +98,50 @@ pub(super) async fn finish(cx: &Ctx<'_, '_>, route: &Route, res: &mut Response<B
         response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
         if route.counts_responses {
             count_response(cx, route, decision, res.status().as_u16()).await;
+            settle(cx, route, decision, res.headers());
+        }
+    }
+}
+
+/// Settle the route's `cost.from_response` limits from the response's headers.
+fn settle(
+    cx: &Ctx<'_, '_>,
+    route: &Route,
+    decision: &limiter::Decision,
+    headers: &http::HeaderMap,
+) {
+    use limiter::decide::settled::settle;
+    use limiter::store::{Local, Shared};
+    let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
+    let now = cx.state.clock.now();
+    let settled = match cx.rt.redis.as_deref() {
+        Some(redis) => {
+            let shared = Shared {
+                redis,
+                worker: Some(cx.conn.worker),
+            };
+            settle(&shared, &route.limits, decision, headers, peer, now)
+        }
+        None => settle(
+            &Local { fallback: false },
+            &route.limits,
+            decision,
+            headers,
+            peer,
+            now,
+        ),
+    };
+    for (index, units) in settled {
+        if let Some(limit) = route.limits.get(index) {
+            let labels = crate::metrics::RouteLimitLabels {
+                route: route.name.to_string(),
+                limit: limit.name.to_string(),
+            };
+            cx.state
+                .metrics
+                .limit_units
+                .get_or_create(&labels)
+                .inc_by(units);
         }
     }
 }

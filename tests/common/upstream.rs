@@ -6,6 +6,7 @@
 //! - `/upload`: count the request body as it streams in and answer the count.
 //! - `/hop`: a response carrying hop-by-hop headers, which a proxy must strip.
 //! - `/status/CODE`: an empty response with that status.
+//! - `/cost/N`: `200 ok` saying what the request cost in `X-Cost: N` (as an LLM API does).
 //! - anything else: `200 ok`.
 //!
 //! `MockUpstream::h2c()` serves the same over HTTP/2 only, by prior knowledge.
@@ -255,6 +256,11 @@ async fn handle(
         Response::builder()
             .header("connection", "close")
             .body(text("bye\n".into()))
+            .expect("response")
+    } else if let Some(units) = after(&path, "/cost/") {
+        Response::builder()
+            .header("x-cost", units)
+            .body(text("ok\n".into()))
             .expect("response")
     } else if let Some(code) = after(&path, "/status/") {
         let mut r = Response::new(text(String::new()));

@@ -43,6 +43,13 @@ macro_rules! fixtures {
 }
 
 fixtures! {
+    bad_cost: r"
+{f}: 4 problems
+  {f}:7:72: routes[0].limits[0].cost.reserve: must be at least 1
+  {f}:8:72: routes[0].limits[1].cost.reserve: reserve 500 is larger than burst 100: no request could ever pass
+  {f}:9:90: routes[0].limits[2].cost.from_response: `x cost` is not a header name
+  {f}:10:47: routes[0].limits[3].cost: `from_response` is for a token bucket (`rate`): a window or quota counts requests, not units
+",
     bad_count_when: r#"
 {f}: 5 problems
   {f}:7:60: routes[0].limits[0].count_when.status: needs at least one status, as in `[401, 403]` or `["5xx"]`

@@ -21,4 +21,5 @@ mod jwt;
 mod limits;
 mod quotas;
 mod rls;
+mod settled;
 mod windows;

@@ -7,13 +7,13 @@
 
 mod capacity;
 mod concurrency;
-mod count_when;
 mod health;
 mod identity;
 mod leasing;
 mod limiter;
 mod listeners;
 mod quota;
+mod responses;
 mod rls;
 mod routes;
 mod upstreams;

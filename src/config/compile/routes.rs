@@ -292,15 +292,20 @@ fn respond_action(r: &file::Respond, path: &str, p: &mut Problems) -> Option<Act
 
 /// `cost`: at least 1, and no more than `burst` (or no request could pass).
 fn cost(l: &file::Limit, burst: Option<u32>, path: &str, p: &mut Problems) -> u32 {
-    let cost = l.cost.unwrap_or(1);
+    let (cost, key) = match &l.cost {
+        None => (1, "cost"),
+        Some(file::Cost::Fixed(n)) => (*n, "cost"),
+        Some(file::Cost::Settled(s)) => (s.reserve, "cost.reserve"),
+    };
     if cost == 0 {
-        p.add(format!("{path}.cost"), "must be at least 1");
+        p.add(format!("{path}.{key}"), "must be at least 1");
     }
     if let Some(b) = burst {
         if cost > b {
+            let what = if key == "cost" { "cost" } else { "reserve" };
             p.add(
-                format!("{path}.cost"),
-                format!("cost {cost} is larger than burst {b}: no request could ever pass"),
+                format!("{path}.{key}"),
+                format!("{what} {cost} is larger than burst {b}: no request could ever pass"),
             );
         }
     }
@@ -405,6 +410,7 @@ pub(super) fn spec(
             .and_then(|b| super::quota::ban(b, l.shadow, path, p)),
         concurrency: concurrency.flatten(),
         leasing,
-        count_when: super::count_when::spec(l, path, p),
+        count_when: super::responses::spec(l, path, p),
+        settle: super::responses::settle(l, path, p),
     })
 }

@@ -47,8 +47,9 @@ pub struct Limit {
     pub leasing: Option<Leasing>,
     #[schemars(length(min = 1))]
     pub key: Vec<String>,
-    #[schemars(range(min = 1))]
-    pub cost: Option<u32>,
+    /// Tokens a request takes: a number, or `{ reserve: R, from_response: HEADER }` (R taken
+    /// at admission, settled to the response header's value).
+    pub cost: Option<Cost>,
     #[serde(default)]
     pub shadow: bool,
     #[serde(default)]
@@ -58,6 +59,27 @@ pub struct Limit {
     /// Count a request only when its response's status is one of these (checked, not
     /// taken, at admission): failed logins, as `{ status: [401, 403] }`.
     pub count_when: Option<CountWhen>,
+}
+
+/// A limit's `cost`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Cost {
+    #[schemars(extend("minimum" = 1))]
+    Fixed(u32),
+    Settled(SettledCost),
+}
+
+/// `cost: { reserve, from_response }`: a cost known once the response comes.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettledCost {
+    /// Tokens taken at admission.
+    #[schemars(range(min = 1))]
+    pub reserve: u32,
+    /// The response header whose value (a whole number) is what the request cost.
+    #[schemars(length(min = 1))]
+    pub from_response: String,
 }
 
 /// `routes[].limits[].count_when`.

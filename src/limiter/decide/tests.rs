@@ -42,6 +42,8 @@ impl Store for Failing {
     ) -> impl Future<Output = Result<crate::limiter::peek::Peeked, Unavailable>> + Send + 's {
         std::future::ready(Err(self.0))
     }
+
+    fn settle(&self, _: &Limit, _: ClientId, _: i64, _: local::Peer, _: Moment) {}
 }
 
 /// A store that answers with the verdicts it is given and remembers what it was asked: how
@@ -97,6 +99,8 @@ impl Store for Told {
     fn count_leased(&self) {
         *self.leased.lock() += 1;
     }
+
+    fn settle(&self, _: &Limit, _: ClientId, _: i64, _: local::Peer, _: Moment) {}
 }
 
 fn verdict(admitted: bool) -> Verdict {

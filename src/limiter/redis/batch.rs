@@ -48,8 +48,16 @@ const GATHER_TURNS: usize = 4;
 type PerBucket<T> = SmallVec<[T; 2]>;
 
 /// One bucket's rate, cost, enforcement, quota and ban, as the script takes them.
-/// A bucket's rate, cost, leased tokens asked, enforcement, quota and ban.
-type Args = (Rate, u32, u32, bool, Option<QuotaArgs>, Option<BanArgs>);
+/// A bucket's rate, cost, leased tokens asked, enforcement, quota, ban, and whether it may owe.
+type Args = (
+    Rate,
+    u32,
+    u32,
+    bool,
+    Option<QuotaArgs>,
+    Option<BanArgs>,
+    bool,
+);
 
 /// One request's check, waiting for its batch.
 struct Job {
@@ -91,7 +99,17 @@ impl Batcher {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
-                .map(|b| (b.rate.clone(), b.cost, b.lease, b.enforced, b.quota, b.ban))
+                .map(|b| {
+                    (
+                        b.rate.clone(),
+                        b.cost,
+                        b.lease,
+                        b.enforced,
+                        b.quota,
+                        b.ban,
+                        b.debt,
+                    )
+                })
                 .collect(),
             deadline,
             reply,
@@ -193,16 +211,19 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
             std::mem::take(&mut keys[first])
                 .into_iter()
                 .zip(&args[first])
-                .map(|(key, (rate, cost, lease, enforced, quota, ban))| Bucket {
-                    key,
-                    slot,
-                    rate,
-                    cost: *cost,
-                    lease: *lease,
-                    enforced: *enforced,
-                    quota: *quota,
-                    ban: *ban,
-                })
+                .map(
+                    |(key, (rate, cost, lease, enforced, quota, ban, debt))| Bucket {
+                        key,
+                        slot,
+                        rate,
+                        cost: *cost,
+                        lease: *lease,
+                        enforced: *enforced,
+                        quota: *quota,
+                        ban: *ban,
+                        debt: *debt,
+                    },
+                )
                 .collect()
         })
         .collect();

@@ -12,6 +12,8 @@
 --                      below: a bucket whose `tat` Redis's clock left too far ahead).
 --             "refund" give back `cost` tokens to every bucket (undo an earlier "check"
 --                      whose request another slot rejected); `tat` never goes below now.
+--             "charge" take `cost` more tokens from every (token) bucket, whatever it holds:
+--                      a settled cost's difference, which may leave the bucket owing.
 --             "batch"  several independent "check"s in one call (requests that were waiting
 --                      at the same moment), sent as groups of identical checks (the same
 --                      buckets with the same values: one hot client, or a limit every client
@@ -36,7 +38,9 @@
 --                       more tokens, as many as the bucket holds after `cost` (the reply's
 --                       `remaining`, which counts them: the caller holds min(N, remaining)).
 --                       Then "b after within for max" (microseconds) for a limit with a ban
---                       (see "Bans" below).
+--                       (see "Bans" below). "d" first for a token bucket that may owe
+--                       tokens (a settled cost): its `tat` past now + tau is a debt to wait
+--                       out, never clamped.
 --
 -- A quota bucket in its window [s, e) of N, with tok = (e - s) / N, holds the same one number:
 -- `tat` = s + used * tok. used = clamp(floor((tat - s) / tok + 0.5), 0, N) (a `tat` of an
@@ -116,6 +120,20 @@ local mode = ARGV[1]
 
 -- A bucket is stored (here and in the final loop) as its `tat` in %.17g, which round-trips
 -- exactly, with a TTL that makes the key vanish when the bucket is full again (at least 1 ms).
+if mode == 'charge' then
+  for i = 1, #KEYS do
+    local a = 2 + 5 * (i - 1)
+    local tok, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+    local tat = tonumber(call('GET', KEYS[i]))
+    if not tat or tat < now then
+      tat = now
+    end
+    tat = tat + cost * tok
+    call('SET', KEYS[i], format('%.17g', tat), 'PX', max(1, ceil((tat - now) / 1000)))
+  end
+  return #KEYS
+end
+
 if mode == 'refund' then
   local refunded = 0
   for i = 1, #KEYS do
@@ -169,7 +187,7 @@ if mode == 'refund' then
         end
       end
       tat = nil
-    elseif tat and tat - now > tau + 1 then
+    elseif tat and tat - now > tau + 1 and kind ~= 'd' then
       tat = now + tau
     end
     if tat then
@@ -408,7 +426,7 @@ local function check(k0, a, n)
           retry, remaining = reset, tok - used
         end
       else
-        if tat and tat - now > tau + 1 then
+        if tat and tat - now > tau + 1 and string.sub(w, 1, 1) ~= 'd' then
           -- Redis's clock stepped back, or an override raised the rate (see the header): a
           -- bucket with one token left from now on (`limiter::clamped`).
           tat = now + max(tau - tok, 0)

@@ -17,6 +17,33 @@ impl RedisLimiter {
         key
     }
 
+    /// Charge `client`'s bucket of `limit` `tokens` more (refund it when negative): a settled
+    /// cost's difference, from a task of its own on the shared connection.
+    pub fn settle(&self, limit: &crate::limiter::Limit, client: ClientId, tokens: i64) {
+        let key = self.key(limit, client);
+        let bucket = Bucket {
+            slot: if self.cluster {
+                cluster::slot_of(&key)
+            } else {
+                0
+            },
+            key,
+            rate: &limit.rate,
+            cost: u32::try_from(tokens.unsigned_abs()).unwrap_or(u32::MAX),
+            lease: 0,
+            enforced: true,
+            quota: None,
+            ban: None,
+            debt: true,
+        };
+        let mode = if tokens >= 0 {
+            super::wire::Mode::Charge
+        } else {
+            super::wire::Mode::Refund
+        };
+        self.adjust_later(None, &[&bucket], mode);
+    }
+
     /// Give a lease's unused tokens (`back`) of `limit`'s bucket back, counted at the rate they
     /// were leased at, from a task of its own on the shared connection.
     pub fn give_back(
@@ -43,6 +70,7 @@ impl RedisLimiter {
             enforced: true,
             quota: None,
             ban: None,
+            debt: false,
         };
         self.counters
             .lease_tokens_returned
@@ -95,6 +123,7 @@ impl RedisLimiter {
                         args
                     }),
                     ban: c.limit.ban,
+                    debt: c.limit.settle.is_some(),
                 }
             })
             .collect()

@@ -149,9 +149,25 @@ impl RedisLimiter {
 
     /// Send a refund from a task of its own, with a deadline of its own.
     pub(super) fn refund_later(&self, via: Via<'_>, group: &[&Bucket<'_>]) {
-        let owned: Vec<(String, u16, Rate, u32, Option<super::wire::QuotaArgs>)> = group
+        self.adjust_later(via, group, Mode::Refund);
+    }
+
+    /// `refund_later`, or with `Mode::Charge` the buckets charged `cost` more (a settled
+    /// cost's difference), going into debt if they must.
+    pub(super) fn adjust_later(&self, via: Via<'_>, group: &[&Bucket<'_>], mode: Mode) {
+        type Owned = (String, u16, Rate, u32, Option<super::wire::QuotaArgs>, bool);
+        let owned: Vec<Owned> = group
             .iter()
-            .map(|b| (b.key.clone(), b.slot, b.rate.clone(), b.cost, b.quota))
+            .map(|b| {
+                (
+                    b.key.clone(),
+                    b.slot,
+                    b.rate.clone(),
+                    b.cost,
+                    b.quota,
+                    b.debt,
+                )
+            })
             .collect();
         let (on, counters, timeout) = (self.link(via).now(), self.counters.clone(), self.timeout);
         let (negative, log_gate, clock) =
@@ -161,7 +177,7 @@ impl RedisLimiter {
         tokio::spawn(async move {
             let buckets: Vec<Bucket<'_>> = owned
                 .iter()
-                .map(|(key, slot, rate, cost, quota)| Bucket {
+                .map(|(key, slot, rate, cost, quota, debt)| Bucket {
                     key: key.clone(),
                     slot: *slot,
                     rate,
@@ -170,9 +186,10 @@ impl RedisLimiter {
                     enforced: true,
                     quota: *quota,
                     ban: None,
+                    debt: *debt,
                 })
                 .collect();
-            let run = on.conn.run(&BUCKET_SCRIPT, Mode::Refund, buckets.iter());
+            let run = on.conn.run(&BUCKET_SCRIPT, mode, buckets.iter());
             let sent = match tokio::time::timeout(timeout, run).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(e.to_string()),
@@ -228,6 +245,7 @@ mod tests {
             enforced: true,
             quota: None,
             ban: None,
+            debt: false,
         };
         let buckets = [
             bucket("t:per-ip:{aa}"),

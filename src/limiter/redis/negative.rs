@@ -313,6 +313,7 @@ mod tests {
             enforced,
             quota: None,
             ban: None,
+            debt: false,
         }
     }
 

@@ -18,6 +18,8 @@ pub(super) enum Mode {
     Check,
     /// Give back what a `Check` took.
     Refund,
+    /// Take `cost` more from token buckets, into debt if need be (a settled cost).
+    Charge,
 }
 
 impl Mode {
@@ -25,6 +27,7 @@ impl Mode {
         match self {
             Mode::Check => "check",
             Mode::Refund => "refund",
+            Mode::Charge => "charge",
         }
     }
 }
@@ -75,11 +78,16 @@ pub(super) fn push_buckets<'b, 'a: 'b>(
             }
         }
         call.arg(b.cost).arg(u8::from(b.enforced));
-        if b.quota.is_none() && b.ban.is_none() && b.lease == 0 {
+        if b.quota.is_none() && b.ban.is_none() && b.lease == 0 && !b.debt {
             call.arg("-");
             continue;
         }
         let mut w = String::with_capacity(96);
+        // First: the script reads it as the first letter (a settled cost's bucket has no
+        // window and no lease, whose parts are read from the start too).
+        if b.debt {
+            w.push('d');
+        }
         if b.lease > 0 {
             let _ = write!(w, "l {}", b.lease);
         }

@@ -1,5 +1,6 @@
-//! A limit's `count_when`: the response statuses that count a request, checked against the
-//! limit's kind.
+//! What a limit learns from the response, checked against its kind: `count_when` (the
+//! statuses that count a request) and `cost: { reserve, from_response }` (the header whose
+//! value settles what a request cost).
 
 use super::Problems;
 use crate::config::file::{self, StatusItem};
@@ -56,4 +57,31 @@ pub(super) fn spec(l: &file::Limit, path: &str, p: &mut Problems) -> Option<Stat
 fn is_class(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 3 && (b'1'..=b'5').contains(&b[0]) && &b[1..] == b"xx"
+}
+
+/// The header `cost.from_response` names; `None` for a fixed cost or when wrong.
+pub(super) fn settle(l: &file::Limit, path: &str, p: &mut Problems) -> Option<http::HeaderName> {
+    let Some(file::Cost::Settled(s)) = &l.cost else {
+        return None;
+    };
+    let path = format!("{path}.cost");
+    let header = p.take(
+        format!("{path}.from_response"),
+        http::HeaderName::from_bytes(s.from_response.trim().as_bytes())
+            .map_err(|_| format!("`{}` is not a header name", s.from_response)),
+    );
+    let kind = if l.rate.is_none() {
+        Some("a token bucket (`rate`): a window or quota counts requests, not units")
+    } else if l.leasing.is_some() {
+        Some("not with `leasing`: a leased token is spent here before the response comes")
+    } else if l.count_when.is_some() {
+        Some("not with `count_when`: write two limits")
+    } else {
+        None
+    };
+    if let Some(why) = kind {
+        p.add(&path, format!("`from_response` is for {why}"));
+        return None;
+    }
+    header
 }

@@ -1,0 +1,33 @@
+//! A settled cost in process: a bucket charged or refunded the difference between what a
+//! request reserved and what its response said it cost, into debt if need be.
+
+use super::{commit, slot, stored, Buckets, Item, Peer};
+use crate::identity::ClientId;
+use crate::limiter::Rate;
+
+impl Buckets {
+    /// Take `tokens` more from `client`'s bucket at `rate` (fewer when negative: a refund,
+    /// which never takes the bucket past full), at `now`.
+    pub fn settle(&self, client: ClientId, peer: Peer, tokens: i64, rate: &Rate, now: f64) {
+        let item = Item {
+            buckets: self,
+            client,
+            peer,
+            rate,
+            cost: 0,
+            window: None,
+        };
+        let mut slot = slot(&item, now);
+        let tat = stored(&item, &slot);
+        let moved = tokens.unsigned_abs() as f64 * rate.token_us();
+        let new = if tokens >= 0 {
+            tat.unwrap_or(now).max(now) + moved
+        } else {
+            match tat {
+                Some(t) if t > now => (t - moved).max(now),
+                _ => return,
+            }
+        };
+        commit(&item, &mut slot, new);
+    }
+}
