@@ -140,6 +140,10 @@ pub struct Now {
     /// Requests of the identity in flight (concurrency limits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<u32>,
+    /// Tokens the bucket owes (a cost settled past what it held): waited out before anything
+    /// is admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed: Option<u64>,
 }
 
 /// The identity's ban state now.
@@ -332,6 +336,7 @@ fn judge(limit: &Limit, n: &Numbers<'_>, p: &Peeked, store: &str, out: &mut Limi
             limit: u64::from(max),
             reset_s: None,
             in_flight: Some(p.in_flight),
+            owed: None,
         });
         let full = p.in_flight >= max;
         out.outcome = if full { refused } else { Outcome::Admitted };
@@ -347,6 +352,7 @@ fn judge(limit: &Limit, n: &Numbers<'_>, p: &Peeked, store: &str, out: &mut Limi
         limit: u64::from(p.window.map_or(n.rate.burst, |w| w.count)),
         reset_s: Some(secs(now.reset_us.max(0.0))),
         in_flight: None,
+        owed: Some(p.owed(n.rate)).filter(|&o| o > 0),
     });
     out.outcome = if request.admitted {
         Outcome::Admitted

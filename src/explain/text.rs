@@ -175,9 +175,14 @@ fn state(out: &mut String, l: &LimitExplained) {
     if let Some(n) = &l.now {
         let _ = write!(out, "  now:      {} of {} ", n.remaining, n.limit);
         let _ = match l.kind {
-            Kind::TokenBucket { .. } => {
-                write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in)
-            }
+            Kind::TokenBucket { .. } => match n.owed {
+                Some(owed) => write!(
+                    out,
+                    "tokens left, {owed} owed ({}, {} bucket)",
+                    n.store, n.counted_in
+                ),
+                None => write!(out, "tokens left ({}, {} bucket)", n.store, n.counted_in),
+            },
             Kind::Quota { .. } | Kind::Window { .. } => {
                 write!(out, "requests left ({}, {} bucket)", n.store, n.counted_in)
             }

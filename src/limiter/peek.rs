@@ -26,9 +26,21 @@ pub struct Peeked {
     pub ban: Option<Standing>,
     /// Requests in flight (a concurrency limit's slots taken).
     pub in_flight: u32,
+    /// The bucket may owe tokens (a settled cost): read without the clamp.
+    pub owing: bool,
 }
 
 impl Peeked {
+    /// Whole tokens a settled cost's bucket owes now at `rate` (0 when it owes none).
+    pub fn owed(&self, rate: &Rate) -> u64 {
+        let over = self.tat.map_or(0.0, |t| t - self.now - rate.window_us());
+        if self.owing && over > 0.0 {
+            (over / rate.token_us()).ceil() as u64
+        } else {
+            0
+        }
+    }
+
     /// The bucket now (`remaining` = whole tokens it holds), and what a request of `cost` at
     /// `rate` would get from it now.
     pub fn bucket(&self, rate: &Rate, cost: u32) -> (Verdict, Verdict) {
@@ -47,6 +59,10 @@ impl Peeked {
             Some(w) => (
                 window::step(self.tat, w, 0).0,
                 window::step(self.tat, w, cost).0,
+            ),
+            None if self.owing => (
+                super::gcra::step_owing(self.tat, self.now, rate, 0).0,
+                super::gcra::step_owing(self.tat, self.now, rate, cost).0,
             ),
             None => (
                 step(self.tat, self.now, rate, 0).0,
@@ -92,5 +108,6 @@ pub fn in_process_at(
         log: limit.local.log_of(client),
         ban: limit.bans.as_ref().and_then(|b| b.peek(client, now)),
         in_flight: limit.slots.as_ref().map_or(0, |s| s.in_flight(client)),
+        owing: limit.settle.is_some(),
     }
 }

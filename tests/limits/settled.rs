@@ -101,3 +101,41 @@ async fn two_replicas_share_one_budget_and_its_debt_over_redis() {
     // The settlement is one more script call, sent after the response: a pause lets it land.
     settles_and_owes(&a, &b, Duration::from_millis(200)).await;
 }
+
+/// `explain` shows a bucket's debt and when the next request would pass.
+#[tokio::test]
+async fn explain_shows_the_debt() {
+    let app = MockUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let yaml = budget(app.addr(), "").replace(
+        "admin: { address: 127.0.0.1:0 }",
+        &format!(
+            "admin: {{ address: 127.0.0.1:0, token_file: {} }}",
+            token.display()
+        ),
+    );
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    let acme = [("x-tenant", "acme")];
+    assert_eq!(
+        http.get_with(&proxy.url("/cost/1500"), &acme).await.code(),
+        200
+    );
+    let url = format!(
+        "http://{}/api/v1/explain?path=/x&header=x-tenant:acme",
+        proxy.admin_addr()
+    );
+    let e = http
+        .get_with(&url, &[("authorization", "Bearer s3cret")])
+        .await;
+    let v: serde_json::Value = serde_json::from_str(e.text()).unwrap();
+    assert_eq!(v["limits"][0]["now"]["owed"], 500, "{v}");
+    assert_eq!(v["decision"]["outcome"], "limited");
+    let retry = v["decision"]["retry_after_s"].as_f64().unwrap();
+    assert!(
+        (2150.0..2170.0).contains(&retry),
+        "600 tokens at 1000 an hour: {retry}"
+    );
+}

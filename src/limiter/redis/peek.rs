@@ -84,6 +84,7 @@ fn parse(reply: &Value, limit: &Limit) -> Option<Peeked> {
         log,
         ban,
         in_flight: num(8).map_or(0, |n| n as u32),
+        owing: limit.settle.is_some(),
     })
 }
 
