@@ -166,6 +166,10 @@ fn text(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
         out.extend_from_slice(b" grpc_status=");
         push_int(out, u64::from(g));
     }
+    if let Some(c) = e.cost {
+        out.extend_from_slice(b" cost=");
+        push_int(out, c);
+    }
     out.extend_from_slice(b" bytes_in=");
     push_int(out, bytes_in(e));
     out.extend_from_slice(b" bytes_out=");
@@ -321,6 +325,10 @@ fn json(out: &mut Vec<u8>, clock: &mut Clock, e: &Entry, bytes_out: u64, at: At)
     if let Some(g) = e.grpc_status {
         json_key(out, b"rpc.grpc.status_code");
         push_int(out, u64::from(g));
+    }
+    if let Some(c) = e.cost {
+        json_key(out, b"tollgate.cost");
+        push_int(out, c);
     }
     json_key(out, b"http.request.body.size");
     push_int(out, bytes_in(e));

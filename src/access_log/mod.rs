@@ -118,6 +118,8 @@ pub struct Entry {
     /// A gRPC call's status: from the answer's head (a trailers-only answer, tollgate's own
     /// among them) or its trailers.
     pub grpc_status: Option<u16>,
+    /// What the response said the request cost (`cost.from_response`), once settled.
+    pub cost: Option<u64>,
 }
 
 impl Entry {
@@ -155,6 +157,7 @@ impl Entry {
             body_in: Sent::default(),
             keys: Keys::default(),
             grpc_status: None,
+            cost: None,
         }
     }
 }

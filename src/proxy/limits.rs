@@ -91,14 +91,14 @@ pub(super) fn refusal(
 
 /// The rate-limit headers of the route's limits on `res`, from the request's decision; and
 /// the response counted against the `count_when` limits its status matches.
-pub(super) async fn finish(cx: &Ctx<'_, '_>, route: &Route, res: &mut Response<Body>) {
+pub(super) async fn finish(cx: &mut Ctx<'_, '_>, route: &Route, res: &mut Response<Body>) {
     if let Some(decision) = cx.trace.decision.as_ref() {
         let (limits, rendered) = (&route.limits, &route.rendered);
         let policy = cx.rt.settings.headers;
         response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
         if route.counts_responses {
             count_response(cx, route, decision, res.status().as_u16()).await;
-            settle(cx, route, decision, res.headers());
+            cx.trace.cost = settle(cx, route, decision, res.headers());
         }
     }
 }
@@ -109,7 +109,7 @@ fn settle(
     route: &Route,
     decision: &limiter::Decision,
     headers: &http::HeaderMap,
-) {
+) -> Option<u64> {
     use limiter::decide::settled::settle;
     use limiter::store::{Local, Shared};
     let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
@@ -131,7 +131,7 @@ fn settle(
             now,
         ),
     };
-    for (index, units) in settled {
+    for &(index, units) in &settled {
         if let Some(limit) = route.limits.get(index) {
             let labels = crate::metrics::RouteLimitLabels {
                 route: route.name.to_string(),
@@ -144,6 +144,7 @@ fn settle(
                 .inc_by(units);
         }
     }
+    settled.first().map(|&(_, units)| units)
 }
 
 /// Count a response of `status` against the route's `count_when` limits, under the

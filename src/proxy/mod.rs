@@ -112,6 +112,8 @@ struct Trace<'a> {
     keys: access_log::Digests,
     /// A gRPC call (`content-type: application/grpc`): its bodies are never buffered.
     grpc: bool,
+    /// What the response said the request cost, for a limit that settles it.
+    cost: Option<u64>,
 }
 
 impl Trace<'_> {
@@ -424,6 +426,7 @@ fn record(
     entry.status = status.as_u16();
     entry.client_ip = trace.client_ip;
     entry.bytes_in = trace.bytes_in;
+    entry.cost = trace.cost;
     entry.body_in = trace.sent.clone();
     let Some(route) = trace.route else {
         return;

@@ -139,3 +139,34 @@ async fn explain_shows_the_debt() {
         "600 tokens at 1000 an hour: {retry}"
     );
 }
+
+/// The access log records what the response said the request cost, in text and JSON.
+#[tokio::test]
+async fn the_access_log_records_the_settled_cost() {
+    let app = MockUpstream::start();
+    let yaml = budget(app.addr(), "");
+    let proxy = common::BinaryProxy::start(&yaml);
+    let http = Http::new();
+    let url = format!("http://{}/cost/42", proxy.addr());
+    assert_eq!(
+        http.get_with(&url, &[("x-tenant", "acme")]).await.code(),
+        200
+    );
+    let wait = Duration::from_secs(5);
+    assert!(
+        proxy.wait_for_log("status=200 cost=42 ", wait),
+        "{:#?}",
+        proxy.logs()
+    );
+    let json = common::BinaryProxy::start_with_env(&yaml, &[("TOLLGATE_LOG_FORMAT", "json")]);
+    let url = format!("http://{}/cost/7", json.addr());
+    assert_eq!(
+        http.get_with(&url, &[("x-tenant", "acme")]).await.code(),
+        200
+    );
+    assert!(
+        json.wait_for_log("\"tollgate.cost\":7", wait),
+        "{:#?}",
+        json.logs()
+    );
+}
