@@ -43,7 +43,9 @@
 //!   Redis stores behind one `store::Store` trait for buckets and concurrency slots (the failure
 //!   policy in `decide`, for slots in `decide::slots`), a
 //!   read-only look at one identity's state (`peek`), a busy identity's tokens leased from its
-//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), limits built without
+//!   Redis bucket and spent here (`leasing`, decided in `decide::leased`), limits that learn
+//!   from the response (`count_when` in `decide::counted`, costs settled in `decide::settled`,
+//!   a bucket's debt in `local::settle`), limits built without
 //!   a config for tests (`limiter::test_util`); in `limiter::redis`
 //!   the connection (`conn`), the bucket script's wire format (`wire`, beside `bucket.lua`),
 //!   a Sentinel failover followed at the promotion (`sentinel`); slots of requests in flight

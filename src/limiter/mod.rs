@@ -3,7 +3,8 @@
 //! and windows (`window`), escalating bans (`ban`), concurrency slots (`concurrency`), token
 //! leasing from Redis (`leasing`), the in-process store (`local`) and Redis (`redis`) behind
 //! one `store::Store`, the failure policy and all-or-nothing (`decide`), a read-only look
-//! at one identity (`peek`), and Envoy rate limit service domains as limits (`descriptors`).
+//! at one identity (`peek`), limits counted or charged by the response (`decide::counted`,
+//! `decide::settled`), and Envoy rate limit service domains as limits (`descriptors`).
 
 pub mod ban;
 pub mod clock;

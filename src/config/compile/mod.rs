@@ -17,6 +17,7 @@ mod responses;
 mod rls;
 mod routes;
 mod upstreams;
+mod whole;
 
 /// `N/day` and the other quota values, for the admin API's overrides.
 pub(crate) use quota::parse as quota_value;
@@ -86,7 +87,7 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         admin_token(raw.admin.as_ref().filter(|_| live), &mut p),
         rls::section(raw.rls.as_ref().filter(|_| live), &mut p),
     );
-    role_checks(raw, live, &listeners, &trusted_proxies, &mut p);
+    whole::role_checks(raw, live, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -242,56 +243,6 @@ fn fingerprints(raw: &file::File) -> Vec<(String, u64)> {
         .iter()
         .map(|(n, u)| (format!("upstream {n}"), hash(format!("{u:?}"))));
     routes.chain(upstreams).collect()
-}
-
-/// The live config's rules that span sections; a candidate's one rule.
-fn role_checks(
-    raw: &file::File,
-    live: bool,
-    listeners: &[Listener],
-    trusted: &[IpNet],
-    p: &mut Problems,
-) {
-    if live {
-        whole_file_checks(raw, listeners, trusted, p);
-    } else if raw.candidate.is_some() {
-        p.add(
-            "candidate",
-            "a candidate config cannot name a candidate of its own",
-        );
-    }
-}
-
-/// Rules that span sections of the file.
-fn whole_file_checks(
-    raw: &file::File,
-    listeners: &[Listener],
-    trusted: &[IpNet],
-    p: &mut Problems,
-) {
-    if raw.max_inflight == Some(0) {
-        p.add("max_inflight", "must be at least 1");
-    }
-    if trusted.is_empty() && raw.listeners.iter().any(|l| l.proxy_protocol) {
-        let i = raw
-            .listeners
-            .iter()
-            .position(|l| l.proxy_protocol)
-            .unwrap_or(0);
-        let i = raw.positions.listeners.get(i).copied().unwrap_or(i);
-        p.add(
-            format!("listeners[{i}].proxy_protocol"),
-            "needs `trusted_proxies`: PROXY headers are accepted only from them",
-        );
-    }
-    // Broken listener items were reported already; only a file with none asks for one.
-    let front = !listeners.is_empty() || !raw.listeners.is_empty() || raw.rls.is_some();
-    if !front && raw.positions.listeners.is_empty() {
-        p.add(
-            "listeners",
-            "at least one listener is needed, as in `- address: 0.0.0.0:8000` (or `rls:` for a pure rate limit service)",
-        );
-    }
 }
 
 /// What `strip_untrusted_headers` is without the key: headers that name the client's address
