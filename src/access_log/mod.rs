@@ -169,10 +169,14 @@ pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
-/// Told a gRPC call's status once its trailers bring it (for the metrics): `2` (UNKNOWN) for a
-/// body that ended without one, `1` (CANCELLED) for one dropped before its end.
+/// Told a gRPC call's status once its trailers bring it (for the metrics), with the trailers
+/// (a cost settled from them): `2` (UNKNOWN) for a body that ended without one, `1`
+/// (CANCELLED) for one dropped before its end, both without trailers.
 /// Boxed twice: a thin pointer, as every response body carries the field.
-pub struct GrpcTally(pub Box<Box<dyn FnOnce(u16) + Send + Sync>>);
+pub struct GrpcTally(pub Box<TallyFn>);
+
+/// What a `GrpcTally` calls.
+pub type TallyFn = Box<dyn FnOnce(u16, Option<&http::HeaderMap>) + Send + Sync>;
 
 impl std::fmt::Debug for GrpcTally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -200,9 +204,9 @@ impl<B> LoggedBody<B> {
         }
     }
 
-    fn tally(&mut self, status: u16) {
+    fn tally(&mut self, status: u16, trailers: Option<&http::HeaderMap>) {
         if let Some(tally) = self.grpc.take() {
-            (tally.0)(status);
+            (tally.0)(status, trailers);
         }
     }
 
@@ -232,12 +236,12 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
                             if let Some(entry) = self.entry.as_mut() {
                                 entry.grpc_status = Some(status);
                             }
-                            self.tally(status);
+                            self.tally(status, Some(trailers));
                         }
                     }
                 }
                 Poll::Ready(None) => {
-                    self.tally(2);
+                    self.tally(2, None);
                     self.write();
                 }
                 _ => {}
@@ -257,7 +261,7 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
 
 impl<B> Drop for LoggedBody<B> {
     fn drop(&mut self) {
-        self.tally(1);
+        self.tally(1, None);
         self.write();
     }
 }

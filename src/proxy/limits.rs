@@ -97,54 +97,100 @@ pub(super) async fn finish(cx: &mut Ctx<'_, '_>, route: &Route, res: &mut Respon
         let policy = cx.rt.settings.headers;
         response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
         if route.counts_responses {
-            count_response(cx, route, decision, res.status().as_u16()).await;
-            cx.trace.cost = settle(cx, route, decision, res.headers());
+            // Owned: the settlement writes to the trace the decision lives in.
+            let decision = decision.clone();
+            count_response(cx, route, &decision, res.status().as_u16()).await;
+            cx.trace.cost = settle(cx, route, &decision, res.headers());
         }
     }
 }
 
 /// Settle the route's `cost.from_response` limits from the response's headers.
 fn settle(
-    cx: &Ctx<'_, '_>,
+    cx: &mut Ctx<'_, '_>,
     route: &Route,
     decision: &limiter::Decision,
     headers: &http::HeaderMap,
 ) -> Option<u64> {
-    use limiter::decide::settled::settle;
-    use limiter::store::{Local, Shared};
+    use limiter::decide::settled::Deferred;
     let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
     let now = cx.state.clock.now();
-    let settled = match cx.rt.redis.as_deref() {
-        Some(redis) => {
-            let shared = Shared {
-                redis,
-                worker: Some(cx.conn.worker),
-            };
-            settle(&shared, &route.limits, decision, headers, peer, now)
-        }
-        None => settle(
-            &Local { fallback: false },
-            &route.limits,
+    let (redis, units) = (cx.rt.redis.clone(), cx.state.metrics.limit_units.clone());
+    let head_says = (route.limits.iter())
+        .filter_map(|l| l.settle.as_ref())
+        .any(|h| headers.contains_key(h));
+    if cx.trace.grpc && !head_says {
+        // A gRPC call reports in its trailers: settled when they come.
+        let (limits, decision, name) = (route.limits.clone(), decision.clone(), route.name.clone());
+        cx.trace.settle_later = Some(Deferred(Box::new(move |trailers| {
+            let at = (peer, now);
+            let settled = settle_in(redis.as_deref(), None, (&limits, &decision), trailers, at);
+            count_units(&units, &name, &limits, &settled);
+        })));
+        return None;
+    }
+    let worker = Some(cx.conn.worker);
+    let at = (peer, now);
+    let settled = settle_in(
+        redis.as_deref(),
+        worker,
+        (&route.limits, decision),
+        headers,
+        at,
+    );
+    count_units(&units, &route.name, &route.limits, &settled);
+    settled.first().map(|&(_, units)| units)
+}
+
+/// `settled::settle` in the shared store when there is one, else in process.
+fn settle_in(
+    redis: Option<&limiter::redis::RedisLimiter>,
+    worker: Option<usize>,
+    (limits, decision): (&[std::sync::Arc<limiter::Limit>], &limiter::Decision),
+    headers: &http::HeaderMap,
+    (peer, now): (limiter::local::Peer, limiter::Moment),
+) -> Vec<(usize, u64)> {
+    use limiter::decide::settled::settle;
+    use limiter::store::{Local, Shared};
+    match redis {
+        Some(redis) => settle(
+            &Shared { redis, worker },
+            limits,
             decision,
             headers,
             peer,
             now,
         ),
-    };
-    for &(index, units) in &settled {
-        if let Some(limit) = route.limits.get(index) {
+        None => settle(
+            &Local { fallback: false },
+            limits,
+            decision,
+            headers,
+            peer,
+            now,
+        ),
+    }
+}
+
+/// Count the units `settled` (by limit index) in `tollgate_limit_units_total`.
+fn count_units(
+    units: &prometheus_client::metrics::family::Family<
+        crate::metrics::RouteLimitLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    route: &str,
+    limits: &[std::sync::Arc<limiter::Limit>],
+    settled: &[(usize, u64)],
+) {
+    for &(index, n) in settled {
+        if let Some(limit) = limits.get(index) {
             let labels = crate::metrics::RouteLimitLabels {
-                route: route.name.to_string(),
+                route: route.to_owned(),
                 limit: limit.name.to_string(),
             };
-            cx.state
-                .metrics
-                .limit_units
-                .get_or_create(&labels)
-                .inc_by(units);
+            units.get_or_create(&labels).inc_by(n);
         }
     }
-    settled.first().map(|&(_, units)| units)
 }
 
 /// Count a response of `status` against the route's `count_when` limits, under the

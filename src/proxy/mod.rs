@@ -114,6 +114,9 @@ struct Trace<'a> {
     grpc: bool,
     /// What the response said the request cost, for a limit that settles it.
     cost: Option<u64>,
+    /// A gRPC call's settlement, when its head did not say what it cost: done with its
+    /// trailers.
+    settle_later: Option<limiter::decide::settled::Deferred>,
 }
 
 impl Trace<'_> {
@@ -210,10 +213,11 @@ fn hand_over(
     mut access: Option<Box<Entry>>,
 ) -> Handled {
     record(state, trace, &response, started, &mut access);
-    let grpc = trace
-        .grpc
-        .then(|| count_grpc(state, trace, &response, &mut access))
-        .flatten();
+    let grpc = if trace.grpc {
+        count_grpc(state, trace, &response, &mut access)
+    } else {
+        None
+    };
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
     // A WebSocket holds its slots until the tunnel closes.
@@ -388,7 +392,7 @@ fn respond(r: &Respond) -> Response<Body> {
 /// own among them), else by the tally returned and the log line, when its trailers come.
 fn count_grpc(
     state: &State,
-    trace: &Trace<'_>,
+    trace: &mut Trace<'_>,
     res: &Response<Body>,
     access: &mut Option<Box<Entry>>,
 ) -> Option<access_log::GrpcTally> {
@@ -396,12 +400,23 @@ fn count_grpc(
     if let Some(entry) = access {
         entry.grpc_status = head;
     }
-    let calls = state
+    let mut calls = state
         .metrics
         .grpc_tally(trace.route.map_or("", |r| &*r.name));
+    // A cost the head did not give is settled from the trailers.
+    if let Some(settle) = trace.settle_later.take() {
+        let count = calls.0;
+        calls = access_log::GrpcTally(Box::new(Box::new(move |code, trailers| {
+            count(code, trailers);
+            if let Some(trailers) = trailers {
+                (settle.0)(trailers);
+            }
+        })));
+    }
     match head {
+        // Trailers-only: the head is the trailers.
         Some(code) => {
-            (calls.0)(code);
+            (calls.0)(code, Some(res.headers()));
             None
         }
         None => Some(calls),

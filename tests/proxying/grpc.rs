@@ -311,3 +311,30 @@ async fn a_goaway_moves_the_next_calls_to_a_new_connection() {
         "a new connection: {run}"
     );
 }
+
+/// A call's cost reported in its trailers settles its reserve: 42 charged of the 100 reserved,
+/// counted once the trailers come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_in_the_trailers_settles_the_reserve() {
+    let server = GrpcServer::start();
+    let limits = "    limits:\n      - { name: units, rate: 1000/h, burst: 1000, key: [ip], cost: { reserve: 100, from_response: x-cost } }\n";
+    let yaml = grpc_config(&server, limits)
+        .replace("upstreams:", "admin: { address: 127.0.0.1:0 }\nupstreams:");
+    let proxy = TestProxy::start(&yaml);
+    for _ in 0..3 {
+        assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
+    }
+    let series = "tollgate_limit_units_total{route=\"echo\",limit=\"units\"}";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let scrape = proxy.scrape().await;
+        if common::find_sample::<u64>(&scrape, series) == Some(126) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three calls of 42 settled:\n{scrape}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -44,3 +44,13 @@ pub fn settle<S: Store>(
     }
     settled
 }
+
+/// A settlement waiting for the trailers: a gRPC call whose response head did not say what it
+/// cost (its trailers may).
+pub struct Deferred(pub Box<dyn FnOnce(&http::HeaderMap) + Send + Sync>);
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
