@@ -212,6 +212,12 @@ function tiles(data) {
   );
 }
 
+// A cost settled from responses: the reserve, the units settled, and who owes what.
+function settledNote(s) {
+  const owing = s.owing === undefined ? "" : " · " + int(s.owing) + " owing " + int(s.owed);
+  return el("span", { "data-settled": int(s.units) }, " · reserve " + int(s.reserve) + " · " + int(s.units) + " units settled" + owing);
+}
+
 function limitsTable(data) {
   const rows = data.limits.map((l) => {
     // A dry run rejects nothing: its "limited" columns show what it would have rejected.
@@ -225,7 +231,7 @@ function limitsTable(data) {
     return el("tr", { "data-limit": l.limit, "data-route": l.route },
       el("td", { class: "muted" }, l.route),
       el("td", { class: "name" }, l.limit, l.shadow ? [" ", pill("info", "dry run")] : null),
-      el("td", { class: "muted" }, l.rule),
+      el("td", { class: "muted" }, l.rule, l.settled ? settledNote(l.settled) : null),
       el("td", {}, el("div", { class: "rate" }, spark(a, "var(--admitted)"), el("b", {}, rate(now(a))))),
       el("td", {}, el("div", { class: "rate" }, spark(r, "var(--limited)"), el("b", {}, would(rate(now(r)))))),
       el("td", { class: "num", "data-limit": l.limit, "data-count": "admitted" }, int(l.total.admitted)),

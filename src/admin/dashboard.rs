@@ -160,6 +160,9 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
             if limit.ban.is_some() {
                 v["bans"] = ban_counts(state, &route.name, &limit.name, bans.get(&k), step);
             }
+            if limit.settle.is_some() {
+                v["settled"] = settled(state, &route.name, limit, rt.redis.is_some());
+            }
             out.push(v);
         }
     }
@@ -192,6 +195,28 @@ fn rls_limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
             })
         })
         .collect()
+}
+
+/// A settled cost's limit: the units its responses settled, its reserve, and (in process)
+/// the identities owing and what they owe.
+fn settled(state: &State, route: &str, limit: &Limit, shared: bool) -> Value {
+    let labels = RouteLimitLabels {
+        route: route.to_owned(),
+        limit: limit.name.to_string(),
+    };
+    let units = state
+        .metrics
+        .limit_units
+        .get(&labels)
+        .map_or(0, |c| c.get());
+    let mut v = json!({"units": units, "reserve": limit.cost});
+    if !shared {
+        let now = state.clock.now().us();
+        let (owing, owed) = limit.local.owing_now(&limit.rate, now);
+        v["owing"] = json!(owing);
+        v["owed"] = json!(owed);
+    }
+    v
 }
 
 /// A ban limit's bans: begun, requests refused, lifted.

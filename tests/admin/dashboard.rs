@@ -324,6 +324,46 @@ async fn the_page_shows_the_rate_limit_services_rules() {
     );
 }
 
+/// A limit whose cost the response settles shows its reserve, the units settled and who owes
+/// what.
+#[tokio::test]
+async fn the_page_shows_settled_units_and_debts() {
+    let app = common::MockUpstream::start();
+    let rest = format!(
+        "{}routes:\n  - name: llm\n    match: {{ path_prefix: / }}\n    upstream: app\n    limits:\n      - {{ name: tokens, rate: 1000/h, burst: 1000, key: [\"header:x-tenant\"], cost: {{ reserve: 100, from_response: x-cost }} }}\n",
+        common::upstream_app(app.addr(), "5s")
+    );
+    let (proxy, _token) = proxy(&rest);
+    let http = Http::new();
+    for cost in ["10", "1500"] {
+        let url = proxy.url(&format!("/cost/{cost}"));
+        assert_eq!(
+            http.get_with(&url, &[("x-tenant", "acme")]).await.code(),
+            200
+        );
+    }
+    let v = data(&http, &proxy).await;
+    let settled = &limit(&v, "tokens")["settled"];
+    assert_eq!(
+        (
+            settled["units"].as_u64(),
+            settled["owing"].as_u64(),
+            settled["owed"].as_u64()
+        ),
+        (Some(1510), Some(1), Some(510)),
+        "{v}"
+    );
+    let page = format!("http://{}/dashboard#token={TOKEN}", proxy.admin_addr());
+    let dom = tokio::task::spawn_blocking(move || rendered(&page, 5000))
+        .await
+        .expect("render");
+    assert!(
+        dom.contains("data-settled=\"1,510\""),
+        "the units settled:\n{dom}"
+    );
+    assert!(dom.contains("1 owing 510"), "the debt shown:\n{dom}");
+}
+
 #[tokio::test]
 async fn without_the_token_the_page_asks_for_it() {
     let (proxy, _token) = proxy(LIMIT);

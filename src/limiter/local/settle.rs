@@ -30,4 +30,21 @@ impl Buckets {
         };
         commit(&item, &mut slot, new);
     }
+
+    /// The identities whose buckets owe tokens at `rate` now, and the tokens they owe in all
+    /// (a walk over every bucket: for the dashboard, not the request path).
+    pub fn owing_now(&self, rate: &Rate, now: f64) -> (usize, u64) {
+        let (tau, tok) = (rate.window_us(), rate.token_us());
+        let mut out = (0, 0);
+        for shard in &self.shards {
+            for e in shard.lock().values() {
+                let over = e.tat - now - tau;
+                if over > 0.0 {
+                    out.0 += 1;
+                    out.1 += (over / tok).ceil() as u64;
+                }
+            }
+        }
+        out
+    }
 }
