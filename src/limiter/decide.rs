@@ -227,6 +227,14 @@ impl<'a> Prepared<'a> {
         }
     }
 
+    /// The result slot of each check (exempt limits have results and no check).
+    fn slots(&self) -> Small<usize> {
+        (self.results.iter().enumerate())
+            .filter(|(_, r)| r.outcome != Outcome::Exempt)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The results to fill in, and what to ask a store for them.
     fn split(&mut self, peer: local::Peer, now: Moment) -> (&mut [LimitResult], Asked<'_>) {
         let asked = Asked {

@@ -7,7 +7,7 @@
 
 use super::{outcome, record, settle, without_backend, Prepared};
 use crate::limiter::store::{Asked, Store};
-use crate::limiter::{local, Check, LimitResult, Moment, Outcome, Small, Tuning};
+use crate::limiter::{local, Check, LimitResult, Moment, Small, Tuning};
 
 /// Decide `p`'s checks at `now` when some limit counts only on certain responses.
 pub(super) async fn admit<S: Store>(
@@ -16,10 +16,7 @@ pub(super) async fn admit<S: Store>(
     peer: local::Peer,
     (now, wall): (Moment, Option<Moment>),
 ) {
-    let slots: Small<usize> = (p.results.iter().enumerate())
-        .filter(|(_, r)| r.outcome != Outcome::Exempt)
-        .map(|(i, _)| i)
-        .collect();
+    let slots = p.slots();
     let (mut refused, mut failed, mut rest) = (Small::new(), Small::new(), Small::new());
     for (i, c) in p.checks.iter().enumerate() {
         if c.limit.count_when.is_none() {

@@ -16,7 +16,7 @@ pub(super) async fn settle<S: Store>(
     now: Moment,
 ) {
     let plans = plan(p, store, now);
-    let slots = slots(p);
+    let slots = p.slots();
     // A leased limit refusing here: the request is refused without asking Redis anything.
     for (i, plan) in plans.iter().enumerate() {
         if let Plan::Refused { verdict } = plan {
@@ -83,7 +83,7 @@ async fn ask<S: Store>(
     peer: crate::limiter::local::Peer,
     now: Moment,
 ) -> (Small<LimitResult>, bool) {
-    let slots = slots(p);
+    let slots = p.slots();
     let checks: Small<Check<'_>> = order.iter().map(|&i| p.checks[i]).collect();
     let enforced: Small<bool> = order.iter().map(|&i| p.enforced[i]).collect();
     let tuned: Small<Option<&crate::limiter::Tuning>> = if p.tunings.is_empty() {
@@ -139,14 +139,6 @@ async fn ask<S: Store>(
         }
     };
     (results, charged)
-}
-
-/// The result slot of each check (exempt limits have results and no check).
-fn slots(p: &Prepared<'_>) -> Small<usize> {
-    (p.results.iter().enumerate())
-        .filter(|(_, r)| r.outcome != Outcome::Exempt)
-        .map(|(i, _)| i)
-        .collect()
 }
 
 /// Each check's plan; tokens of leases taken at other numbers go back to Redis now.
