@@ -92,16 +92,25 @@ pub(super) fn refusal(
 /// The rate-limit headers of the route's limits on `res`, from the request's decision; and
 /// the response counted against the `count_when` limits its status matches.
 pub(super) async fn finish(cx: &mut Ctx<'_, '_>, route: &Route, res: &mut Response<Body>) {
-    if let Some(decision) = cx.trace.decision.as_ref() {
-        let (limits, rendered) = (&route.limits, &route.rendered);
-        let policy = cx.rt.settings.headers;
-        response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
-        if route.counts_responses {
-            // Owned: the settlement writes to the trace the decision lives in.
-            let decision = decision.clone();
-            count_response(cx, route, &decision, res.status().as_u16()).await;
-            cx.trace.cost = settle(cx, route, &decision, res.headers());
-        }
+    let Some(decision) = cx.trace.decision.as_ref() else {
+        return;
+    };
+    let (limits, rendered) = (&route.limits, &route.rendered);
+    let policy = cx.rt.settings.headers;
+    response::add_headers(res.headers_mut(), limits, rendered, decision, policy);
+    if !route.counts_responses {
+        return;
+    }
+    // Owned: the settlement writes to the trace the decision lives in.
+    let decision = decision.clone();
+    let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
+    let at = (peer, cx.state.clock.now());
+    let status = res.status().as_u16();
+    if (limits.iter()).any(|l| l.count_when.is_some_and(|s| s.contains(status))) {
+        count_response(cx, route, &decision, status, at).await;
+    }
+    if limits.iter().any(|l| l.settle.is_some()) {
+        cx.trace.cost = settle(cx, route, &decision, res.headers(), at);
     }
 }
 
@@ -111,10 +120,9 @@ fn settle(
     route: &Route,
     decision: &limiter::Decision,
     headers: &http::HeaderMap,
+    at: (limiter::local::Peer, limiter::Moment),
 ) -> Option<u64> {
     use limiter::decide::settled::Deferred;
-    let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
-    let now = cx.state.clock.now();
     let (redis, units) = (cx.rt.redis.clone(), cx.state.metrics.limit_units.clone());
     let head_says = (route.limits.iter())
         .filter_map(|l| l.settle.as_ref())
@@ -123,14 +131,12 @@ fn settle(
         // A gRPC call reports in its trailers: settled when they come.
         let (limits, decision, name) = (route.limits.clone(), decision.clone(), route.name.clone());
         cx.trace.settle_later = Some(Deferred(Box::new(move |trailers| {
-            let at = (peer, now);
             let settled = settle_in(redis.as_deref(), None, (&limits, &decision), trailers, at);
             count_units(&units, &name, &limits, &settled);
         })));
         return None;
     }
     let worker = Some(cx.conn.worker);
-    let at = (peer, now);
     let settled = settle_in(
         redis.as_deref(),
         worker,
@@ -201,6 +207,7 @@ async fn count_response(
     route: &Route,
     decision: &limiter::Decision,
     status: u16,
+    (peer, now): (limiter::local::Peer, limiter::Moment),
 ) {
     use limiter::decide::counted::count;
     use limiter::store::Shared;
@@ -210,8 +217,6 @@ async fn count_response(
             *slot = r.client;
         }
     }
-    let peer = limiter::local::Peer::of(cx.trace.client_ip.unwrap_or(cx.conn.peer.ip()));
-    let now = cx.state.clock.now();
     let shared = (cx.rt.redis.as_deref()).map(|redis| Shared {
         redis,
         worker: Some(cx.conn.worker),

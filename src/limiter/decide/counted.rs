@@ -135,13 +135,13 @@ pub async fn count<S: Store>(
     status: u16,
     peer: local::Peer,
     (now, wall): (Moment, Option<Moment>),
-) -> bool {
+) {
     let counted: Small<Option<crate::identity::ClientId>> = (limits.iter().zip(clients))
         .map(|(l, c)| c.filter(|_| l.count_when.is_some_and(|s| s.contains(status))))
         .collect();
     let mut p = Prepared::known(limits, &counted, &[]);
     if p.checks.is_empty() {
-        return false;
+        return;
     }
     let (results, mut asked) = p.split(peer, now);
     asked.wall = wall;
@@ -152,5 +152,4 @@ pub async fn count<S: Store>(
             record(results, asked.checks, answer);
         }
     }
-    true
 }
