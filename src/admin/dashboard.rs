@@ -136,7 +136,6 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
                     total.insert((*name).to_owned(), json!(c[o as usize].get()));
                 }
             }
-            let (window, rate) = series(decisions.get(&k), DECISIONS, step);
             let most = route
                 .counters
                 .most_limited
@@ -147,16 +146,8 @@ fn limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
                     .map(|t| json!({"digest": t.client.hex(), "count": t.count, "error": t.error}))
                     .collect()
                 });
-            let mut v = json!({
-                "route": &*route.name,
-                "limit": &*limit.name,
-                "rule": rule(limit),
-                "shadow": limit.shadow,
-                "total": total,
-                "window": window,
-                "rate": rate,
-                "most_limited": most,
-            });
+            let mut v = row(&route.name, limit, total, decisions.get(&k), step);
+            v["most_limited"] = json!(most);
             if limit.ban.is_some() {
                 v["bans"] = ban_counts(state, &route.name, &limit.name, bans.get(&k), step);
             }
@@ -182,19 +173,31 @@ fn rls_limits(state: &State, rt: &Runtime, step: usize) -> Vec<Value> {
                 .map(|(name, n)| ((*name).to_owned(), json!(n)))
                 .collect();
             let k = (route.clone(), limit.name.to_string());
-            let (window, rate) = series(decisions.get(&k), DECISIONS, step);
-            json!({
-                "route": route,
-                "limit": &*limit.name,
-                "rule": rule(limit),
-                "shadow": limit.shadow,
-                "total": total,
-                "window": window,
-                "rate": rate,
-                "most_limited": [],
-            })
+            row(&route, limit, total, decisions.get(&k), step)
         })
         .collect()
+}
+
+/// One limit's row: its route, name, rule, decisions so far (`total`) and their sampled
+/// series; no identity listed (`most_limited` empty) until the caller adds them.
+fn row(
+    route: &str,
+    limit: &Limit,
+    total: Map<String, Value>,
+    rates: Option<&Rates>,
+    step: usize,
+) -> Value {
+    let (window, rate) = series(rates, DECISIONS, step);
+    json!({
+        "route": route,
+        "limit": &*limit.name,
+        "rule": rule(limit),
+        "shadow": limit.shadow,
+        "total": Value::Object(total),
+        "window": window,
+        "rate": rate,
+        "most_limited": [],
+    })
 }
 
 /// A settled cost's limit: the units its responses settled, its reserve, and (in process)
