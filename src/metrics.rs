@@ -207,11 +207,12 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Counts one gRPC call of `route` when told its status.
-    pub fn grpc_tally(&self, route: &str) -> crate::access_log::GrpcTally {
+    pub fn grpc_tally(&self, route: &str) -> crate::access_log::EndTally {
         let (calls, route) = (self.grpc_calls.clone(), route.to_owned());
-        crate::access_log::GrpcTally(Box::new(Box::new(move |code, _| {
+        crate::access_log::EndTally(Box::new(Box::new(move |code, _| {
             let grpc_code = grpc_code_name(code);
             calls.get_or_create(&GrpcLabels { route, grpc_code }).inc();
+            None
         })))
     }
 

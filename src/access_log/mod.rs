@@ -169,44 +169,49 @@ pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
-/// Told a gRPC call's status once its trailers bring it (for the metrics), with the trailers
-/// (a cost settled from them): `2` (UNKNOWN) for a body that ended without one, `1`
-/// (CANCELLED) for one dropped before its end, both without trailers.
+/// Told how a response's body ended: a gRPC call's status once its trailers bring it (for the
+/// metrics), with the trailers of any response (a cost settled from them); `2` (UNKNOWN) for
+/// trailers or an end without a status, `1` (CANCELLED) for a body dropped before its end.
+/// Returns the cost settled, for the log line.
 /// Boxed twice: a thin pointer, as every response body carries the field.
-pub struct GrpcTally(pub Box<TallyFn>);
+pub struct EndTally(pub Box<TallyFn>);
 
-/// What a `GrpcTally` calls.
-pub type TallyFn = Box<dyn FnOnce(u16, Option<&http::HeaderMap>) + Send + Sync>;
+/// What a `EndTally` calls.
+pub type TallyFn = Box<dyn FnOnce(u16, Option<&http::HeaderMap>) -> Option<u64> + Send + Sync>;
 
-impl std::fmt::Debug for GrpcTally {
+impl std::fmt::Debug for EndTally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GrpcTally")
+        f.write_str("EndTally")
     }
 }
 
 /// A response body that writes its request's access-log line when it ends or is dropped,
-/// with the bytes it carried, and tells a gRPC call's status to its tally.
+/// with the bytes it carried, and tells how it ended (a gRPC call's status, the trailers) to
+/// its tally.
 #[derive(Debug)]
 pub struct LoggedBody<B> {
     body: B,
     entry: Option<Box<Entry>>,
     sent: u64,
-    grpc: Option<GrpcTally>,
+    at_end: Option<EndTally>,
 }
 
 impl<B> LoggedBody<B> {
-    pub fn new(body: B, entry: Option<Box<Entry>>, grpc: Option<GrpcTally>) -> Self {
+    pub fn new(body: B, entry: Option<Box<Entry>>, at_end: Option<EndTally>) -> Self {
         Self {
             body,
             entry,
             sent: 0,
-            grpc,
+            at_end,
         }
     }
 
     fn tally(&mut self, status: u16, trailers: Option<&http::HeaderMap>) {
-        if let Some(tally) = self.grpc.take() {
-            (tally.0)(status, trailers);
+        if let Some(tally) = self.at_end.take() {
+            let cost = (tally.0)(status, trailers);
+            if let (Some(entry), Some(_)) = (self.entry.as_mut(), cost) {
+                entry.cost = cost;
+            }
         }
     }
 
@@ -226,18 +231,17 @@ impl<B: Body + Unpin> Body for LoggedBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if self.entry.is_some() || self.grpc.is_some() {
+        if self.entry.is_some() || self.at_end.is_some() {
             match &polled {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
                         self.sent += bytes::Buf::remaining(data) as u64;
                     } else if let Some(trailers) = frame.trailers_ref() {
-                        if let Some(status) = grpc_status(trailers) {
-                            if let Some(entry) = self.entry.as_mut() {
-                                entry.grpc_status = Some(status);
-                            }
-                            self.tally(status, Some(trailers));
+                        let status = grpc_status(trailers);
+                        if let (Some(entry), Some(_)) = (self.entry.as_mut(), status) {
+                            entry.grpc_status = status;
                         }
+                        self.tally(status.unwrap_or(2), Some(trailers));
                     }
                 }
                 Poll::Ready(None) => {

@@ -34,6 +34,7 @@ where
     let mut ready: crate::Small<Bytes> = crate::Small::new();
     let mut len = 0u64;
     let mut failed = false;
+    let mut trailers = None;
     let ended = loop {
         if body.is_end_stream() {
             break true;
@@ -45,15 +46,16 @@ where
             Pin::new(&mut body).poll_frame(&mut cx)
         };
         match polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
                     len += data.len() as u64;
                     ready.push(data);
                     if len > store.memory_per_body {
                         break false;
                     }
                 }
-            }
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            },
             Poll::Ready(None) => break true,
             Poll::Ready(Some(Err(_))) => {
                 failed = true;
@@ -62,7 +64,8 @@ where
             Poll::Pending => break false,
         }
     };
-    if ended && !failed {
+    // A body with trailers goes through the spool, which hands them on.
+    if ended && !failed && trailers.is_none() {
         return Ok(ReadAhead::Complete(match ready.len() {
             0 => Bytes::new(),
             1 => ready.swap_remove(0),
@@ -73,8 +76,9 @@ where
     for data in ready {
         spool.push(&data);
     }
-    if failed {
-        spool.finish(true);
+    spool.state.lock().trailers = trailers;
+    if ended {
+        spool.finish(failed);
     } else {
         tokio::spawn(pump(body, spool.clone()));
     }
@@ -92,11 +96,10 @@ where
             return;
         }
         match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    spool.push(&data);
-                }
-            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => spool.push(&data),
+                Err(frame) => spool.state.lock().trailers = frame.into_trailers().ok(),
+            },
             Some(Err(_)) => {
                 spool.finish(true);
                 return;
@@ -129,6 +132,8 @@ struct SpoolState {
     read: u64,
     /// Set once no file takes this response: it is streamed with backpressure through it.
     tail: Option<VecDeque<Bytes>>,
+    /// The body's trailers, handed on after its last bytes.
+    trailers: Option<http::HeaderMap>,
     done: bool,
     failed: bool,
     reader_gone: bool,
@@ -296,10 +301,10 @@ impl Body for Spooled {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         if s.done {
-            return Poll::Ready(
-                s.failed
-                    .then(|| Err(io::Error::other("upstream body broke off"))),
-            );
+            if s.failed {
+                return Poll::Ready(Some(Err(io::Error::other("upstream body broke off"))));
+            }
+            return Poll::Ready(s.trailers.take().map(|t| Ok(Frame::trailers(t))));
         }
         s.reader = Some(cx.waker().clone());
         Poll::Pending
@@ -309,6 +314,7 @@ impl Body for Spooled {
         let s = self.spool.state.lock();
         s.done
             && !s.failed
+            && s.trailers.is_none()
             && s.chunks.is_empty()
             && s.written == s.read
             && s.tail.as_ref().is_none_or(VecDeque::is_empty)
@@ -336,5 +342,23 @@ mod tests {
         assert_eq!(&rest[..], b"cdefgh");
         drop(spool);
         assert_eq!(s.budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_read_ahead_keeps_its_trailers() {
+        let s = store(1 << 10, 1 << 20);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-cost", http::HeaderValue::from_static("42"));
+        let frames: Vec<Result<Frame<Bytes>, io::Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"hello"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let ReadAhead::Spooled(spooled) = read_ahead(body, &s, true).await.unwrap() else {
+            panic!("a body with trailers read as complete bytes")
+        };
+        let collected = spooled.collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["x-cost"], "42");
+        assert_eq!(&collected.to_bytes()[..], b"hello");
     }
 }

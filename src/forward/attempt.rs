@@ -23,9 +23,11 @@ use crate::pool::{Failed, SendError};
 pub(super) struct Asks {
     /// A WebSocket upgrade, on a route that allows it.
     pub(super) websocket: bool,
-    /// `te: trailers`, which goes on over HTTP/2, where gRPC servers require it (it is
-    /// hop-by-hop to an HTTP/1.1 one).
+    /// `te: trailers`: the client's, which goes on over HTTP/2, where gRPC servers require
+    /// it; tollgate's own to an HTTP/1.1 upstream (hop-by-hop there) for a cost in trailers.
     pub(super) te_trailers: bool,
+    /// The upstream speaks HTTP/2 (or may).
+    pub(super) h2: bool,
     /// A gRPC call's deadline, over HTTP/2 where gRPC can go: no lookup for HTTP/1.1.
     pub(super) deadline: Option<Instant>,
 }
@@ -41,10 +43,13 @@ impl Asks {
         let headers = req.headers();
         Self {
             websocket: down.websocket_allowed && super::tunnel::is_websocket_upgrade(headers),
-            te_trailers: h2
-                && headers
-                    .get(http::header::TE)
-                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers")),
+            te_trailers: if h2 {
+                (headers.get(http::header::TE))
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"))
+            } else {
+                down.wants_trailers
+            },
+            h2,
             deadline: h2.then(|| deadline::of(headers, now)).flatten(),
         }
     }
@@ -59,8 +64,12 @@ impl Asks {
     ) -> Result<bool, ProxyError> {
         let host_is_target = rewrite(req, target, down)?;
         if self.te_trailers {
-            req.headers_mut()
-                .insert(http::header::TE, HeaderValue::from_static("trailers"));
+            let headers = req.headers_mut();
+            headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+            if !self.h2 {
+                // A hop-by-hop field, named as one.
+                headers.append(CONNECTION, HeaderValue::from_static("te"));
+            }
         }
         if self.websocket {
             let headers = req.headers_mut();

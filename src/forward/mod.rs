@@ -66,6 +66,9 @@ pub struct Downstream<'a> {
     pub websocket_allowed: bool,
     /// A gRPC call (`content-type: application/grpc`), as the proxy found it.
     pub grpc: bool,
+    /// The route settles a cost from the response, which may come in its trailers: an HTTP/1.1
+    /// upstream is told `TE: trailers` (hyper's servers, among others, send none without it).
+    pub wants_trailers: bool,
     /// The route's idle timeout for an open tunnel.
     pub websocket_idle: Duration,
     /// Headers with `_` in their names go upstream (else they are dropped).

@@ -331,6 +331,7 @@ mod tests {
             client_ip: peer,
             websocket_allowed: false,
             grpc: false,
+            wants_trailers: false,
             websocket_idle: Duration::from_hours(1),
             underscores: false,
             untrusted_strip: &[],

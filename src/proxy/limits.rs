@@ -110,7 +110,7 @@ pub(super) async fn finish(cx: &mut Ctx<'_, '_>, route: &Route, res: &mut Respon
         count_response(cx, route, &decision, status, at).await;
     }
     if limits.iter().any(|l| l.settle.is_some()) {
-        cx.trace.cost = settle(cx, route, &decision, res.headers(), at);
+        cx.trace.cost = settle(cx, route, &decision, res, at);
     }
 }
 
@@ -119,20 +119,23 @@ fn settle(
     cx: &mut Ctx<'_, '_>,
     route: &Route,
     decision: &limiter::Decision,
-    headers: &http::HeaderMap,
+    res: &Response<Body>,
     at: (limiter::local::Peer, limiter::Moment),
 ) -> Option<u64> {
     use limiter::decide::settled::Deferred;
+    let headers = res.headers();
     let (redis, units) = (cx.rt.redis.clone(), cx.state.metrics.limit_units.clone());
     let head_says = (route.limits.iter())
         .filter_map(|l| l.settle.as_ref())
         .any(|h| headers.contains_key(h));
-    if cx.trace.grpc && !head_says {
-        // A gRPC call reports in its trailers: settled when they come.
+    // A gRPC call, or a body still to come (chunked HTTP/1.1, HTTP/2), may report in its
+    // trailers: settled when they come, or left at the reserve when the body ends without.
+    if !head_says && (cx.trace.grpc || !http_body::Body::is_end_stream(res.body())) {
         let (limits, decision, name) = (route.limits.clone(), decision.clone(), route.name.clone());
         cx.trace.settle_later = Some(Deferred(Box::new(move |trailers| {
             let settled = settle_in(redis.as_deref(), None, (&limits, &decision), trailers, at);
             count_units(&units, &name, &limits, &settled);
+            settled.first().map(|&(_, units)| units)
         })));
         return None;
     }

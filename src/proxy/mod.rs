@@ -66,8 +66,9 @@ pub struct Handled {
     pub access: Option<Box<Entry>>,
     /// The concurrency slots the request holds until its response (or tunnel) is done.
     pub slots: limiter::concurrency::Guard,
-    /// A gRPC call whose status comes in its trailers: where it is counted then.
-    pub grpc: Option<access_log::GrpcTally>,
+    /// What the end of the response's body tells (a gRPC call's status, a cost in the
+    /// trailers): where it is counted then.
+    pub at_end: Option<access_log::EndTally>,
 }
 
 /// Why tollgate answered a request itself instead of its upstream, as far as the access log
@@ -213,10 +214,10 @@ fn hand_over(
     mut access: Option<Box<Entry>>,
 ) -> Handled {
     record(state, trace, &response, started, &mut access);
-    let grpc = if trace.grpc {
+    let at_end = if trace.grpc {
         count_grpc(state, trace, &response, &mut access)
     } else {
-        None
+        (trace.settle_later.take()).map(|settle| settled_at_end(None, settle))
     };
     let mut slots = std::mem::take(&mut trace.slots);
     let mut tunnel = trace.tunnel.take();
@@ -229,7 +230,7 @@ fn hand_over(
         tunnel,
         access,
         slots,
-        grpc,
+        at_end,
     }
 }
 
@@ -395,7 +396,7 @@ fn count_grpc(
     trace: &mut Trace<'_>,
     res: &Response<Body>,
     access: &mut Option<Box<Entry>>,
-) -> Option<access_log::GrpcTally> {
+) -> Option<access_log::EndTally> {
     let head = access_log::grpc_status(res.headers());
     if let Some(entry) = access {
         entry.grpc_status = head;
@@ -403,15 +404,8 @@ fn count_grpc(
     let mut calls = state
         .metrics
         .grpc_tally(trace.route.map_or("", |r| &*r.name));
-    // A cost the head did not give is settled from the trailers.
     if let Some(settle) = trace.settle_later.take() {
-        let count = calls.0;
-        calls = access_log::GrpcTally(Box::new(Box::new(move |code, trailers| {
-            count(code, trailers);
-            if let Some(trailers) = trailers {
-                (settle.0)(trailers);
-            }
-        })));
+        calls = settled_at_end(Some(calls.0), settle);
     }
     match head {
         // Trailers-only: the head is the trailers.
@@ -421,6 +415,20 @@ fn count_grpc(
         }
         None => Some(calls),
     }
+}
+
+/// A cost the response's head did not give, settled at the body's end from its trailers (or
+/// from none: the reserve stands), after what `then` counts there.
+fn settled_at_end(
+    then: Option<access_log::TallyFn>,
+    settle: limiter::decide::settled::Deferred,
+) -> access_log::EndTally {
+    access_log::EndTally(Box::new(Box::new(move |code, trailers| {
+        if let Some(count) = then {
+            count(code, trailers);
+        }
+        (settle.0)(trailers.unwrap_or(&http::HeaderMap::new()))
+    })))
 }
 
 /// Count the request and its limit decisions (`metrics`), and complete its access-log entry.

@@ -136,6 +136,7 @@ fn downstream<'a>(
         client_ip,
         websocket_allowed: route.websocket,
         grpc,
+        wants_trailers: route.counts_responses && route.limits.iter().any(|l| l.settle.is_some()),
         websocket_idle: route.websocket_idle,
         underscores: settings.underscores_in_headers,
         untrusted_strip: &settings.strip_untrusted_headers,

@@ -241,7 +241,7 @@ fn answer(
         request.answered = true;
         // In flight until the response body is sent: a long download is not idle.
         Ok::<_, Infallible>(res.map(|body| Scoped {
-            body: LoggedBody::new(body, handled.access, handled.grpc),
+            body: LoggedBody::new(body, handled.access, handled.at_end),
             _slots: handled.slots,
             request,
             waiting: false,

@@ -170,3 +170,85 @@ async fn the_access_log_records_the_settled_cost() {
         json.logs()
     );
 }
+
+/// A thread-per-connection backend that answers in chunks and says the cost in a trailer
+/// (`X-Cost: 700`) when asked `TE: trailers`; it counts the requests that asked.
+fn chunked_backend() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let counted = counted.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut out = stream;
+                loop {
+                    let mut te = false;
+                    let mut line = String::new();
+                    let mut first = true;
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" && !first {
+                            break;
+                        }
+                        first = false;
+                        te |= line.to_ascii_lowercase().starts_with("te: trailers");
+                    }
+                    let trailer = if te {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        "X-Cost: 700\r\n"
+                    } else {
+                        ""
+                    };
+                    let reply = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Cost\r\n\r\n3\r\nok\n\r\n0\r\n{trailer}\r\n");
+                    if out.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, asked)
+}
+
+/// A chunked HTTP/1.1 response that says its cost in a trailer is settled by it, read ahead
+/// (the default) or streamed; the trailer is asked for with `TE: trailers`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_in_a_chunked_responses_trailer_is_settled() {
+    let (addr, asked) = chunked_backend();
+    let yaml = budget(addr, "").replace(
+        "routes:\n",
+        "routes:\n  - name: streamed\n    match: { path_prefix: /streamed }\n    upstream: app\n    buffering: { response: false }\n    limits:\n      - { name: streamed_tokens, rate: 1000/h, burst: 1000, key: [\"header:x-tenant\"], cost: { reserve: 100, from_response: x-cost } }\n",
+    );
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    for (path, tenant) in [("/x", "acme"), ("/streamed", "globex")] {
+        let who = [("x-tenant", tenant)];
+        let first = http.get_with(&proxy.url(path), &who).await;
+        assert_eq!((first.code(), first.text()), (200, "ok\n"));
+        assert_eq!(remaining(&first), 900);
+        // 700 charged for the first: 300 left, 100 reserved by the second.
+        let second = http.get_with(&proxy.url(path), &who).await;
+        assert_eq!(
+            (path, remaining(&second)),
+            (path, 200),
+            "settled from the trailer"
+        );
+    }
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 4);
+    let units: u64 = sample(
+        &proxy.scrape().await,
+        "tollgate_limit_units_total{route=\"llm\",limit=\"tokens\"}",
+    );
+    assert_eq!(units, 1400);
+}

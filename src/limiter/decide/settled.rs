@@ -45,9 +45,13 @@ pub fn settle<S: Store>(
     settled
 }
 
-/// A settlement waiting for the trailers: a gRPC call whose response head did not say what it
-/// cost (its trailers may).
-pub struct Deferred(pub Box<dyn FnOnce(&http::HeaderMap) + Send + Sync>);
+/// A settlement waiting for the trailers: a response whose head did not say what it cost (its
+/// trailers may; an end without them is settled from no headers: the reserve). Returns the
+/// first limit's units, for the access log.
+pub struct Deferred(pub Box<SettleFn>);
+
+/// What a `Deferred` calls.
+pub type SettleFn = dyn FnOnce(&http::HeaderMap) -> Option<u64> + Send + Sync;
 
 impl std::fmt::Debug for Deferred {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
