@@ -49,6 +49,11 @@ if ! python3 -c "import grpc" 2>/dev/null; then
   echo "installing: grpcio (pip)"
   python3 -m pip install -q grpcio || python3 -m pip install -q --break-system-packages grpcio
 fi
+# The OTLP messages a test receiver of traces decodes (tests/fixtures/otlp/receiver.py).
+if ! python3 -c "import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc" 2>/dev/null; then
+  echo "installing: opentelemetry-proto (pip)"
+  python3 -m pip install -q opentelemetry-proto || python3 -m pip install -q --break-system-packages opentelemetry-proto
+fi
 
 if [ -z "${SKIP_LINT:-}" ]; then
   cargo fmt --all -- --check

@@ -137,9 +137,10 @@ impl Candidate {
     }
 
     /// Decide the request (already screened; `arrival`, as the live config read it: its
-    /// client through the live `trusted_proxies`) against the candidate and count the outcome.
+    /// client through the live `trusted_proxies`) against the candidate and count the outcome;
+    /// the verdict (`admitted`, `limited`, `unrouted`) is returned for the request's trace.
     /// Its concurrency slots join `slots`, the request's, to be held as long as it lives.
-    pub fn evaluate(&self, arrival: &Arrival<'_>, now: Moment, slots: &mut Guard) {
+    pub fn evaluate(&self, arrival: &Arrival<'_>, now: Moment, slots: &mut Guard) -> &'static str {
         let Some(route) = self
             .settings
             .table
@@ -147,26 +148,26 @@ impl Candidate {
             .and_then(|i| self.routes.get(i))
         else {
             self.unrouted.inc();
-            return;
+            return "unrouted";
         };
         if route.limits.is_empty() {
-            return;
+            return "admitted";
         }
         let jwt = self.settings.jwt.as_deref().map(|v| arrival.jwt(v));
-        decide(
-            route,
-            &arrival.view(route.fold_path, jwt.as_ref()),
-            now,
-            slots,
-        );
+        let view = arrival.view(route.fold_path, jwt.as_ref());
+        if decide(route, &view, now, slots) {
+            "admitted"
+        } else {
+            "limited"
+        }
     }
 }
 
 /// Decide the request on `route` in process and count it, as the live proxy decides:
 /// concurrency slots first (they join `slots`), then the rate limits. The in-process store never
-/// waits: each future is ready on its first poll. Nothing is returned, so the decision is not
-/// copied out.
-fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard) {
+/// waits: each future is ready on its first poll. Only whether it admitted is returned, so the
+/// decision is not copied out.
+fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard) -> bool {
     let limits = &route.limits[..];
     if concurrency::any(limits) {
         let in_process = crate::limiter::store::Local { fallback: false };
@@ -185,13 +186,15 @@ fn decide(route: &Route, view: &RequestView<'_>, now: Moment, slots: &mut Guard)
         }
         route.counters.decided(&decision);
         // Refused: the slots taken are given back at once, as the live ones are.
-        if decision.rejected_by().is_none() {
+        let admitted = decision.rejected_by().is_none();
+        if admitted {
             slots.join(held);
         }
-        return;
+        return admitted;
     }
     let decision = limiter::decide_in_process(limits, view, now, &[]);
     route.counters.decided(&decision);
+    decision.rejected_by().is_none()
 }
 
 /// `spec` as the candidate counts it: without its ban, and, when the candidate's limits are

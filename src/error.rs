@@ -67,6 +67,28 @@ impl From<crate::body::BodyFailure> for ProxyError {
 
 impl ProxyError {
     /// After this error the connection cannot be trusted to be in sync (HTTP/1.1): close it.
+    /// The error's name in traces (`error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NoRoute => "no_route",
+            Self::ServerOptions => "server_options",
+            Self::BadRequest => "bad_request",
+            Self::UriTooLong => "uri_too_long",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::NotImplemented => "not_implemented",
+            Self::RequestTimeout => "request_timeout",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::GrpcOverHttp1 => "grpc_over_http1",
+            Self::Overloaded => "overloaded",
+            Self::BufferUnavailable => "buffer_unavailable",
+            Self::UpstreamUnreachable => "upstream_unreachable",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamInvalid => "upstream_invalid",
+            Self::LimiterUnavailable { .. } => "limiter_unavailable",
+            Self::AtCapacity { .. } => "at_capacity",
+        }
+    }
+
     pub fn closes_connection(&self) -> bool {
         match self {
             ProxyError::BadRequest

@@ -119,6 +119,7 @@ pub mod server;
 pub mod sharded;
 pub mod simulate;
 pub mod state;
+pub mod telemetry;
 pub(crate) mod tls;
 pub(crate) mod workers;
 

@@ -60,6 +60,15 @@ pub enum SendError {
 }
 
 impl SendError {
+    /// The error's name in traces (`error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SendError::Connect(_) => "connect",
+            SendError::Exchange(_) => "exchange",
+            SendError::HeadTimeout => "timeout",
+        }
+    }
+
     /// The error, for walking its causes.
     pub fn as_error(&self) -> &(dyn StdError + 'static) {
         match self {

@@ -32,6 +32,9 @@ pub enum BuildError {
     /// A route names an upstream the config has no spec for (validation refuses this first).
     #[error("route `{route}` forwards to upstream `{upstream}`, which was not built")]
     MissingUpstream { route: Arc<str>, upstream: Arc<str> },
+    /// `telemetry.traces`: an exporter the OpenTelemetry SDK cannot build.
+    #[error("cannot start the trace exporter: {0}")]
+    Traces(String),
 }
 
 /// One config, live. Immutable once built.
@@ -50,6 +53,8 @@ pub struct Runtime {
     pub candidate: Option<Arc<crate::candidate::Candidate>>,
     /// The rate limit service's domains (`rls:`), their limits live.
     pub rls: Option<crate::limiter::descriptors::Domains>,
+    /// `telemetry.traces`: the sampler and the exporter's queue.
+    pub tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 /// A route, live.
@@ -86,6 +91,8 @@ pub struct Route {
     pub logged_keys: crate::access_log::KeySources,
     /// Its class in the upstream's queue.
     pub priority: crate::capacity::Priority,
+    /// Its path as a template (`/api/*`), for traces' `http.route`.
+    pub path_template: Option<Arc<str>>,
 }
 
 /// What a route does with an admitted request.
@@ -112,7 +119,7 @@ impl Runtime {
             .map(|p| p.limits().map(|l| (&*l.name, l)).collect())
             .unwrap_or_default();
         let mut routes = Vec::with_capacity(settings.routes.len());
-        for spec in &settings.routes {
+        for (i, spec) in settings.routes.iter().enumerate() {
             let limits: Vec<Arc<Limit>> = spec
                 .limits
                 .iter()
@@ -142,6 +149,7 @@ impl Runtime {
                 retry_idempotent: spec.retry_idempotent,
                 fold_path: spec.fold_path,
                 priority: spec.priority,
+                path_template: settings.table.matcher(i).and_then(path_template),
             });
         }
         let store = store(&settings, previous, metrics);
@@ -155,6 +163,7 @@ impl Runtime {
         );
         Ok(Self {
             store,
+            tracer: tracer(&settings, previous).map_err(BuildError::Traces)?,
             settings: Arc::new(settings),
             routes,
             upstreams,
@@ -178,6 +187,32 @@ impl Runtime {
             .flat_map(crate::limiter::descriptors::Domains::limits);
         self.routes.iter().flat_map(|r| r.limits.iter()).chain(rls)
     }
+}
+
+/// A route's path as a template, for traces' `http.route`: its exact path, or its prefix
+/// followed by `*`.
+fn path_template(m: &crate::route::Matcher) -> Option<Arc<str>> {
+    match &m.path {
+        crate::route::PathPattern::Exact(p) => Some(p.as_str().into()),
+        crate::route::PathPattern::Prefix(p) => Some(format!("{p}*").into()),
+        crate::route::PathPattern::Any => None,
+    }
+}
+
+/// The tracer of `telemetry.traces`: the previous one while its settings are unchanged (its
+/// queue and exporter go on), else a new one.
+fn tracer(
+    settings: &Settings,
+    previous: Option<&Runtime>,
+) -> Result<Option<Arc<crate::telemetry::Tracer>>, String> {
+    let Some(traces) = &settings.traces else {
+        return Ok(None);
+    };
+    let old = previous.and_then(|p| p.tracer.as_ref());
+    if let Some(old) = old.filter(|t| t.settings == *traces) {
+        return Ok(Some(old.clone()));
+    }
+    crate::telemetry::Tracer::start(traces).map(|t| Some(Arc::new(t)))
 }
 
 /// The sources `limits` read in their keys and `exempt` entries that access lines log.

@@ -88,7 +88,7 @@ fn trace_ids(v: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// The host of a `Host` value without its port, and the port.
-fn host_and_port(v: &[u8]) -> (&[u8], Option<&[u8]>) {
+pub(super) fn host_and_port(v: &[u8]) -> (&[u8], Option<&[u8]>) {
     if let Some(i) = v.iter().rposition(|&c| c == b':') {
         let (host, port) = (&v[..i], &v[i + 1..]);
         let digits = !port.is_empty() && port.iter().all(u8::is_ascii_digit);
@@ -101,7 +101,7 @@ fn host_and_port(v: &[u8]) -> (&[u8], Option<&[u8]>) {
     (v, None)
 }
 
-fn version(v: http::Version) -> (&'static str, &'static str) {
+pub(super) fn version(v: http::Version) -> (&'static str, &'static str) {
     match v {
         http::Version::HTTP_09 => ("HTTP/0.9", "0.9"),
         http::Version::HTTP_10 => ("HTTP/1.0", "1.0"),
@@ -134,7 +134,7 @@ pub(super) fn line(
     out.push(b'\n');
 }
 
-fn bytes_in(e: &Entry) -> u64 {
+pub(super) fn bytes_in(e: &Entry) -> u64 {
     e.bytes_in.max(e.body_in.received())
 }
 

@@ -18,6 +18,7 @@
 
 mod format;
 mod keys;
+mod span;
 mod writer;
 
 use std::net::IpAddr;
@@ -120,6 +121,9 @@ pub struct Entry {
     pub grpc_status: Option<u16>,
     /// What the response said the request cost (`cost.from_response`), once settled.
     pub cost: Option<u64>,
+    /// The request's trace, when tracing is on and it may be exported: made into spans when
+    /// the entry is complete.
+    pub span: Option<Box<crate::telemetry::RequestSpan>>,
 }
 
 impl Entry {
@@ -158,6 +162,7 @@ impl Entry {
             keys: Keys::default(),
             grpc_status: None,
             cost: None,
+            span: None,
         }
     }
 }
@@ -217,6 +222,9 @@ impl<B> LoggedBody<B> {
 
     fn write(&mut self) {
         if let Some(entry) = self.entry.take() {
+            if let Some(traced) = &entry.span {
+                span::export(&entry, traced, self.sent);
+            }
             writer::write(&entry, self.sent);
         }
     }

@@ -9,8 +9,10 @@ use super::values::{DURATION, POSITIVE_DURATION, SIZE};
 
 mod limit;
 mod rls;
+mod telemetry;
 pub use self::limit::{Ban, Cost, Leasing, Limit, StatusItem};
 pub use self::rls::{Descriptor, RateLimit, Rls, RlsFile};
+pub use self::telemetry::Telemetry;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +59,8 @@ pub struct File {
     pub identity: Option<Identity>,
     /// Envoy's rate limit service, answered by this process's limiter.
     pub rls: Option<Rls>,
+    /// Traces exported to the operator's OpenTelemetry collector.
+    pub telemetry: Option<Telemetry>,
     /// Where each kept list item stood in the file, when broken items were left out.
     #[serde(skip)]
     pub positions: Positions,

@@ -28,6 +28,7 @@ const KEYS: &[&str] = &[
     "grpc",
     "identity",
     "rls",
+    "telemetry",
     "candidate",
 ];
 
@@ -84,6 +85,7 @@ pub fn read(text: &str) -> (Option<File>, Vec<Problem>) {
         grpc: r.one("grpc"),
         identity: r.one("identity"),
         rls: r.one("rls"),
+        telemetry: r.one("telemetry"),
         positions: Positions {
             listeners: listener_positions,
             routes: route_positions,

@@ -73,6 +73,8 @@ pub struct Settings {
     pub candidate: Option<CandidateLoad>,
     /// `rls:`, Envoy's rate limit service (its files read by `config::load`).
     pub rls: Option<RlsSettings>,
+    /// `telemetry.traces`: spans exported over OTLP (`None`: no tracing).
+    pub traces: Option<TracesSettings>,
 }
 
 /// The candidate config a file names: evaluated beside the live one, never enforced.
@@ -232,6 +234,7 @@ pub use self::protocol::Protocol;
 pub use self::rls::{DescriptorSpec, DomainSpec, RlsLimit, RlsSettings, RlsUnit};
 pub use self::status::StatusSet;
 pub use self::window::{Counting, Period, QuotaSpec, EXACT_MAX};
+pub use crate::telemetry::{OtlpProtocol, TracesSettings};
 
 /// A concurrency limit: at most `max` requests of one identity in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -85,6 +85,8 @@ pub struct Downstream<'a> {
     pub request_id: (&'a http::HeaderName, &'a HeaderValue),
     /// The identity and class the queue of a capped upstream serves the request by.
     pub queue: (u128, Priority),
+    /// The request's trace, when tracing is on: each attempt a span, told upstream.
+    pub span: Option<&'a crate::telemetry::RequestSpan>,
 }
 
 /// `send`, timed: the answer comes back with the time to its response head, observed in the
@@ -169,7 +171,16 @@ pub async fn send(
         let sent = req.body().sent();
         let in_flight = upstream.enter(target);
         let on = (target, at, deadline);
+        let traced = (down.span)
+            .and_then(|s| s.attempt(req.headers_mut(), upstream.targets[target].as_str()));
         let exchanged = attempt::exchange(upstream, on, down, req, &sent, &mut slot).await;
+        if let (Some(span), Some(i)) = (down.span, traced) {
+            let (status, error) = match &exchanged {
+                Ok((res, _)) => (Some(res.status().as_u16()), None),
+                Err(failed) => (None, Some(failed.error.kind())),
+            };
+            span.attempt_ended(i, status, error);
+        }
         let (retry, next) = match exchanged {
             // One arm for every answer, the response made ready in place and returned from
             // here: each move of the response on its way out is a copy of it.

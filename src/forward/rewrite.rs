@@ -332,6 +332,7 @@ mod tests {
             websocket_allowed: false,
             grpc: false,
             wants_trailers: false,
+            span: None,
             websocket_idle: Duration::from_hours(1),
             underscores: false,
             untrusted_strip: &[],

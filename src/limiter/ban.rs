@@ -39,6 +39,18 @@ pub enum BanEvent {
     Lifted,
 }
 
+impl BanEvent {
+    /// The event's name in traces (`None` for no event).
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Refused => Some("refused"),
+            Self::Started(_) => Some("started"),
+            Self::Lifted => Some("lifted"),
+        }
+    }
+}
+
 /// The ban arithmetic's numbers, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BanArgs {

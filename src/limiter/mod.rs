@@ -201,6 +201,20 @@ pub enum Outcome {
     FailedClosed,
 }
 
+impl Outcome {
+    /// The outcome's name in traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::Limited => "limited",
+            Self::ShadowLimited => "shadow_limited",
+            Self::Exempt => "exempt",
+            Self::FailedOpen => "failed_open",
+            Self::FailedClosed => "failed_closed",
+        }
+    }
+}
+
 /// One limit's line in a decision.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitResult {

@@ -62,6 +62,11 @@ impl Metrics {
         );
         self.targets.register(r);
         self.register_serving();
+        self.registry.sub_registry_with_prefix("tollgate").register(
+            "trace_spans",
+            "Trace spans by what became of them: exported, dropped (the exporter's queue was full) or failed (the collector did not take them)",
+            crate::telemetry::export::spans(),
+        );
         self.register_redis();
         self.register_config();
     }

@@ -53,8 +53,11 @@ pub(super) async fn shared(
     let asked = (view, tuned);
     let decision = decide(cx.conn.worker, route, asked, now, &mut cx.trace.slots, rt).await;
     if let (Some(sent), false) = (sent, route.limits.is_empty()) {
-        let took = sent.elapsed().as_secs_f64();
-        state.metrics.backend_seconds.observe(took);
+        let took = sent.elapsed();
+        state.metrics.backend_seconds.observe(took.as_secs_f64());
+        if let Some(span) = cx.trace.span.as_mut() {
+            span.notes.redis = Some(took);
+        }
     }
     beside(cx, arrival, now);
     decision
@@ -64,7 +67,10 @@ pub(super) async fn shared(
 /// whatever that was; it never changes the answer. Its slots join the request's.
 fn beside(cx: &mut Ctx<'_, '_>, arrival: &Arrival<'_>, now: limiter::Moment) {
     if let Some(c) = &cx.rt.candidate {
-        c.evaluate(arrival, now, &mut cx.trace.slots);
+        let verdict = c.evaluate(arrival, now, &mut cx.trace.slots);
+        if let Some(span) = cx.trace.span.as_mut() {
+            span.notes.candidate = Some(verdict);
+        }
     }
 }
 

@@ -118,6 +118,8 @@ struct Trace<'a> {
     /// A gRPC call's settlement, when its head did not say what it cost: done with its
     /// trailers.
     settle_later: Option<limiter::decide::settled::Deferred>,
+    /// The request's trace, when tracing is on (moved into its log entry at the end).
+    span: Option<Box<crate::telemetry::RequestSpan>>,
 }
 
 impl Trace<'_> {
@@ -154,7 +156,9 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     let peer_trusted = identity::is_trusted(conn.peer.ip(), &runtime.settings.trusted_proxies);
     let id_header = &runtime.settings.request_id_header;
     let request_id = request_id::resolve(req.headers(), id_header, || peer_trusted);
-    let entry = access_log::enabled().then(|| {
+    let span = (runtime.tracer.as_ref()).map(|t| t.begin(req.headers()));
+    let traced = span.as_ref().is_some_and(|s| s.may_export());
+    let entry = (access_log::enabled() || traced).then(|| {
         Box::new(Entry::begin(
             &req,
             (conn.peer.ip(), &conn.peer_value),
@@ -168,6 +172,7 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     let grpc_call = response::grpc::is_call(&req);
     let mut trace = Trace {
         grpc: grpc_call,
+        span,
         ..Trace::default()
     };
     let mut cx = Ctx {
@@ -187,6 +192,9 @@ pub async fn handle(state: &State, conn: &ClientConn, req: Box<Request<Incoming>
     } else {
         pipeline(&mut cx, req).await
     };
+    if let (Err(e), Some(span)) = (&outcome, trace.span.as_mut()) {
+        span.notes.error = Some(e.kind());
+    }
     // A gRPC call over HTTP/2 gets tollgate's own answers in gRPC's form.
     let grpc_answer = grpc_call && version >= Version::HTTP_2;
     let grpc = grpc_answer.then_some(runtime.settings.grpc_limited_status);
@@ -214,6 +222,14 @@ fn hand_over(
     mut access: Option<Box<Entry>>,
 ) -> Handled {
     record(state, trace, &response, started, &mut access);
+    if let (Some(entry), Some(mut span)) = (access.as_mut(), trace.span.take()) {
+        span.notes.limits = limit_notes(trace);
+        span.notes.http_route = trace.route.and_then(|r| r.path_template.clone());
+        span.notes.grpc = trace.grpc;
+        // The log line names the request's own span, which the trace holds.
+        entry.traceparent = Some(span.traceparent());
+        entry.span = Some(span);
+    }
     let at_end = if trace.grpc {
         count_grpc(state, trace, &response, &mut access)
     } else {
@@ -336,7 +352,10 @@ fn route<'a, B: http_body::Body>(
         if let Some(c) = &rt.candidate {
             let client_ip = client_ip(cx, req);
             let arrival = Arrival::of(req, client_ip);
-            c.evaluate(&arrival, cx.state.clock.at(cx.started), &mut cx.trace.slots);
+            let verdict = c.evaluate(&arrival, cx.state.clock.at(cx.started), &mut cx.trace.slots);
+            if let Some(span) = cx.trace.span.as_mut() {
+                span.notes.candidate = Some(verdict);
+            }
         }
         return Err(ProxyError::NoRoute);
     };
@@ -429,6 +448,24 @@ fn settled_at_end(
         }
         (settle.0)(trailers.unwrap_or(&http::HeaderMap::new()))
     })))
+}
+
+/// Each limit of the request's route and how it came out, for its trace.
+fn limit_notes(trace: &Trace<'_>) -> Vec<crate::telemetry::LimitNote> {
+    let (Some(route), Some(decision)) = (trace.route, &trace.decision) else {
+        return Vec::new();
+    };
+    (decision.results.iter())
+        .filter_map(|r| {
+            Some(crate::telemetry::LimitNote {
+                name: route.limits.get(r.index)?.name.clone(),
+                outcome: r.outcome.as_str(),
+                without_store: r.fallback,
+                remaining: r.verdict.map(|v| v.remaining),
+                ban: r.ban.as_str(),
+            })
+        })
+        .collect()
 }
 
 /// Count the request and its limit decisions (`metrics`), and complete its access-log entry.

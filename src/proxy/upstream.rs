@@ -40,7 +40,7 @@ pub(super) async fn forward_to(
         (conn, rt, request_id, *peer_trusted),
         route,
         who,
-        trace.grpc,
+        (trace.grpc, trace.span.as_deref()),
     );
     // In a block: the request's parts, borrowed on the way, would otherwise be kept in this
     // future while the upstream is awaited.
@@ -125,7 +125,7 @@ fn downstream<'a>(
     (conn, rt, request_id, peer_trusted): (&'a ClientConn, &'a Runtime, &'a HeaderValue, bool),
     route: &'a Route,
     (client_ip, queue): (std::net::IpAddr, u128),
-    grpc: bool,
+    (grpc, span): (bool, Option<&'a crate::telemetry::RequestSpan>),
 ) -> Downstream<'a> {
     let settings = &rt.settings;
     Downstream {
@@ -145,5 +145,6 @@ fn downstream<'a>(
         retry_idempotent: route.retry_idempotent,
         request_id: (&settings.request_id_header, request_id),
         queue: (queue, route.priority),
+        span,
     }
 }

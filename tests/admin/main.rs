@@ -17,3 +17,4 @@ mod admin_api;
 mod control;
 mod dashboard;
 mod observability;
+mod traces;

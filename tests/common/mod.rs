@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod inproc;
+pub mod otlp;
 pub mod proxy;
 pub mod raw;
 pub mod redis;

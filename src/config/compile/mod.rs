@@ -16,6 +16,7 @@ mod quota;
 mod responses;
 mod rls;
 mod routes;
+mod telemetry;
 mod upstreams;
 mod whole;
 
@@ -83,9 +84,10 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
     let request_id_header = request_id_header(raw.request_id_header.as_deref(), &mut p);
     let grpc_limited_status = grpc_limited_status(raw.grpc.as_ref(), &mut p);
     let jwt = identity::jwt(raw, &mut p);
-    let (admin_token, rls) = (
+    let (admin_token, rls, traces) = (
         admin_token(raw.admin.as_ref().filter(|_| live), &mut p),
         rls::section(raw.rls.as_ref().filter(|_| live), &mut p),
+        telemetry::traces(raw.telemetry.as_ref().filter(|_| live), &mut p),
     );
     whole::role_checks(raw, live, &listeners, &trusted_proxies, &mut p);
     if !p.0.is_empty() {
@@ -125,6 +127,7 @@ pub fn compile(raw: &file::File, role: Role) -> Result<Settings, Vec<Problem>> {
         inputs_digest: [0; 32],
         candidate: None,
         rls,
+        traces,
     })
 }
 

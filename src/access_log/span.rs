@@ -1,0 +1,265 @@
+//! A request's completed entry as its OpenTelemetry spans: the SERVER span of the request, with
+//! the limits' outcomes as events, and a CLIENT span per upstream attempt, named and attributed
+//! per the HTTP (and RPC) semantic conventions, with tollgate's own `tollgate.*` attributes.
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{Event, SpanContext, SpanKind, Status, TraceFlags};
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+
+use super::format::{bytes_in, host_and_port, version};
+use super::Entry;
+use crate::telemetry::{Attempt, RequestSpan};
+
+/// Hand `span`'s spans to the exporter if its trace is exported: sampled, or a request
+/// tollgate refused with `sample_refused`.
+pub(super) fn export(entry: &Entry, span: &RequestSpan, bytes_out: u64) {
+    if !span.exported(refused(entry.outcome)) {
+        return;
+    }
+    let end = SystemTime::now();
+    let attempts = span.attempts();
+    let mut spans = Vec::with_capacity(1 + attempts.len());
+    spans.push(server(entry, span, bytes_out, end));
+    spans.extend(attempts.iter().map(|a| client(entry, span, a, end)));
+    span.export(spans);
+}
+
+/// Refused by tollgate itself: a limit, a ban, an upstream's capacity, the store's failure.
+fn refused(outcome: &str) -> bool {
+    outcome.starts_with("limited")
+        || matches!(
+            outcome,
+            "operator-ban" | "at-capacity" | "store-unavailable"
+        )
+}
+
+fn text(v: &[u8]) -> Value {
+    Value::from(String::from_utf8_lossy(v).into_owned())
+}
+
+fn int(n: impl TryInto<i64>) -> Value {
+    Value::I64(n.try_into().unwrap_or(i64::MAX))
+}
+
+fn ms(d: std::time::Duration) -> Value {
+    Value::F64(d.as_secs_f64() * 1000.0)
+}
+
+/// The request's SERVER span.
+fn server(e: &Entry, span: &RequestSpan, bytes_out: u64, end: SystemTime) -> SpanData {
+    let notes = &span.notes;
+    let mut a = http_attributes(e, bytes_out);
+    if let Some(route) = &notes.http_route {
+        a.push(KeyValue::new("http.route", route.to_string()));
+    }
+    if notes.grpc {
+        rpc(e, &mut a);
+    }
+    let error = (e.status >= 500).then(|| {
+        let kind: Cow<'static, str> = match notes.error {
+            Some(kind) => kind.into(),
+            None => e.status.to_string().into(),
+        };
+        a.push(KeyValue::new("error.type", kind.clone()));
+        kind
+    });
+    tollgate(e, span, &mut a);
+    let name = match &notes.http_route {
+        Some(route) => format!("{} {route}", e.method),
+        None => e.method.to_string(),
+    };
+    SpanData {
+        span_context: context(span, span.span_id),
+        parent_span_id: span.parent.unwrap_or(opentelemetry::trace::SpanId::INVALID),
+        parent_span_is_remote: span.parent.is_some(),
+        span_kind: SpanKind::Server,
+        name: name.into(),
+        start_time: span.start,
+        end_time: end,
+        attributes: a,
+        dropped_attributes_count: 0,
+        events: limit_events(span, end),
+        links: SpanLinks::default(),
+        // A refusal (4xx) is not an error of tollgate's; a 5xx is.
+        status: error.map_or(Status::Unset, Status::error),
+        instrumentation_scope: crate::telemetry::scope(),
+    }
+}
+
+/// The HTTP semantic conventions' attributes of the request as it came and went.
+fn http_attributes(e: &Entry, bytes_out: u64) -> Vec<KeyValue> {
+    let mut a = vec![
+        KeyValue::new("http.request.method", e.method.as_str().to_owned()),
+        KeyValue::new("url.path", e.uri.path().to_owned()),
+        KeyValue::new("url.scheme", if e.tls { "https" } else { "http" }),
+        KeyValue::new("http.response.status_code", i64::from(e.status)),
+        KeyValue::new("network.protocol.version", version(e.version).1),
+        KeyValue::new("client.address", e.client_ip.unwrap_or(e.peer).to_string()),
+        KeyValue::new("network.peer.address", e.peer.to_string()),
+        KeyValue::new("http.request.body.size", int(bytes_in(e))),
+        KeyValue::new("http.response.body.size", int(bytes_out)),
+        KeyValue::new("tollgate.outcome", e.outcome),
+        KeyValue::new("tollgate.request_id", text(e.request_id.as_bytes())),
+    ];
+    let authority = e.uri.authority().map(|h| h.as_str().as_bytes());
+    if let Some(host) = e
+        .host
+        .as_ref()
+        .map(http::HeaderValue::as_bytes)
+        .or(authority)
+    {
+        let (address, port) = host_and_port(host);
+        a.push(KeyValue::new("server.address", text(address)));
+        if let Some(port) = port.and_then(|p| std::str::from_utf8(p).ok()?.parse::<i64>().ok()) {
+            a.push(KeyValue::new("server.port", port));
+        }
+    }
+    if let Some(ua) = &e.user_agent {
+        a.push(KeyValue::new("user_agent.original", text(ua.as_bytes())));
+    }
+    a
+}
+
+/// `rpc.*` of a gRPC call (`/package.Service/Method`).
+fn rpc(e: &Entry, a: &mut Vec<KeyValue>) {
+    a.push(KeyValue::new("rpc.system", "grpc"));
+    if let Some((service, method)) = e.uri.path().trim_start_matches('/').split_once('/') {
+        a.push(KeyValue::new("rpc.service", service.to_owned()));
+        a.push(KeyValue::new("rpc.method", method.to_owned()));
+    }
+    if let Some(code) = e.grpc_status {
+        a.push(KeyValue::new("rpc.grpc.status_code", i64::from(code)));
+    }
+}
+
+/// What only tollgate can say: the route, the deciding limit, the identity's digest, the
+/// queue, the store's time, the candidate's verdict.
+fn tollgate(e: &Entry, span: &RequestSpan, a: &mut Vec<KeyValue>) {
+    let notes = &span.notes;
+    if !e.route.is_empty() {
+        a.push(KeyValue::new("tollgate.route", text(&e.route)));
+    }
+    // The limit that decided: the first not plainly admitted, else the first.
+    let deciding = (notes.limits.iter())
+        .find(|l| l.outcome != "admitted" && l.outcome != "exempt")
+        .or_else(|| notes.limits.first());
+    if let Some(l) = deciding {
+        a.push(KeyValue::new("tollgate.limit.name", l.name.to_string()));
+        a.push(KeyValue::new("tollgate.limit.outcome", l.outcome));
+    }
+    if let Some(ban) = notes.limits.iter().find_map(|l| l.ban) {
+        a.push(KeyValue::new("tollgate.ban", ban));
+    } else if e.outcome == "operator-ban" {
+        a.push(KeyValue::new("tollgate.ban", "operator"));
+    }
+    if let Some(c) = e.client {
+        a.push(KeyValue::new("tollgate.identity", format!("{c:016x}")));
+    }
+    if let Some(wait) = e.queue_time {
+        a.push(KeyValue::new("tollgate.queue.wait_ms", ms(wait)));
+        let capacity = if e.outcome == "at-capacity" {
+            "refused"
+        } else {
+            "admitted"
+        };
+        a.push(KeyValue::new("tollgate.capacity.outcome", capacity));
+    }
+    if let Some(took) = notes.redis {
+        a.push(KeyValue::new("tollgate.redis.duration_ms", ms(took)));
+    }
+    if let Some(verdict) = notes.candidate {
+        a.push(KeyValue::new("tollgate.candidate.verdict", verdict));
+    }
+    if let Some(cost) = e.cost {
+        a.push(KeyValue::new("tollgate.cost", int(cost)));
+    }
+}
+
+/// One `tollgate.limit` event per limit of the route, at the span's start (when decided).
+fn limit_events(span: &RequestSpan, end: SystemTime) -> SpanEvents {
+    let at = span.start.min(end);
+    let events = (span.notes.limits.iter())
+        .map(|l| {
+            let mut a = vec![
+                KeyValue::new("tollgate.limit.name", l.name.to_string()),
+                KeyValue::new("tollgate.limit.outcome", l.outcome),
+            ];
+            if let Some(left) = l.remaining {
+                a.push(KeyValue::new("tollgate.limit.remaining", int(left)));
+            }
+            if l.without_store {
+                a.push(KeyValue::new("tollgate.limit.without_store", true));
+            }
+            if let Some(ban) = l.ban {
+                a.push(KeyValue::new("tollgate.ban", ban));
+            }
+            Event::new("tollgate.limit", at, a, 0)
+        })
+        .collect();
+    let mut all = SpanEvents::default();
+    all.events = events;
+    all
+}
+
+/// An upstream attempt's CLIENT span, a child of the request's.
+fn client(e: &Entry, span: &RequestSpan, attempt: &Attempt, end: SystemTime) -> SpanData {
+    let (address, port) = host_and_port(attempt.target.as_bytes());
+    let mut a = vec![
+        KeyValue::new("http.request.method", e.method.as_str().to_owned()),
+        KeyValue::new("server.address", text(address)),
+        KeyValue::new("url.path", e.uri.path().to_owned()),
+    ];
+    if let Some(port) = port.and_then(|p| std::str::from_utf8(p).ok()?.parse::<i64>().ok()) {
+        a.push(KeyValue::new("server.port", port));
+    }
+    if attempt.resend > 0 {
+        a.push(KeyValue::new(
+            "http.request.resend_count",
+            i64::from(attempt.resend),
+        ));
+    }
+    if let Some(status) = attempt.status {
+        a.push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+    }
+    // A client's 4xx and 5xx are errors, as a failure without a response is.
+    let error: Option<Cow<'static, str>> = match (attempt.error, attempt.status) {
+        (Some(kind), _) => Some(kind.into()),
+        (None, Some(s)) if s >= 400 => Some(s.to_string().into()),
+        _ => None,
+    };
+    if let Some(kind) = &error {
+        a.push(KeyValue::new("error.type", kind.clone()));
+    }
+    SpanData {
+        span_context: context(span, attempt.span_id),
+        parent_span_id: span.span_id,
+        parent_span_is_remote: false,
+        span_kind: SpanKind::Client,
+        name: e.method.to_string().into(),
+        start_time: attempt.start,
+        end_time: attempt.end.unwrap_or(end),
+        attributes: a,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: error.map_or(Status::Unset, Status::error),
+        instrumentation_scope: crate::telemetry::scope(),
+    }
+}
+
+/// The exported span's context: sampled (it is exported), with the caller's `tracestate`.
+fn context(span: &RequestSpan, span_id: opentelemetry::trace::SpanId) -> SpanContext {
+    SpanContext::new(
+        span.trace_id,
+        span_id,
+        TraceFlags::SAMPLED,
+        false,
+        span.trace_state.clone(),
+    )
+}

@@ -1,0 +1,248 @@
+//! OpenTelemetry traces: a request's trace context continued from its caller (W3C
+//! `traceparent`) or begun here, sampled, told to each upstream attempt, and its finished spans
+//! handed to the exporter (`export`), off the request path.
+//!
+//! Spans are not built as the request goes: the stages record what they learn (the attempts
+//! here, the rest in the request's access-log entry) and the spans are made once, at the end,
+//! only for a request whose trace is exported.
+
+pub mod export;
+
+use std::sync::{Arc, LazyLock};
+use std::time::SystemTime;
+
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{SpanId, SpanKind, TraceContextExt as _, TraceId};
+use opentelemetry::trace::{TraceFlags, TraceState};
+use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample as _, SpanData};
+
+/// How spans go to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies (`POST /v1/traces`).
+    HttpProtobuf,
+    /// OTLP/gRPC (`opentelemetry.proto.collector.trace.v1.TraceService/Export`).
+    Grpc,
+}
+
+/// `telemetry.traces`, with the protocol the environment names resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracesSettings {
+    /// The collector's URL as configured (`None`: the `OTEL_EXPORTER_OTLP_*ENDPOINT`
+    /// variables, else the protocol's default). For `http/protobuf`, a URL with no path gets
+    /// `/v1/traces`.
+    pub endpoint: Option<String>,
+    pub protocol: OtlpProtocol,
+    /// Root spans sampled, 0 to 1.
+    pub sample_ratio: f64,
+    pub sample_refused: bool,
+    pub headers: Vec<(String, String)>,
+    /// The configured `service.name` (`None`: `OTEL_SERVICE_NAME`, else `tollgate`).
+    pub service_name: Option<String>,
+}
+
+/// The live tracer of a config: its sampler and its exporter's queue. The exporter's thread
+/// ends, its last spans sent, once the tracer is dropped (a reload that changed its settings,
+/// once the last request of the old config is done).
+#[derive(Debug)]
+pub struct Tracer {
+    pub settings: TracesSettings,
+    sampler: Sampler,
+    queue: export::Queue,
+}
+
+impl Tracer {
+    /// The tracer of `settings`, its exporter started (an endpoint the exporter cannot use is
+    /// the error).
+    pub fn start(settings: &TracesSettings) -> Result<Self, String> {
+        let ratio = Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio));
+        Ok(Self {
+            settings: settings.clone(),
+            sampler: Sampler::ParentBased(ratio),
+            queue: export::start(settings)?,
+        })
+    }
+
+    /// The trace of a request arriving with `headers`: its caller's context continued (or a
+    /// new trace), sampled as the caller was when it says, else by `sample_ratio`.
+    pub fn begin(self: &Arc<Self>, headers: &http::HeaderMap) -> Box<RequestSpan> {
+        let extractor = opentelemetry_http::HeaderExtractor(headers);
+        let caller = TraceContextPropagator::new().extract(&extractor);
+        let remote = caller.span().span_context().clone();
+        let (trace_id, parent, trace_state) = if remote.is_valid() {
+            let state = remote.trace_state().clone();
+            (remote.trace_id(), Some(remote.span_id()), state)
+        } else {
+            (new_trace_id(), None, TraceState::default())
+        };
+        let kind = SpanKind::Server;
+        let decided = (self.sampler).should_sample(Some(&caller), trace_id, "", &kind, &[], &[]);
+        Box::new(RequestSpan {
+            tracer: self.clone(),
+            trace_id,
+            span_id: new_span_id(),
+            parent,
+            sampled: decided.decision == SamplingDecision::RecordAndSample,
+            trace_state,
+            start: SystemTime::now(),
+            attempts: parking_lot::Mutex::new(Vec::new()),
+            notes: Notes::default(),
+        })
+    }
+}
+
+/// One request's trace: the caller's context, its own server span's identity, and its
+/// upstream attempts as they go.
+#[derive(Debug)]
+pub struct RequestSpan {
+    tracer: Arc<Tracer>,
+    pub trace_id: TraceId,
+    /// The server span's.
+    pub span_id: SpanId,
+    /// The caller's span (`traceparent`), if it sent one.
+    pub parent: Option<SpanId>,
+    pub sampled: bool,
+    pub trace_state: TraceState,
+    pub start: SystemTime,
+    attempts: parking_lot::Mutex<Vec<Attempt>>,
+    /// What the stages learned that only tollgate can say (see `Notes`).
+    pub notes: Notes,
+}
+
+/// What the stages learned, for the server span's `tollgate.*` attributes and events.
+#[derive(Debug, Default)]
+pub struct Notes {
+    /// Each limit of the route and how it came out for the request.
+    pub limits: Vec<LimitNote>,
+    /// Why tollgate answered the request itself (`error.type`), when it did.
+    pub error: Option<&'static str>,
+    /// How long the limiter's Redis call took, when one was made.
+    pub redis: Option<std::time::Duration>,
+    /// The candidate config's verdict (`admitted`, `limited`, `unrouted`), when one is loaded.
+    pub candidate: Option<&'static str>,
+    /// The route's path template (`http.route`).
+    pub http_route: Option<Arc<str>>,
+    /// A gRPC call (`rpc.*`).
+    pub grpc: bool,
+}
+
+/// One limit's outcome for the request.
+#[derive(Debug, Clone)]
+pub struct LimitNote {
+    pub name: Arc<str>,
+    /// `admitted`, `limited`, `shadow_limited`, `exempt`, `failed_open`, `failed_closed`.
+    pub outcome: &'static str,
+    /// Decided by the failure policy, without the shared store.
+    pub without_store: bool,
+    /// Whole tokens (or requests) left, when a bucket was consulted.
+    pub remaining: Option<u64>,
+    /// What its ban did: `refused`, `started`, `lifted`.
+    pub ban: Option<&'static str>,
+}
+
+/// One upstream attempt (a retry is another), a CLIENT span.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub span_id: SpanId,
+    pub start: SystemTime,
+    pub end: Option<SystemTime>,
+    /// The target's `host:port`.
+    pub target: String,
+    /// The attempts before this one (`http.request.resend_count`).
+    pub resend: u32,
+    pub status: Option<u16>,
+    /// Why it failed without a response (`error.type`).
+    pub error: Option<&'static str>,
+}
+
+impl RequestSpan {
+    /// Its spans go to the collector: sampled, or refused by tollgate with `sample_refused`.
+    pub fn exported(&self, refused: bool) -> bool {
+        self.sampled || (refused && self.tracer.settings.sample_refused)
+    }
+
+    /// Its spans may go to the collector, depending on how the request ends.
+    pub fn may_export(&self) -> bool {
+        self.sampled || self.tracer.settings.sample_refused
+    }
+
+    /// The server span's own `traceparent` (for the access log's `trace_id` and `span_id`).
+    pub fn traceparent(&self) -> http::HeaderValue {
+        traceparent(self.trace_id, self.span_id, self.sampled)
+    }
+
+    /// A new attempt at `target`: its span's ID, told the upstream as its parent in
+    /// `traceparent` (sampled or not, as this trace is). Recorded only when sampled.
+    pub fn attempt(&self, headers: &mut http::HeaderMap, target: &str) -> Option<usize> {
+        let span_id = new_span_id();
+        headers.insert(
+            http::HeaderName::from_static("traceparent"),
+            traceparent(self.trace_id, span_id, self.sampled),
+        );
+        if !self.sampled {
+            return None;
+        }
+        let mut attempts = self.attempts.lock();
+        let resend = u32::try_from(attempts.len()).unwrap_or(u32::MAX);
+        attempts.push(Attempt {
+            span_id,
+            start: SystemTime::now(),
+            end: None,
+            target: target.to_owned(),
+            resend,
+            status: None,
+            error: None,
+        });
+        Some(attempts.len() - 1)
+    }
+
+    /// Attempt `i` ended with a response head of `status`, or failed with `error`.
+    pub fn attempt_ended(&self, i: usize, status: Option<u16>, error: Option<&'static str>) {
+        if let Some(a) = self.attempts.lock().get_mut(i) {
+            (a.end, a.status, a.error) = (Some(SystemTime::now()), status, error);
+        }
+    }
+
+    /// The attempts made, in order.
+    pub fn attempts(&self) -> Vec<Attempt> {
+        self.attempts.lock().clone()
+    }
+
+    /// Hand finished spans to the exporter (dropped and counted if its queue is full).
+    pub fn export(&self, spans: impl IntoIterator<Item = SpanData>) {
+        for span in spans {
+            self.tracer.queue.push(span);
+        }
+    }
+}
+
+/// `traceparent` for a span of `trace_id`.
+fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> http::HeaderValue {
+    let flags = if sampled {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    };
+    let text = format!("00-{trace_id}-{span_id}-{:02x}", flags.to_u8());
+    http::HeaderValue::try_from(text).unwrap_or(http::HeaderValue::from_static(""))
+}
+
+/// The instrumentation scope tollgate's spans are reported under.
+pub fn scope() -> InstrumentationScope {
+    static SCOPE: LazyLock<InstrumentationScope> = LazyLock::new(|| {
+        InstrumentationScope::builder("tollgate")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build()
+    });
+    SCOPE.clone()
+}
+
+fn new_trace_id() -> TraceId {
+    TraceId::from(fastrand::u128(1..))
+}
+
+fn new_span_id() -> SpanId {
+    SpanId::from(fastrand::u64(1..))
+}
