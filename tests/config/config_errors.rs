@@ -69,6 +69,14 @@ fixtures! {
   {f}:22:38: upstreams.streams.http2.max_concurrent_streams: must be at least 1
   {f}:27:22: upstreams.both.health.check.path: has both `path` and `grpc`: a check asks one
 ",
+    bad_telemetry: r"
+{f}: 5 problems
+  {f}:5:15: telemetry.traces.endpoint: `otel-collector:4318` is not an http:// or https:// URL with a host: write it as http://collector:4318
+  {f}:6:15: telemetry.traces.protocol: unknown protocol `thrift`: use http/protobuf or grpc
+  {f}:7:19: telemetry.traces.sample_ratio: 1.5 is not a share of requests: give a number from 0 to 1
+  {f}:8:30: telemetry.traces.headers.bad header: is not a valid header name
+  {f}:9:19: telemetry.traces.service_name: must not be empty
+",
     bad_window: r"
 {f}: 7 problems
   {f}:7:31: routes[0].limits[0].window: window `0/1m`: `0` is not a whole number of at least 1
