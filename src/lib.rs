@@ -22,8 +22,10 @@
 //!   process's life, once per value, for header values every request clones; rustls configs;
 //!   the PROXY header; an upstream's capacity (`capacity`: per-target caps, fixed or learned
 //!   from latency, and the queue fair across identities and priorities).
-//! - `buffer`, `request_id`: bodies held in memory and temporary files (request buffering,
-//!   response read-ahead); the `X-Request-Id` kept or made.
+//! - `buffer`, `request_id`, `telemetry`: bodies held in memory and temporary files (request
+//!   buffering, response read-ahead); the `X-Request-Id` kept or made; a request's trace
+//!   context, its sampling and the OTLP exporter its finished spans are queued to
+//!   (`telemetry::export`).
 //! - `body`: request bodies with their limits.
 //! - `error`: request-path errors.
 //! - `screen`: request screening (`host`: Host and `:authority` validated and canonicalised,
@@ -32,7 +34,7 @@
 //!   (`identity::Arrival`: one request's parts, made once and read by the live limits, the
 //!   candidate's and `explain`; `identity::jwt`: claims of a verified bearer JWT).
 //! - `access_log`: the access log (lines formatted per worker thread, written by a thread of
-//!   its own).
+//!   its own), and a request's completed entry made into its trace's spans (`access_log::span`).
 //! - `route`: the route table (match conditions and their path index); `find` is pure.
 //! - `config`: the YAML file (one parser, serde-saphyr), validated and compiled into plain
 //!   `Settings`; nothing live. Its JSON Schema is derived from the same types.
@@ -66,8 +68,9 @@
 //!   (kept in Redis and polled with `backend: redis`, in memory otherwise).
 //! - `state`: what every request shares (the live runtime, clock, metrics, workers).
 //! - `proxy`: one request through the stages (`pipeline` lists them; `proxy::limits` and
-//!   `proxy::upstream` hold the limit and forwarding stages), errors turned into responses in
-//!   one place.
+//!   `proxy::upstream` hold the limit and forwarding stages, `proxy::record` what a finished
+//!   request leaves: counts, its log entry and trace), errors turned into responses in one
+//!   place.
 //! - `explain`, `rls`: what the stages would do with a request now, read without counting it
 //!   (`limiter::peek`), for the admin API and `tollgate explain`; Envoy's rate limit service
 //!   (`rls::pb` generated from `proto/`), each call's descriptors matched to their domain's
