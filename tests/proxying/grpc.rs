@@ -338,3 +338,46 @@ async fn a_cost_in_the_trailers_settles_the_reserve() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A traced gRPC call is a SERVER span with `rpc.*` (its status from the trailers) and a
+/// CLIENT span for its attempt, exported to a real OTLP receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_call_has_its_rpc_attributes() {
+    let receiver = common::otlp::Receiver::start("ok");
+    let server = GrpcServer::start();
+    let traces = format!(
+        "telemetry:\n  traces: {{ endpoint: \"{}\" }}\n",
+        receiver.http_url()
+    );
+    let proxy = TestProxy::start(
+        &grpc_config(&server, "").replace("upstreams:", &format!("{traces}upstreams:")),
+    );
+    assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let spans = loop {
+        let spans = receiver.spans();
+        if spans.len() >= 2 || std::time::Instant::now() > deadline {
+            break spans;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let server_span = spans
+        .iter()
+        .find(|s| s["kind"] == 2)
+        .expect("a SERVER span");
+    let a = &server_span["attributes"];
+    assert_eq!(a["rpc.system"], "grpc", "{a}");
+    assert_eq!(a["rpc.service"], "test.Echo");
+    assert!(
+        a["rpc.method"].as_str().is_some_and(|m| !m.is_empty()),
+        "{a}"
+    );
+    assert_eq!(a["rpc.grpc.status_code"], 0);
+    assert_eq!(a["network.protocol.version"], "2");
+    assert_eq!(server_span["name"], "POST /test.Echo/*");
+    let client = spans
+        .iter()
+        .find(|s| s["kind"] == 3)
+        .expect("a CLIENT span");
+    assert_eq!(client["parent_span_id"], server_span["span_id"]);
+}
