@@ -30,6 +30,8 @@ callgrind [tollgate|bare] [fwd|rej|redis|h2]   (defaults: tollgate fwd)
     EXTRA             further limits of the route as YAML lines, e.g. compare's scenario 3d:
                       EXTRA='      - { name: everyone, rate: 1000000/s, burst: 1000000, key: [global] }'
     CANDIDATE [off]   `on`: with compare's scenario 1c candidate config beside the live one
+    TRACES [off]      a sample ratio (`1`, `0.01`): telemetry.traces on, exported over
+                      OTLP/HTTP to tests/fixtures/otlp/receiver.py taking every batch unread
 TXT
 }
 
@@ -76,6 +78,13 @@ run_callgrind() {
     if [ "${CANDIDATE:-off}" = on ]; then
         write_candidate "$TMP"
         top="candidate: candidate.yaml"
+    fi
+    if [ "${TRACES:-off}" != off ]; then
+        need_python_module opentelemetry.proto opentelemetry-proto
+        spawn otlp python3 "$ROOT/tests/fixtures/otlp/receiver.py" sink
+        for _ in $(seq 100); do grep -q '^ready' "$TMP/otlp/stdout" && break; sleep 0.1; done
+        top="telemetry:
+  traces: { endpoint: \"http://127.0.0.1:$(awk '{print $3}' "$TMP/otlp/stdout")\", sample_ratio: $TRACES }"
     fi
     TOLLGATE_HEADERS=${HEADERS:-true} TOLLGATE_EXTRA=${EXTRA:-} \
         tollgate_config "$TMP/callgrind.yaml" "$port" "$limiter" "${limit[@]}"

@@ -19,6 +19,13 @@ die() { printf 'benches/load.sh%s: %s\n' "${SUBCOMMAND:+ $SUBCOMMAND}" "$*" >&2;
 usage_error() { printf 'usage: %s\n' "$*" >&2; exit 2; }
 
 # --- tools ----------------------------------------------------------------------------------
+# need_python_module MODULE PACKAGE: install PACKAGE with pip when python3 cannot import MODULE.
+need_python_module() {
+    python3 -c "import $1" 2>/dev/null && return 0
+    log "installing $2 (pip)"
+    python3 -m pip install -q "$2" 2>/dev/null || python3 -m pip install -q --break-system-packages "$2"
+}
+
 # need TOOL...: install, with apt-get, the Debian package of every TOOL that is missing.
 need() {
     local tool pkg pkgs=() sudo=()

@@ -231,12 +231,16 @@ impl Stopping {
             let _ = inline.await;
         }
         let threads = self.threads;
+        let tracer = self.state.runtime.load().tracer.clone();
         let _ = tokio::task::spawn_blocking(move || {
             for t in threads {
                 let _ = t.join();
             }
-            // The workers handed their last lines over as they ended.
+            // The workers handed their last lines over as they ended, and their spans.
             crate::access_log::sync(Duration::from_secs(5));
+            if let Some(tracer) = tracer {
+                tracer.flush(Duration::from_secs(5));
+            }
         })
         .await;
         let _ = self.admin_stop.send(true);

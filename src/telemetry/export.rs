@@ -40,9 +40,18 @@ fn count(result: &'static str, n: usize) {
 #[derive(Debug)]
 pub struct Queue {
     spans: mpsc::Sender<SpanData>,
+    flushes: mpsc::UnboundedSender<Flush>,
 }
 
 impl Queue {
+    /// Have every span queued so far sent, waiting at most `timeout` (a shutdown's last act).
+    pub fn flush(&self, timeout: Duration) {
+        let (ack, acked) = std::sync::mpsc::sync_channel(1);
+        if self.flushes.send(ack).is_ok() {
+            let _ = acked.recv_timeout(timeout);
+        }
+    }
+
     /// Queue `span`, or drop and count it when the queue is full.
     pub fn push(&self, span: SpanData) {
         if self.spans.try_send(span).is_err() {
@@ -77,6 +86,7 @@ impl Batching {
 pub fn start(settings: &TracesSettings) -> Result<Queue, String> {
     let batching = Batching::from_env();
     let (spans, queue) = mpsc::channel(batching.max_queue);
+    let (flushes, asked) = mpsc::unbounded_channel();
     let (built, ready) = std::sync::mpsc::sync_channel(1);
     let settings = settings.clone();
     std::thread::Builder::new()
@@ -93,7 +103,7 @@ pub fn start(settings: &TracesSettings) -> Result<Queue, String> {
                 match exporter(&settings) {
                     Ok(exporter) => {
                         let _ = built.send(Ok(()));
-                        run(exporter, queue, &batching).await;
+                        run(exporter, (queue, asked), &batching).await;
                     }
                     Err(e) => drop(built.send(Err(e))),
                 }
@@ -103,47 +113,86 @@ pub fn start(settings: &TracesSettings) -> Result<Queue, String> {
     ready
         .recv()
         .map_err(|_| "the trace exporter's thread stopped".to_owned())??;
-    Ok(Queue { spans })
+    Ok(Queue { spans, flushes })
 }
 
-/// Send batches until the queue closes, then what is left.
+/// What the exporter's thread is told besides spans: send what it holds now, then say so.
+type Flush = std::sync::mpsc::SyncSender<()>;
+
+/// Send batches until the queue closes (then what is left), and at once when told to flush.
 async fn run(
     exporter: opentelemetry_otlp::SpanExporter,
-    mut queue: mpsc::Receiver<SpanData>,
+    (mut queue, mut flushes): (mpsc::Receiver<SpanData>, mpsc::UnboundedReceiver<Flush>),
     batching: &Batching,
 ) {
-    let gate = LogGate::new(Duration::from_secs(10));
-    let started = tokio::time::Instant::now();
+    let sender = Sender {
+        exporter,
+        gate: LogGate::new(Duration::from_secs(10)),
+        started: tokio::time::Instant::now(),
+    };
     let mut open = true;
     while open {
-        let Some(first) = queue.recv().await else {
-            break;
-        };
-        let mut batch = vec![first];
+        let mut batch = Vec::new();
+        let mut flush = None;
+        tokio::select! {
+            span = queue.recv() => match span {
+                Some(span) => batch.push(span),
+                None => break,
+            },
+            Some(ack) = flushes.recv() => flush = Some(ack),
+        }
         let until = tokio::time::Instant::now() + batching.delay;
-        while batch.len() < batching.max_batch {
-            match tokio::time::timeout_at(until, queue.recv()).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) => {
-                    open = false;
-                    break;
-                }
-                Err(_) => break,
+        while flush.is_none() && batch.len() < batching.max_batch {
+            tokio::select! {
+                span = queue.recv() => match span {
+                    Some(span) => batch.push(span),
+                    None => {
+                        open = false;
+                        break;
+                    }
+                },
+                Some(ack) = flushes.recv() => flush = Some(ack),
+                () = tokio::time::sleep_until(until) => break,
             }
         }
+        if flush.is_some() {
+            while let Ok(span) = queue.try_recv() {
+                batch.push(span);
+            }
+        }
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(batching.max_batch));
+            sender.send(std::mem::replace(&mut batch, rest)).await;
+        }
+        if let Some(ack) = flush {
+            let _ = ack.send(());
+        }
+    }
+    let _ = sender.exporter.shutdown();
+}
+
+/// The exporter, and the gate its failures are logged through.
+struct Sender {
+    exporter: opentelemetry_otlp::SpanExporter,
+    gate: LogGate,
+    started: tokio::time::Instant,
+}
+
+impl Sender {
+    /// Export `batch`, counted; a failure logged at most every 10 s.
+    async fn send(&self, batch: Vec<SpanData>) {
         let n = batch.len();
-        match exporter.export(batch).await {
+        match self.exporter.export(batch).await {
             Ok(()) => count("exported", n),
             Err(e) => {
                 count("failed", n);
-                let now_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                if let Some(held_back) = gate.open(now_us) {
+                let now_us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                if let Some(held_back) = self.gate.open(now_us) {
                     tracing::warn!(error = %e, spans = n, failures_not_logged = held_back, "the trace collector did not take a batch of spans");
                 }
             }
         }
     }
-    let _ = exporter.shutdown();
 }
 
 /// The SDK's OTLP exporter for `settings`, with the resource tollgate reports as.

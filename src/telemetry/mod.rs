@@ -65,6 +65,12 @@ impl Tracer {
         })
     }
 
+    /// Send every span queued so far, waiting at most `timeout`: at shutdown, once the last
+    /// requests are done.
+    pub fn flush(&self, timeout: std::time::Duration) {
+        self.queue.flush(timeout);
+    }
+
     /// The trace of a request arriving with `headers`: its caller's context continued (or a
     /// new trace), sampled as the caller was when it says, else by `sample_ratio`.
     pub fn begin(self: &Arc<Self>, headers: &http::HeaderMap) -> Box<RequestSpan> {

@@ -246,9 +246,14 @@ async fn each_attempt_is_a_span_and_a_retry_is_counted() {
 async fn a_failing_or_slow_collector_never_slows_requests() {
     let app = MockUpstream::start();
     let http = Http::new();
-    for mode in ["fail", "slow"] {
-        let receiver = Receiver::start(mode);
-        let traces = format!("{{ endpoint: \"{}\" }}", receiver.grpc_url());
+    for mode in ["fail", "slow", "down"] {
+        let receiver = Receiver::start(if mode == "down" { "ok" } else { mode });
+        let endpoint = if mode == "down" {
+            format!("http://{}", refused_addr())
+        } else {
+            receiver.grpc_url()
+        };
+        let traces = format!("{{ endpoint: \"{endpoint}\" }}");
         let yaml = traced(app.addr(), &traces.replace('}', ", protocol: grpc }"))
             .replace("rate: 2/m, burst: 2", "rate: 100000/s, burst: 100000");
         let proxy = BinaryProxy::start_with_env(
@@ -287,16 +292,16 @@ async fn a_failing_or_slow_collector_never_slows_requests() {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        if mode == "fail" {
-            assert!(failed > 0, "failed spans are counted");
+        if mode == "slow" {
+            assert!(dropped > 0, "a full queue drops and counts");
+        } else {
+            assert!(failed > 0, "{mode}: failed spans are counted");
             let warned = proxy
                 .logs()
                 .iter()
                 .filter(|l| l.contains("the trace collector did not take"))
                 .count();
-            assert_eq!(warned, 1, "one WARN in 10 s: {:#?}", proxy.logs());
-        } else {
-            assert!(dropped > 0, "a full queue drops and counts");
+            assert_eq!(warned, 1, "{mode}: one WARN in 10 s: {:#?}", proxy.logs());
         }
     }
 }
@@ -327,4 +332,35 @@ async fn the_environment_names_the_collector() {
     assert_eq!(spans.len(), 2, "{spans:#?}");
     assert_eq!(spans[0]["transport"], "grpc");
     assert_eq!(spans[0]["resource"]["service.name"], "from-env");
+}
+
+/// A graceful shutdown sends the spans still queued before the process ends (a batch would
+/// have waited a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_sends_the_queued_spans() {
+    let receiver = Receiver::start("ok");
+    let app = MockUpstream::start();
+    let yaml = traced(
+        app.addr(),
+        &format!("{{ endpoint: \"{}\" }}", receiver.http_url()),
+    )
+    .replace("rate: 2/m, burst: 2", "rate: 100/s, burst: 100");
+    let mut proxy = BinaryProxy::start_with_env(&yaml, &[("OTEL_BSP_SCHEDULE_DELAY", "60000")]);
+    let http = Http::new();
+    for _ in 0..20 {
+        assert_eq!(http.get(&proxy.url("/api/x")).await.code(), 200);
+    }
+    proxy.terminate();
+    assert!(proxy
+        .wait_exit(Duration::from_secs(15))
+        .is_some_and(|s| s.success()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while receiver.spans().len() < 40 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        receiver.spans().len(),
+        40,
+        "20 requests, a SERVER and a CLIENT span each"
+    );
 }
