@@ -364,3 +364,56 @@ async fn a_shutdown_sends_the_queued_spans() {
         "20 requests, a SERVER and a CLIENT span each"
     );
 }
+
+/// Over Redis, to a capped upstream, with a candidate config beside: the span tells the Redis
+/// call's time, the wait for the upstream's slot, and the candidate's verdict (a candidate
+/// twice as strict refuses the second request the live limit admits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_span_tells_redis_the_queue_and_the_candidate() {
+    let redis = common::redis::RedisServer::start();
+    let receiver = Receiver::start("ok");
+    let app = MockUpstream::start();
+    let candidate = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile_in(std::env::temp_dir())
+        .unwrap()
+        .into_temp_path();
+    std::fs::write(
+        &candidate,
+        "upstreams:\n  app:\n    targets: [127.0.0.1:9]\nroutes:\n  - name: api\n    match: { path_prefix: /api/ }\n    upstream: app\n    limits:\n      - { name: strict, rate: 1/m, burst: 1, key: [ip] }\n",
+    )
+    .unwrap();
+    let yaml = config(&format!(
+        "candidate: {}\nlimiter:\n  backend: redis\n  redis: {{ url: \"{}\", timeout: 2s }}\ntelemetry:\n  traces: {{ endpoint: \"{}\" }}\nupstreams:\n  app:\n    targets: [{}]\n    max_in_flight: 1\n    queue: {{ size: 10, timeout: 5s }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    upstream: app\n    limits:\n      - {{ name: per-client, rate: 10/m, burst: 10, key: [ip] }}\n",
+        candidate.file_name().unwrap().to_string_lossy(),
+        redis.url(),
+        receiver.http_url(),
+        app.addr()
+    ));
+    let proxy = TestProxy::start(&yaml);
+    let http = Http::new();
+    for (i, verdict) in [(1, "admitted"), (2, "limited")] {
+        let trace = format!("{i:032x}");
+        let parent = traceparent(&trace, "01");
+        let r = http
+            .get_with(&proxy.url("/api/x"), &[("traceparent", parent.as_str())])
+            .await;
+        assert_eq!(r.code(), 200);
+        let spans = receiver.trace(&trace, 2, WAIT);
+        let server = kind(&spans, SERVER)[0];
+        let a = &server["attributes"];
+        assert_eq!(a["tollgate.candidate.verdict"], verdict, "{a}");
+        assert!(
+            a["tollgate.redis.duration_ms"]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0),
+            "{a}"
+        );
+        assert!(a["tollgate.queue.wait_ms"].as_f64().is_some(), "{a}");
+        assert_eq!(a["tollgate.capacity.outcome"], "admitted");
+        assert_eq!(
+            server["events"][0]["attributes"]["tollgate.limit.remaining"],
+            10 - i
+        );
+    }
+}
