@@ -417,3 +417,47 @@ async fn the_span_tells_redis_the_queue_and_the_candidate() {
         );
     }
 }
+
+/// A reload that turns the ratio up starts exporting root requests; tollgate's own 502 is an
+/// error span naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_the_sampling_and_a_502_is_an_error() {
+    let receiver = Receiver::start("ok");
+    let app = MockUpstream::start();
+    let dead = format!(
+        "  dead:\n    targets: [{}]\n    connect_timeout: 1s\n",
+        refused_addr()
+    );
+    let yaml = |ratio: &str| {
+        let traces = format!(
+            "{{ endpoint: \"{}\", sample_ratio: {ratio} }}",
+            receiver.http_url()
+        );
+        traced(app.addr(), &traces)
+            .replace("rate: 2/m, burst: 2", "rate: 100/s, burst: 100")
+            .replace("upstreams:\n", &format!("upstreams:\n{dead}"))
+            + "  - name: dead\n    match: { path_prefix: /dead/ }\n    upstream: dead\n"
+    };
+    let proxy = TestProxy::start(&yaml("0"));
+    let http = Http::new();
+    assert_eq!(http.get(&proxy.url("/api/x")).await.code(), 200);
+    std::fs::write(proxy.config_path(), yaml("1")).unwrap();
+    proxy.reload();
+    assert!(proxy.wait_for_generation(2, WAIT).await);
+    assert_eq!(http.get(&proxy.url("/dead/x")).await.code(), 502);
+    let deadline = std::time::Instant::now() + WAIT;
+    while kind(&receiver.spans(), SERVER).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let spans = receiver.spans();
+    let servers = kind(&spans, SERVER);
+    assert_eq!(
+        servers.len(),
+        1,
+        "only the request after the reload: {spans:#?}"
+    );
+    let s = servers[0];
+    assert_eq!(s["attributes"]["http.response.status_code"], 502);
+    assert_eq!(s["attributes"]["error.type"], "upstream_unreachable");
+    assert_eq!(s["status"]["code"], 2, "an error span");
+}
