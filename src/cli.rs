@@ -246,6 +246,7 @@ pub fn summary(s: &Settings) -> String {
     capacity_summary(s, &mut out);
     routes_summary(s, &mut out);
     rls_summary(s, &mut out);
+    traces_summary(s, &mut out);
     if let Some(c) = &s.candidate {
         if let Ok(candidate) = &c.settings {
             let _ = writeln!(
@@ -278,6 +279,30 @@ fn rls_summary(s: &Settings, out: &mut String) {
             d.domain
         );
     }
+}
+
+/// Where traces go and which are kept.
+fn traces_summary(s: &Settings, out: &mut String) {
+    use crate::telemetry::OtlpProtocol;
+    let Some(t) = &s.traces else { return };
+    let protocol = match t.protocol {
+        OtlpProtocol::HttpProtobuf => "OTLP/HTTP",
+        OtlpProtocol::Grpc => "OTLP/gRPC",
+    };
+    let to = t
+        .endpoint
+        .as_deref()
+        .unwrap_or("the OTEL_EXPORTER_OTLP_* endpoint");
+    let refused = if t.sample_refused {
+        ", every refusal"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "traces: {protocol} to {to}, sampled {} of new traces{refused}",
+        t.sample_ratio
+    );
 }
 
 /// One line per capped upstream: its cap per target, and its queue.
