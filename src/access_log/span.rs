@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{Event, SpanContext, SpanKind, Status, TraceFlags};
+use opentelemetry::trace::{Event, SpanContext, SpanKind, Status, TraceFlags, TraceState};
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
@@ -260,6 +260,8 @@ fn context(span: &RequestSpan, span_id: opentelemetry::trace::SpanId) -> SpanCon
         span_id,
         TraceFlags::SAMPLED,
         false,
-        span.trace_state.clone(),
+        (span.trace_state.as_ref())
+            .and_then(|v| v.to_str().ok()?.parse::<TraceState>().ok())
+            .unwrap_or_default(),
     )
 }

@@ -117,8 +117,8 @@ struct Trace<'a> {
     grpc: bool,
     /// What the response said the request cost, for a limit that settles it.
     cost: Option<u64>,
-    /// A gRPC call's settlement, when its head did not say what it cost: done with its
-    /// trailers.
+    /// A response's settlement, when its head did not say what it cost: done with its
+    /// trailers (or at its end without them).
     settle_later: Option<limiter::decide::settled::Deferred>,
     /// The request's trace, when tracing is on (moved into its log entry at the end).
     span: Option<Box<crate::telemetry::RequestSpan>>,
