@@ -97,8 +97,9 @@ fn http_attributes(e: &Entry, bytes_out: u64) -> Vec<KeyValue> {
         KeyValue::new("url.scheme", if e.tls { "https" } else { "http" }),
         KeyValue::new("http.response.status_code", i64::from(e.status)),
         KeyValue::new("network.protocol.version", version(e.version).1),
-        KeyValue::new("client.address", e.client_ip.unwrap_or(e.peer).to_string()),
-        KeyValue::new("network.peer.address", e.peer.to_string()),
+        KeyValue::new("client.address", client_address(e)),
+        // Rendered once per connection: formatting an address costs more than the rest.
+        KeyValue::new("network.peer.address", text(e.peer_text.as_bytes())),
         KeyValue::new("http.request.body.size", int(bytes_in(e))),
         KeyValue::new("http.response.body.size", int(bytes_out)),
         KeyValue::new("tollgate.outcome", e.outcome),
@@ -121,6 +122,15 @@ fn http_attributes(e: &Entry, bytes_out: u64) -> Vec<KeyValue> {
         a.push(KeyValue::new("user_agent.original", text(ua.as_bytes())));
     }
     a
+}
+
+/// The client's address: the connection's peer, rendered once per connection, unless a
+/// trusted proxy named another.
+fn client_address(e: &Entry) -> Value {
+    match e.client_ip {
+        Some(ip) if ip != e.peer => Value::from(ip.to_string()),
+        _ => text(e.peer_text.as_bytes()),
+    }
 }
 
 /// `rpc.*` of a gRPC call (`/package.Service/Method`).
