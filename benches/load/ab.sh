@@ -18,6 +18,10 @@ ab OLD NEW         two tollgate binaries, A (OLD) and B (NEW), alternating ROUND
     ACCESS_LOG_A [false]  ACCESS_LOG_B [false]  each binary's --access-log: false, stderr,
                    stdout or `file` (a file in the run's temp dir). The same binary twice with
                    ACCESS_LOG_B=file measures what the access log costs.
+    TRACES_A [off]  TRACES_B [off]  each binary's telemetry.traces sample_ratio (`1`,
+                   `0.01`), exported over OTLP/HTTP to tests/fixtures/otlp/receiver.py taking
+                   every batch unread. The same binary twice with TRACES_B=1 measures what
+                   tracing costs.
 TXT
 }
 
@@ -30,6 +34,7 @@ run_ab() {
     copy_binary A "$1"
     copy_binary B "$2"
     start_backend
+    start_otlp_sink
     rounds "ab_a ab_b"
     ratio "forwarded, B/A" forwarded B forwarded A
     ratio "rejected, B/A" rejected B rejected A
@@ -46,6 +51,14 @@ ab_run() {
     local access=ACCESS_LOG_$1
     # shellcheck disable=SC2034 # start_tollgate's --access-log
     ACCESS_LOG=${!access:-false}
+    local traces=TRACES_$1
+    # shellcheck disable=SC2034 # tollgate_config's top-level keys
+    TOLLGATE_TOP=
+    if [ "${!traces:-off}" != off ]; then
+        # shellcheck disable=SC2034 # tollgate_config's top-level keys
+        TOLLGATE_TOP="telemetry:
+  traces: { endpoint: \"http://127.0.0.1:$OTLP_PORT\", sample_ratio: ${!traces} }"
+    fi
     tollgate_measures "ab-$1-forwarded" "$LOCAL" "${FWD_TOLLGATE[@]}" measure_wrk forwarded "$1"
     tollgate_measures "ab-$1-rejected" "$LOCAL" "${REJ_TOLLGATE[@]}" measure_wrk rejected "$1"
 }

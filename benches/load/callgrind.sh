@@ -80,11 +80,9 @@ run_callgrind() {
         top="candidate: candidate.yaml"
     fi
     if [ "${TRACES:-off}" != off ]; then
-        need_python_module opentelemetry.proto opentelemetry-proto
-        spawn otlp python3 "$ROOT/tests/fixtures/otlp/receiver.py" sink
-        for _ in $(seq 100); do grep -q '^ready' "$TMP/otlp/stdout" && break; sleep 0.1; done
+        TRACES_B=$TRACES start_otlp_sink
         top="telemetry:
-  traces: { endpoint: \"http://127.0.0.1:$(awk '{print $3}' "$TMP/otlp/stdout")\", sample_ratio: $TRACES }"
+  traces: { endpoint: \"http://127.0.0.1:$OTLP_PORT\", sample_ratio: $TRACES }"
     fi
     TOLLGATE_HEADERS=${HEADERS:-true} TOLLGATE_EXTRA=${EXTRA:-} \
         tollgate_config "$TMP/callgrind.yaml" "$port" "$limiter" "${limit[@]}"

@@ -289,6 +289,17 @@ start_backend() {
     wait_port "$BACKEND_H2_PORT" "$BACKEND_PID" backend
 }
 
+# start_otlp_sink: when TRACES_A or TRACES_B is set, an OTLP/HTTP receiver that takes every
+# batch unread (tests/fixtures/otlp/receiver.py sink). Sets OTLP_PORT.
+start_otlp_sink() {
+    [ "${TRACES_A:-off}${TRACES_B:-off}" != offoff ] || return 0
+    need_python_module opentelemetry.proto opentelemetry-proto
+    spawn otlp python3 "$ROOT/tests/fixtures/otlp/receiver.py" sink
+    for _ in $(seq 100); do grep -q '^ready' "$TMP/otlp/stdout" && break; sleep 0.1; done
+    OTLP_PORT=$(awk '{print $3}' "$TMP/otlp/stdout")
+    [ -n "$OTLP_PORT" ] || die "the OTLP receiver did not start: $(cat "$TMP/otlp/stderr")"
+}
+
 # start_nginx NAME ZONE_KEY ZONE_SIZE RATE BURST: nginx as the rate-limiting proxy (2 workers,
 # benches/compare/nginx-proxy.conf.in) in $TMP/NAME, forwarding to the backend. NGINX_LOG
 # [off] is its access log: off, `file` ($TMP/NAME/access.log, each line written at once) or
