@@ -181,7 +181,7 @@ pub fn grpc_status(headers: &http::HeaderMap) -> Option<u16> {
 /// Boxed twice: a thin pointer, as every response body carries the field.
 pub struct EndTally(pub Box<TallyFn>);
 
-/// What a `EndTally` calls.
+/// What an `EndTally` calls.
 pub type TallyFn = Box<dyn FnOnce(u16, Option<&http::HeaderMap>) -> Option<u64> + Send + Sync>;
 
 impl std::fmt::Debug for EndTally {

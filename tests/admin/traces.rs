@@ -354,12 +354,9 @@ async fn a_shutdown_sends_the_queued_spans() {
     assert!(proxy
         .wait_exit(Duration::from_secs(15))
         .is_some_and(|s| s.success()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while receiver.spans().len() < 40 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let spans = receiver.wait(Duration::from_secs(5), |spans| spans.len() >= 40);
     assert_eq!(
-        receiver.spans().len(),
+        spans.len(),
         40,
         "20 requests, a SERVER and a CLIENT span each"
     );
@@ -445,11 +442,7 @@ async fn a_reload_changes_the_sampling_and_a_502_is_an_error() {
     proxy.reload();
     assert!(proxy.wait_for_generation(2, WAIT).await);
     assert_eq!(http.get(&proxy.url("/dead/x")).await.code(), 502);
-    let deadline = std::time::Instant::now() + WAIT;
-    while kind(&receiver.spans(), SERVER).is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let spans = receiver.spans();
+    let spans = receiver.wait(WAIT, |spans| !kind(spans, SERVER).is_empty());
     let servers = kind(&spans, SERVER);
     assert_eq!(
         servers.len(),

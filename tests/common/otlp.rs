@@ -70,18 +70,28 @@ impl Receiver {
         self.spans.lock().unwrap().clone()
     }
 
-    /// The spans of `trace_id`, once `n` of them came (within `timeout`).
-    pub fn trace(&self, trace_id: &str, n: usize, timeout: Duration) -> Vec<Value> {
+    /// Every span received, once `done` holds of them or `timeout` passed.
+    pub fn wait(&self, timeout: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
         let deadline = Instant::now() + timeout;
         loop {
-            let found: Vec<Value> = (self.spans().into_iter())
-                .filter(|s| s["trace_id"] == trace_id)
-                .collect();
-            if found.len() >= n || Instant::now() > deadline {
-                return found;
+            let spans = self.spans();
+            if done(&spans) || Instant::now() > deadline {
+                return spans;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The spans of `trace_id`, once `n` of them came (within `timeout`).
+    pub fn trace(&self, trace_id: &str, n: usize, timeout: Duration) -> Vec<Value> {
+        let of_trace = |spans: &[Value]| -> Vec<Value> {
+            spans
+                .iter()
+                .filter(|s| s["trace_id"] == trace_id)
+                .cloned()
+                .collect()
+        };
+        of_trace(&self.wait(timeout, |spans| of_trace(spans).len() >= n))
     }
 }
 

@@ -353,14 +353,7 @@ async fn a_traced_call_has_its_rpc_attributes() {
         &grpc_config(&server, "").replace("upstreams:", &format!("{traces}upstreams:")),
     );
     assert_eq!(call(proxy.addr(), "unary").await["ok"], "hello");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let spans = loop {
-        let spans = receiver.spans();
-        if spans.len() >= 2 || std::time::Instant::now() > deadline {
-            break spans;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let spans = receiver.wait(std::time::Duration::from_secs(10), |spans| spans.len() >= 2);
     let server_span = spans
         .iter()
         .find(|s| s["kind"] == 2)
