@@ -326,6 +326,6 @@ impl Store for Shared<'_> {
     }
 
     fn settle(&self, limit: &Limit, client: ClientId, tokens: i64, _: local::Peer, _: Moment) {
-        self.redis.settle(limit, client, tokens);
+        self.redis.settle(self.worker, limit, client, tokens);
     }
 }

@@ -138,8 +138,10 @@ fn settle(
     // trailers: settled when they come, or left at the reserve when the body ends without.
     if !head_says && (cx.trace.grpc || !http_body::Body::is_end_stream(res.body())) {
         let (limits, decision, name) = (route.limits.clone(), decision.clone(), route.name.clone());
+        // The body ends on the connection's worker: into its next batch too.
+        let worker = Some(cx.conn.worker);
         cx.trace.settle_later = Some(Deferred(Box::new(move |trailers| {
-            let settled = settle_in(redis.as_deref(), None, (&limits, &decision), trailers, at);
+            let settled = settle_in(redis.as_deref(), worker, (&limits, &decision), trailers, at);
             count_units(&units, &name, &limits, &settled);
             settled.first().map(|&(_, units)| units)
         })));

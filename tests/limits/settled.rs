@@ -79,12 +79,29 @@ async fn a_reserve_is_settled_to_the_response_and_a_debt_is_waited_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_one_budget_and_its_debt_over_redis() {
     let redis = RedisServer::start();
-    let app = MockUpstream::start();
     let block = format!(
         "limiter:\n  backend: redis\n  on_failure: closed\n  redis: {{ url: \"{}\", timeout: 2s }}\n",
         redis.url()
     );
-    let yaml = budget(app.addr(), &block);
+    two_replicas_share(&block).await;
+}
+
+/// The same over a three-node Redis Cluster: a settlement goes in its slot's batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_budget_and_its_debt_over_a_cluster() {
+    let cluster = redis_helpers::RedisCluster::start();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let block = format!(
+        "limiter:\n  backend: redis\n  on_failure: closed\n  redis: {{ cluster: [{}], timeout: 2s }}\n",
+        nodes.join(", ")
+    );
+    two_replicas_share(&block).await;
+}
+
+/// Two replicas on the store `block` names settle one tenant's budget together.
+async fn two_replicas_share(block: &str) {
+    let app = MockUpstream::start();
+    let yaml = budget(app.addr(), block);
     let (a, b) = (TestProxy::start(&yaml), TestProxy::start(&yaml));
     let http = Http::new();
     for p in [&a, &b] {

@@ -20,6 +20,9 @@
 //! A check carries its deadline: a call is bounded by the earliest of its checks', and a check
 //! still queued past its own fails without being sent. The request waits on its answer alone,
 //! with no timer of its own.
+//!
+//! A settled cost's difference (`cost.from_response`) goes the same way, as a group of its own
+//! that nobody waits for: charged or refunded after the checks queued before it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::link::Link;
-use super::wire::{parse_items, reply_bytes, QuotaArgs, Reply, BUCKET_REPLY};
+use super::wire::{parse_items, reply_bytes, Mode, QuotaArgs, Reply, BUCKET_REPLY};
 use super::{bump, by_deadline, Bucket, Counters, Failure, Unavailable, BUCKET_SCRIPT};
 use crate::limiter::ban::BanArgs;
 use crate::limiter::Rate;
@@ -68,7 +71,10 @@ struct Job {
     args: PerBucket<Args>,
     /// Past this, the check fails as timed out.
     deadline: Instant,
-    reply: oneshot::Sender<Result<Reply, Failure>>,
+    /// Where the check's answer goes; `None` for a settlement, which nobody waits for.
+    reply: Option<oneshot::Sender<Result<Reply, Failure>>>,
+    /// A settlement (`Charge` or `Refund` of its one bucket) rather than a check.
+    settle: Option<Mode>,
 }
 
 /// The queue of one worker's checks. On a single server a batch's keys may live anywhere; on a
@@ -95,7 +101,29 @@ impl Batcher {
         deadline: Instant,
     ) -> Result<Reply, Failure> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
+        let job = Job::of(buckets, deadline, Some(reply), None);
+        if self.jobs.send(job).is_err() {
+            return Err(gone());
+        }
+        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// Charge or refund (`mode`) `bucket` its cost in the next batch, unanswered; `false` when
+    /// the batching task has stopped.
+    pub(super) fn settle(&self, bucket: &Bucket<'_>, mode: Mode, deadline: Instant) -> bool {
+        let job = Job::of(std::iter::once(bucket), deadline, None, Some(mode));
+        self.jobs.send(job).is_ok()
+    }
+}
+
+impl Job {
+    fn of<'b, 'a: 'b>(
+        buckets: impl Iterator<Item = &'b Bucket<'a>> + Clone,
+        deadline: Instant,
+        reply: Option<oneshot::Sender<Result<Reply, Failure>>>,
+        settle: Option<Mode>,
+    ) -> Self {
+        Self {
             keys: buckets.clone().map(|b| b.key.clone()).collect(),
             slot: buckets.clone().next().map_or(0, |b| b.slot),
             args: buckets
@@ -113,11 +141,18 @@ impl Batcher {
                 .collect(),
             deadline,
             reply,
-        };
-        if self.jobs.send(job).is_err() {
-            return Err(gone());
+            settle,
         }
-        answer.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// How many checks its group stands for in the call: 0 for a settlement's charge, -1 for
+    /// its refund (see `bucket.lua`).
+    fn checks_marker(&self, members: usize) -> i64 {
+        match self.settle {
+            Some(Mode::Refund) => -1,
+            Some(_) => 0,
+            None => i64::try_from(members).unwrap_or(i64::MAX),
+        }
     }
 }
 
@@ -183,7 +218,9 @@ pub(super) fn by_slot<T>(batch: Vec<T>, slot_of: impl Fn(&T) -> u16) -> Vec<Vec<
 async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, timeout: Duration) {
     let now = Instant::now();
     for late in batch.extract_if(.., |j| j.deadline <= now) {
-        let _ = late.reply.send(Err(Failure::timed_out(timeout)));
+        if let Some(reply) = late.reply {
+            let _ = reply.send(Err(Failure::timed_out(timeout)));
+        }
     }
     let Some(deadline) = batch.iter().map(|j| j.deadline).min() else {
         return;
@@ -192,6 +229,9 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
     // One slot for the whole batch (see `by_slot`).
     let slot = batch.first().map_or(0, |j| j.slot);
     let groups = group(&batch);
+    let markers: Vec<i64> = (groups.iter())
+        .map(|members| batch[members[0]].checks_marker(members.len()))
+        .collect();
     let n = batch.len();
     let (mut keys, mut args, mut replies) = (
         Vec::with_capacity(n),
@@ -201,7 +241,7 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
     for job in batch {
         keys.push(job.keys);
         args.push(job.args);
-        replies.push(Some(job.reply));
+        replies.push(job.reply);
     }
     // Each group's buckets, with the keys of its first check moved into the call.
     let buckets: Vec<PerBucket<Bucket<'_>>> = groups
@@ -230,18 +270,16 @@ async fn send(link: Arc<Link>, mut batch: Vec<Job>, counters: Arc<Counters>, tim
     let on = link.now();
     let call = on.conn.run_batch(
         &BUCKET_SCRIPT,
-        groups
-            .iter()
-            .zip(&buckets)
-            .map(|(m, b)| (m.len(), b.iter())),
+        markers.iter().zip(&buckets).map(|(&m, b)| (m, b.iter())),
     );
     let value = by_deadline(deadline, timeout, call).await;
     link.settle(&on, &value);
     // A reply of the wrong shape, or of the wrong length for this batch, is another call's:
     // the connection is out of step (see `link`).
-    let expected: usize = groups
-        .iter()
-        .map(|members| members.len() * BUCKET_REPLY * args[members[0]].len())
+    let expected: usize = (groups.iter().zip(&markers))
+        .map(|(members, &m)| {
+            usize::try_from(m).unwrap_or(0) * BUCKET_REPLY * args[members[0]].len()
+        })
         .sum();
     let outcome = match &value {
         Ok(value) => reply_bytes(value)
@@ -274,6 +312,10 @@ fn hand_out(
 ) {
     let mut at = 0;
     for members in groups {
+        // A settlement has no reply, and nobody to hand one to.
+        if replies[members[0]].is_none() {
+            continue;
+        }
         let bucket_args = &args[members[0]];
         let n = BUCKET_REPLY * bucket_args.len();
         for &member in members {
@@ -298,6 +340,12 @@ fn group(batch: &[Job]) -> Vec<SmallVec<[usize; 4]>> {
     // check before it joins that group without hashing its keys.
     let mut previous: Option<(&Job, usize)> = None;
     for (j, job) in batch.iter().enumerate() {
+        // A settlement is a group of its own, where it was queued.
+        if job.settle.is_some() {
+            groups.push(SmallVec::from_elem(j, 1));
+            previous = None;
+            continue;
+        }
         if let Some((before, g)) = previous {
             if before.keys == job.keys && before.args == job.args {
                 groups[g].push(j);

@@ -20,7 +20,9 @@
 --                      shares): ARGV[2] is the number of groups, then per group the number m
 --                      of checks in it, its number of buckets n, then its buckets' five values
 --                      each. A group takes n KEYS, in order; its m checks run one after the
---                      other, as m "check" calls would, and the groups run in order.
+--                      other, as m "check" calls would, and the groups run in order. A group
+--                      of m = 0 is a settlement of its one token bucket (n = 1), as "charge"
+--                      does, and of m = -1 a refund of it, as "refund" does; it has no reply.
 -- ARGV[2 + 5*(i-1) ..]  per bucket i, five values:
 --             token_us  microseconds per token (1e6 / rate); for a quota, its count N
 --             tau_us    burst * token_us (unused for a quota)
@@ -519,7 +521,22 @@ if mode == 'batch' then
   local k0, a = 0, 3
   for _ = 1, tonumber(ARGV[2]) do
     local m, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    if n == 1 and ARGV[a + 6] == '-' then
+    if m <= 0 then
+      -- A settled cost's difference, after the checks before it in this call: charged whatever
+      -- the bucket holds (it may owe), or refunded down to a full bucket at most.
+      local key = KEYS[k0 + 1]
+      local tok, cost = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4])
+      local tat = tats[key]
+      if not tat or tat < now then
+        tat = now
+      end
+      if m == 0 then
+        tat = tat + cost * tok
+      else
+        tat = max(tat - cost * tok, now)
+      end
+      tats[key], written[key] = tat, tat
+    elseif n == 1 and ARGV[a + 6] == '-' then
       -- A group of m checks of one bucket each (a route with one limit, the common case): the
       -- steps of `check`, with the bucket kept in a local from one check to the next. This loop
       -- is where a hot key's checks go.

@@ -18,8 +18,15 @@ impl RedisLimiter {
     }
 
     /// Charge `client`'s bucket of `limit` `tokens` more (refund it when negative): a settled
-    /// cost's difference, from a task of its own on the shared connection.
-    pub fn settle(&self, limit: &crate::limiter::Limit, client: ClientId, tokens: i64) {
+    /// cost's difference, in worker `worker`'s next batch, else from a task of its own on the
+    /// shared connection. Nobody waits for it.
+    pub fn settle(
+        &self,
+        worker: Option<usize>,
+        limit: &crate::limiter::Limit,
+        client: ClientId,
+        tokens: i64,
+    ) {
         let key = self.key(limit, client);
         let bucket = Bucket {
             slot: if self.cluster {
@@ -41,7 +48,12 @@ impl RedisLimiter {
         } else {
             super::wire::Mode::Refund
         };
-        self.adjust_later(None, &[&bucket], mode);
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let batched =
+            (self.worker(worker)).is_some_and(|w| w.batcher.settle(&bucket, mode, deadline));
+        if !batched {
+            self.adjust_later(None, &[&bucket], mode);
+        }
     }
 
     /// Give a lease's unused tokens (`back`) of `limit`'s bucket back, counted at the rate they

@@ -242,12 +242,12 @@ impl RedisConn {
     }
 
     /// Run several independent checks as one script call ("batch" mode). `groups` yields
-    /// groups of identical checks: how many checks, and their buckets. The reply is the
-    /// checks' replies, group by group.
+    /// groups of identical checks: how many checks (0 for a settlement's charge, -1 for its
+    /// refund), and their buckets. The reply is the checks' replies, group by group.
     pub(super) async fn run_batch<'b, 'a: 'b, C>(
         &self,
         script: &Script,
-        groups: impl Iterator<Item = (usize, C)> + Clone,
+        groups: impl Iterator<Item = (i64, C)> + Clone,
     ) -> Result<Value, RedisError>
     where
         C: ExactSizeIterator<Item = &'b Bucket<'a>>,
