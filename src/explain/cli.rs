@@ -68,6 +68,8 @@ fn from_config(config: &Path, query: &Query) -> Result<(Explanation, String), St
     // The proxies' Redis is not asked: this is what the config alone says.
     let redis = matches!(settings.limiter.backend, Backend::Redis(_));
     settings.limiter.backend = Backend::Local;
+    // Nor a trace collector: nothing is served.
+    settings.traces = None;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
