@@ -24,8 +24,8 @@
 //!   from latency, and the queue fair across identities and priorities).
 //! - `buffer`, `request_id`, `telemetry`: bodies held in memory and temporary files (request
 //!   buffering, response read-ahead); the `X-Request-Id` kept or made; a request's trace
-//!   context, its sampling and the OTLP exporter its finished spans are queued to
-//!   (`telemetry::export`).
+//!   context, its sampling, its spans assembled (`telemetry::span`) and the OTLP exporter they
+//!   are queued to (`telemetry::export`).
 //! - `body`: request bodies with their limits.
 //! - `error`: request-path errors.
 //! - `screen`: request screening (`host`: Host and `:authority` validated and canonicalised,

@@ -1,13 +1,12 @@
-//! A request's completed entry as its OpenTelemetry spans: the SERVER span of the request, with
-//! the limits' outcomes as events, and a CLIENT span per upstream attempt, named and attributed
-//! per the HTTP (and RPC) semantic conventions, with tollgate's own `tollgate.*` attributes.
+//! A proxied request's completed entry as its spans' names and attributes: the HTTP (and RPC)
+//! semantic conventions' and tollgate's own `tollgate.*`, for its SERVER span and the CLIENT
+//! span of each upstream attempt (assembled by `telemetry`).
 
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{Event, SpanContext, SpanKind, Status, TraceFlags, TraceState};
 use opentelemetry::{KeyValue, Value};
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry_sdk::trace::SpanData;
 
 use super::format::{bytes_in, host_and_port, version};
 use super::Entry;
@@ -71,22 +70,7 @@ fn server(e: &Entry, span: &RequestSpan, bytes_out: u64, end: SystemTime) -> Spa
         Some(route) => format!("{} {route}", e.method),
         None => e.method.to_string(),
     };
-    SpanData {
-        span_context: context(span, span.span_id),
-        parent_span_id: span.parent.unwrap_or(opentelemetry::trace::SpanId::INVALID),
-        parent_span_is_remote: span.parent.is_some(),
-        span_kind: SpanKind::Server,
-        name: name.into(),
-        start_time: span.start,
-        end_time: end,
-        attributes: a,
-        dropped_attributes_count: 0,
-        events: limit_events(span, end),
-        links: SpanLinks::default(),
-        // A refusal (4xx) is not an error of tollgate's; a 5xx is.
-        status: error.map_or(Status::Unset, Status::error),
-        instrumentation_scope: crate::telemetry::scope(),
-    }
+    span.server_span(name, a, error, end)
 }
 
 /// The HTTP semantic conventions' attributes of the request as it came and went.
@@ -188,32 +172,6 @@ fn tollgate(e: &Entry, span: &RequestSpan, a: &mut Vec<KeyValue>) {
     }
 }
 
-/// One `tollgate.limit` event per limit of the route, at the span's start (when decided).
-fn limit_events(span: &RequestSpan, end: SystemTime) -> SpanEvents {
-    let at = span.start.min(end);
-    let events = (span.notes.limits.iter())
-        .map(|l| {
-            let mut a = vec![
-                KeyValue::new("tollgate.limit.name", l.name.to_string()),
-                KeyValue::new("tollgate.limit.outcome", l.outcome),
-            ];
-            if let Some(left) = l.remaining {
-                a.push(KeyValue::new("tollgate.limit.remaining", int(left)));
-            }
-            if l.without_store {
-                a.push(KeyValue::new("tollgate.limit.without_store", true));
-            }
-            if let Some(ban) = l.ban {
-                a.push(KeyValue::new("tollgate.ban", ban));
-            }
-            Event::new("tollgate.limit", at, a, 0)
-        })
-        .collect();
-    let mut all = SpanEvents::default();
-    all.events = events;
-    all
-}
-
 /// An upstream attempt's CLIENT span, a child of the request's.
 fn client(e: &Entry, span: &RequestSpan, attempt: &Attempt, end: SystemTime) -> SpanData {
     let (address, port) = host_and_port(attempt.target.as_bytes());
@@ -246,32 +204,5 @@ fn client(e: &Entry, span: &RequestSpan, attempt: &Attempt, end: SystemTime) -> 
     if let Some(kind) = &error {
         a.push(KeyValue::new("error.type", kind.clone()));
     }
-    SpanData {
-        span_context: context(span, attempt.span_id),
-        parent_span_id: span.span_id,
-        parent_span_is_remote: false,
-        span_kind: SpanKind::Client,
-        name: e.method.to_string().into(),
-        start_time: attempt.start,
-        end_time: attempt.end.unwrap_or(end),
-        attributes: a,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
-        status: error.map_or(Status::Unset, Status::error),
-        instrumentation_scope: crate::telemetry::scope(),
-    }
-}
-
-/// The exported span's context: sampled (it is exported), with the caller's `tracestate`.
-fn context(span: &RequestSpan, span_id: opentelemetry::trace::SpanId) -> SpanContext {
-    SpanContext::new(
-        span.trace_id,
-        span_id,
-        TraceFlags::SAMPLED,
-        false,
-        (span.trace_state.as_ref())
-            .and_then(|v| v.to_str().ok()?.parse::<TraceState>().ok())
-            .unwrap_or_default(),
-    )
+    span.client_span(attempt, e.method.to_string(), a, error, end)
 }

@@ -10,6 +10,7 @@
 //! lookups cost every traced request about 600 instructions more (measured with callgrind).
 
 pub mod export;
+mod span;
 
 use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
