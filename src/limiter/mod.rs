@@ -272,6 +272,22 @@ impl Decision {
         (outcome, client, limit)
     }
 
+    /// Each limit of `limits` (the decided route's, or call's) and how it came out, for the
+    /// request's trace.
+    pub fn notes(&self, limits: &[Arc<Limit>]) -> Vec<crate::telemetry::LimitNote> {
+        (self.results.iter())
+            .filter_map(|r| {
+                Some(crate::telemetry::LimitNote {
+                    name: limits.get(r.index)?.name.clone(),
+                    outcome: r.outcome.as_str(),
+                    without_store: r.fallback,
+                    remaining: r.verdict.map(|v| v.remaining),
+                    ban: r.ban.as_str(),
+                })
+            })
+            .collect()
+    }
+
     /// The limit that rejected the request, if any (the first one in route order).
     pub fn rejected_by(&self) -> Option<&LimitResult> {
         self.results

@@ -93,30 +93,14 @@ fn traced(trace: &mut Trace<'_>, entry: &mut Entry) {
     let Some(mut span) = trace.span.take() else {
         return;
     };
-    span.notes.limits = limit_notes(trace);
+    if let (Some(route), Some(decision)) = (trace.route, &trace.decision) {
+        span.notes.limits = decision.notes(&route.limits);
+    }
     span.notes.http_route = trace.route.and_then(|r| r.path_template.clone());
     span.notes.grpc = trace.grpc;
     // The log line names the request's own span, which the trace holds.
     entry.traceparent = Some(span.traceparent());
     entry.span = Some(span);
-}
-
-/// Each limit of the request's route and how it came out, for its trace.
-fn limit_notes(trace: &Trace<'_>) -> Vec<crate::telemetry::LimitNote> {
-    let (Some(route), Some(decision)) = (trace.route, &trace.decision) else {
-        return Vec::new();
-    };
-    (decision.results.iter())
-        .filter_map(|r| {
-            Some(crate::telemetry::LimitNote {
-                name: route.limits.get(r.index)?.name.clone(),
-                outcome: r.outcome.as_str(),
-                without_store: r.fallback,
-                remaining: r.verdict.map(|v| v.remaining),
-                ban: r.ban.as_str(),
-            })
-        })
-        .collect()
 }
 
 /// Count the request and its limit decisions (`metrics`), and complete its access-log entry.

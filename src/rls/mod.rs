@@ -6,6 +6,7 @@ mod answer;
 pub(crate) mod operators;
 pub mod pb;
 mod serve;
+mod traced;
 
 use std::sync::Arc;
 
@@ -45,6 +46,8 @@ impl RateLimitService for Service {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let peer = (request.extensions().get::<Peer>())
             .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0);
+        let runtime = self.state.runtime.load_full();
+        let span = (runtime.tracer.as_ref()).map(|t| t.begin(request.metadata().as_ref()));
         let call = request.into_inner();
         if call.domain.is_empty() {
             return Err(Status::invalid_argument(
@@ -56,7 +59,6 @@ impl RateLimitService for Service {
                 "rate limit descriptor list must not be empty",
             ));
         }
-        let runtime = self.state.runtime.load_full();
         let Some(domains) = &runtime.rls else {
             return Err(Status::unavailable("no rate limit service is configured"));
         };
@@ -89,6 +91,9 @@ impl RateLimitService for Service {
         };
         let response = answer::response(&matched, &decision, runtime.settings.headers);
         answer::count(&self.state.metrics, &call.domain, &matched, &decision);
+        if let Some(span) = span {
+            traced::export(span, &call, (&matched.limits, &decision), &response, peer);
+        }
         Ok(Response::new(response))
     }
 }

@@ -46,7 +46,7 @@ impl Rls {
     /// `ShouldRateLimit` as asked, its error status kept.
     pub async fn try_call(
         &self,
-        req: RateLimitRequest,
+        req: impl tonic::IntoRequest<RateLimitRequest>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let mut client = self.client.clone();
         client

@@ -519,3 +519,48 @@ async fn a_descriptors_own_limit_is_counted_at_its_numbers() {
         "over the config's 500/s"
     );
 }
+
+/// With `telemetry.traces`, a call is a SERVER span of Envoy's trace (its `traceparent` in the
+/// call's metadata), with `rpc.*`, the domain and one event per descriptor limit, exported to a
+/// real OTLP receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_a_span_of_envoys_trace() {
+    let receiver = crate::common::otlp::Receiver::start("ok");
+    let yaml = format!(
+        "rls:\n  address: 127.0.0.1:0\n  config: {}\ntelemetry:\n  traces: {{ endpoint: \"{}\" }}\n",
+        fixtures(),
+        receiver.http_url()
+    );
+    let proxy = TestProxy::start(&yaml);
+    let rls = Rls::to(proxy.rls_addr());
+    let mut call = tonic::Request::new(request(
+        "messaging",
+        &[&[("message_type", "marketing"), ("to_number", "2069999999")]],
+        0,
+    ));
+    let parent = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    call.metadata_mut()
+        .insert("traceparent", parent.parse().unwrap());
+    let answer = rls.try_call(call).await.expect("an answer");
+    assert_eq!(code(&answer), "OK");
+    let spans = receiver.trace(
+        "5bf92f3577b34da6a3ce929d0e0e4736",
+        1,
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    let s = &spans[0];
+    assert_eq!(s["kind"], 2);
+    assert_eq!(s["parent_span_id"], "00f067aa0ba902b7");
+    assert_eq!(
+        s["name"],
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    );
+    let a = &s["attributes"];
+    assert_eq!(a["rpc.system"], "grpc");
+    assert_eq!(a["tollgate.rls.domain"], "messaging");
+    assert_eq!(a["tollgate.outcome"], "ok");
+    let event = &s["events"][0]["attributes"];
+    assert_eq!(event["tollgate.limit.outcome"], "admitted");
+    assert_eq!(event["tollgate.limit.remaining"], 4, "5 a day, one taken");
+}
