@@ -15,7 +15,7 @@ use crate::telemetry::{Attempt, RequestSpan};
 /// Hand `span`'s spans to the exporter if its trace is exported: sampled, or a request
 /// tollgate refused with `sample_refused`.
 pub(super) fn export(entry: &Entry, span: &RequestSpan, bytes_out: u64) {
-    if !span.exported(refused(entry.outcome)) {
+    if !span.exported() {
         return;
     }
     let end = SystemTime::now();
@@ -26,13 +26,13 @@ pub(super) fn export(entry: &Entry, span: &RequestSpan, bytes_out: u64) {
     span.export(spans);
 }
 
-/// Refused by tollgate itself: a limit, a ban, an upstream's capacity, the store's failure.
-fn refused(outcome: &str) -> bool {
-    outcome.starts_with("limited")
-        || matches!(
-            outcome,
-            "operator-ban" | "at-capacity" | "store-unavailable"
-        )
+/// `server.address` and `server.port` of a `host[:port]`.
+fn server_address(host: &[u8], a: &mut Vec<KeyValue>) {
+    let (address, port) = host_and_port(host);
+    a.push(KeyValue::new("server.address", text(address)));
+    if let Some(port) = port.and_then(|p| std::str::from_utf8(p).ok()?.parse::<i64>().ok()) {
+        a.push(KeyValue::new("server.port", port));
+    }
 }
 
 fn text(v: &[u8]) -> Value {
@@ -96,11 +96,7 @@ fn http_attributes(e: &Entry, bytes_out: u64) -> Vec<KeyValue> {
         .map(http::HeaderValue::as_bytes)
         .or(authority)
     {
-        let (address, port) = host_and_port(host);
-        a.push(KeyValue::new("server.address", text(address)));
-        if let Some(port) = port.and_then(|p| std::str::from_utf8(p).ok()?.parse::<i64>().ok()) {
-            a.push(KeyValue::new("server.port", port));
-        }
+        server_address(host, &mut a);
     }
     if let Some(ua) = &e.user_agent {
         a.push(KeyValue::new("user_agent.original", text(ua.as_bytes())));
@@ -174,15 +170,11 @@ fn tollgate(e: &Entry, span: &RequestSpan, a: &mut Vec<KeyValue>) {
 
 /// An upstream attempt's CLIENT span, a child of the request's.
 fn client(e: &Entry, span: &RequestSpan, attempt: &Attempt, end: SystemTime) -> SpanData {
-    let (address, port) = host_and_port(attempt.target.as_bytes());
     let mut a = vec![
         KeyValue::new("http.request.method", e.method.as_str().to_owned()),
-        KeyValue::new("server.address", text(address)),
         KeyValue::new("url.path", e.uri.path().to_owned()),
     ];
-    if let Some(port) = port.and_then(|p| std::str::from_utf8(p).ok()?.parse::<i64>().ok()) {
-        a.push(KeyValue::new("server.port", port));
-    }
+    server_address(attempt.target.as_bytes(), &mut a);
     if attempt.resend > 0 {
         a.push(KeyValue::new(
             "http.request.resend_count",

@@ -98,6 +98,8 @@ fn traced(trace: &mut Trace<'_>, entry: &mut Entry) {
     }
     span.notes.http_route = trace.route.and_then(|r| r.path_template.clone());
     span.notes.grpc = trace.grpc;
+    let rejected = (trace.decision.as_ref()).is_some_and(|d| d.rejected_by().is_some());
+    span.notes.refused = rejected || trace.refused != Refused::No;
     // The log line names the request's own span, which the trace holds.
     entry.traceparent = Some(span.traceparent());
     entry.span = Some(span);

@@ -18,7 +18,8 @@ pub(super) fn export(
     peer: std::net::IpAddr,
 ) {
     let over = response.overall_code == Code::OverLimit as i32;
-    if !span.exported(over) {
+    span.notes.refused = over;
+    if !span.exported() {
         return;
     }
     span.notes.limits = decision.notes(limits);

@@ -184,6 +184,9 @@ pub struct Notes {
     pub http_route: Option<Arc<str>>,
     /// A gRPC call (`rpc.*`).
     pub grpc: bool,
+    /// tollgate refused the request (a limit, a ban, an upstream's capacity, a `closed` store)
+    /// or the call (over the limit).
+    pub refused: bool,
 }
 
 /// One limit's outcome for the request.
@@ -216,9 +219,10 @@ pub struct Attempt {
 }
 
 impl RequestSpan {
-    /// Its spans go to the collector: sampled, or refused by tollgate with `sample_refused`.
-    pub fn exported(&self, refused: bool) -> bool {
-        self.sampled || (refused && self.tracer.settings.sample_refused)
+    /// Its spans go to the collector: sampled, or refused by tollgate (`notes.refused`) with
+    /// `sample_refused`.
+    pub fn exported(&self) -> bool {
+        self.sampled || (self.notes.refused && self.tracer.settings.sample_refused)
     }
 
     /// Its spans may go to the collector, depending on how the request ends.
